@@ -1,0 +1,34 @@
+"""lmckit: align, merge and measure linear mode connectivity between neural networks."""
+
+from lmckit.params import Params, check_compatible, interpolate, weighted_average
+from lmckit.symmetry import (
+    HeadPermutation,
+    Invertible,
+    Orthogonal,
+    Permutation,
+    SemiPermutation,
+    Space,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply,
+    random_transform,
+)
+
+__all__ = [
+    "HeadPermutation",
+    "Invertible",
+    "Orthogonal",
+    "Params",
+    "Permutation",
+    "SemiPermutation",
+    "Space",
+    "SymmetrySpec",
+    "Transform",
+    "Use",
+    "apply",
+    "check_compatible",
+    "interpolate",
+    "random_transform",
+    "weighted_average",
+]

@@ -1,0 +1,22 @@
+"""The model zoo: built-in architectures, each with its symmetry spec."""
+
+from lmckit.models import mlp as _mlp  # noqa: F401  (registers the architectures)
+from lmckit.models.registry import (
+    ModelConfig,
+    ZooModel,
+    build_module,
+    create_model,
+    get_model_class,
+    list_models,
+    register_model,
+)
+
+__all__ = [
+    "ModelConfig",
+    "ZooModel",
+    "build_module",
+    "create_model",
+    "get_model_class",
+    "list_models",
+    "register_model",
+]

@@ -1,0 +1,111 @@
+"""Multilayer perceptron: Linear -> [norm] -> activation, repeated."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+
+from torch import Tensor, nn
+
+from lmckit.models.registry import ZooModel, register_model
+from lmckit.models.spec_builder import space
+from lmckit.symmetry import Permutation, Probe, SymmetrySpec
+
+__all__ = ["MLP", "make_activation", "make_norm1d"]
+
+
+def make_activation(name: str) -> nn.Module:
+    if name == "relu":
+        return nn.ReLU()
+    if name == "gelu":
+        return nn.GELU()
+    raise ValueError(f"unknown activation {name!r}; choose relu or gelu")
+
+
+def make_norm1d(norm: str, width: int) -> nn.Module:
+    if norm == "none":
+        return nn.Identity()
+    if norm == "batch":
+        return nn.BatchNorm1d(width)
+    if norm == "layer":
+        return nn.LayerNorm(width)
+    raise ValueError(f"unknown norm {norm!r} for an MLP; choose none, batch or layer")
+
+
+@register_model("mlp")
+class MLP(ZooModel):
+    """``in_features -> hidden[0] -> ... -> hidden[-1] -> out_features``.
+
+    Inputs of any shape ``(batch, ...)`` are flattened. Each hidden layer is
+    ``Linear -> norm -> activation``; the hidden layers' units are the permutation
+    spaces ``hidden.0``, ``hidden.1``, ...
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        hidden: Sequence[int],
+        out_features: int,
+        *,
+        activation: str = "relu",
+        norm: str = "none",
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        widths = [in_features, *hidden]
+        self.layers = nn.ModuleList(
+            nn.Linear(widths[i], widths[i + 1], bias=bias) for i in range(len(hidden))
+        )
+        self.norms = nn.ModuleList(make_norm1d(norm, w) for w in hidden)
+        self.acts = nn.ModuleList(make_activation(activation) for _ in hidden)
+        self.head = nn.Linear(widths[-1], out_features, bias=bias)
+        self.hidden = list(hidden)
+        self.norm = norm
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.flatten(1)
+        for layer, norm, act in zip(self.layers, self.norms, self.acts, strict=True):
+            x = act(norm(layer(x)))
+        return self.head(x)
+
+    def symmetry_spec(self) -> SymmetrySpec:
+        spaces = []
+        for i, width in enumerate(self.hidden):
+            reader = ("head", self.head) if i == len(self.hidden) - 1 else (
+                f"layers.{i + 1}", self.layers[i + 1]
+            )
+            spaces.append(
+                space(
+                    f"hidden.{i}",
+                    width,
+                    Permutation(),
+                    writers=[(f"layers.{i}", self.layers[i]), (f"norms.{i}", self.norms[i])],
+                    readers=[reader],
+                    probes=[Probe(f"acts.{i}", axis=-1)],
+                )
+            )
+        return SymmetrySpec(tuple(spaces))
+
+    def repair_sites(self) -> list[str]:
+        if self.norm == "none":
+            return [f"layers.{i}" for i in range(len(self.hidden))]
+        return [f"norms.{i}" for i in range(len(self.hidden))]
+
+
+def _flat_size(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def mlp_from_input_shape(
+    input_shape: Sequence[int], num_classes: int, width: int, depth: int, **kwargs: object
+) -> dict[str, object]:
+    """Keyword arguments of an MLP with ``depth`` hidden layers of ``width`` for a dataset."""
+    return {
+        "in_features": _flat_size(input_shape),
+        "hidden": [width] * depth,
+        "out_features": num_classes,
+        **kwargs,
+    }
+
+

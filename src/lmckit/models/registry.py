@@ -1,0 +1,121 @@
+"""Registry of built-in architectures: ``@register_model`` plus ``create_model``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmckit.params import Params
+from lmckit.symmetry import SymmetrySpec
+
+__all__ = [
+    "ModelConfig",
+    "ZooModel",
+    "create_model",
+    "get_model_class",
+    "list_models",
+    "register_model",
+]
+
+_MODELS: dict[str, type[ZooModel]] = {}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Architecture name and constructor arguments: enough to rebuild the module."""
+
+    name: str
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"architecture": self.name, "kwargs": dict(self.kwargs)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ModelConfig:
+        if not isinstance(data, Mapping) or "architecture" not in data:
+            raise ValueError("model config must be an object with an 'architecture' key")
+        kwargs = data.get("kwargs", {})
+        if not isinstance(kwargs, Mapping):
+            raise ValueError("model config 'kwargs' must be an object")
+        return cls(str(data["architecture"]), dict(kwargs))
+
+    def __str__(self) -> str:
+        return f"{self.name}({json.dumps(dict(self.kwargs), sort_keys=True)})"
+
+
+class ZooModel(nn.Module):
+    """Base of built-in models: a module that knows its own symmetries.
+
+    Subclasses are registered with :func:`register_model`, take JSON-serialisable
+    keyword arguments, and implement :meth:`symmetry_spec`. ``config`` is set by
+    :func:`create_model`.
+    """
+
+    config: ModelConfig
+
+    def symmetry_spec(self) -> SymmetrySpec:
+        raise NotImplementedError
+
+    def repair_sites(self) -> list[str]:
+        """Modules whose per-channel outputs REPAIR rescales (Linear/Conv/norm layers).
+
+        Each named module must have a ``weight`` whose axis 0 is the channel axis and
+        may have a ``bias``; the correction is folded into them.
+        """
+        return []
+
+
+def register_model(name: str) -> Callable[[type[ZooModel]], type[ZooModel]]:
+    """Class decorator adding an architecture to the zoo under ``name``."""
+
+    def deco(cls: type[ZooModel]) -> type[ZooModel]:
+        if name in _MODELS:
+            raise ValueError(f"model {name!r} is already registered")
+        _MODELS[name] = cls
+        cls.registry_name = name  # type: ignore[attr-defined]
+        return cls
+
+    return deco
+
+
+def list_models() -> list[str]:
+    return sorted(_MODELS)
+
+
+def get_model_class(name: str) -> type[ZooModel]:
+    try:
+        return _MODELS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known models: {', '.join(list_models())}") from None
+
+
+def build_module(config: ModelConfig) -> ZooModel:
+    """Construct the module of ``config`` (weights as initialised by PyTorch's RNG)."""
+    cls = get_model_class(config.name)
+    try:
+        module = cls(**config.kwargs)
+    except TypeError as err:
+        raise ValueError(f"bad arguments for model {config.name!r}: {err}") from None
+    module.config = config
+    return module
+
+
+def create_model(name: str, *, seed: int = 0, **kwargs: Any) -> tuple[ZooModel, Params]:
+    """Build a zoo model and its initial parameters from ``seed``.
+
+    The global RNG is left as it was: initialisation runs under a forked RNG.
+
+    Returns:
+        ``(module, params)``; ``params`` is a detached copy of the state dict.
+    """
+    config = ModelConfig(name, kwargs)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        module = build_module(config)
+    params = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    return module, params

@@ -1,0 +1,73 @@
+"""`Params`: a flat state dict, and pure functions on it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+Params = dict[str, Tensor]
+
+__all__ = [
+    "IncompatibleModelsError",
+    "Params",
+    "check_compatible",
+    "check_finite",
+    "interpolate",
+    "weighted_average",
+]
+
+
+class IncompatibleModelsError(ValueError):
+    """Two parameter sets do not belong to the same architecture."""
+
+
+def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:
+    """Raise :class:`IncompatibleModelsError` naming the first mismatched parameter."""
+    for name in a:
+        if name not in b:
+            raise IncompatibleModelsError(f"parameter {name!r} is in the first model only")
+        if a[name].shape != b[name].shape:
+            raise IncompatibleModelsError(
+                f"parameter {name!r} has shape {tuple(a[name].shape)} in the first model "
+                f"and {tuple(b[name].shape)} in the second"
+            )
+    for name in b:
+        if name not in a:
+            raise IncompatibleModelsError(f"parameter {name!r} is in the second model only")
+
+
+def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> None:
+    """Raise ``ValueError`` naming the first parameter with a NaN or infinity."""
+    for name, value in params.items():
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
+
+
+def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
+    """``sum_k w_k theta_k`` over floating-point tensors; other tensors come from the first.
+
+    Args:
+        models: parameter sets of one architecture.
+        weights: one weight per model (convex weights for a merge, but any are allowed).
+    """
+    if len(models) != len(weights) or not models:
+        raise ValueError(f"need one weight per model, got {len(models)} models, {len(weights)} weights")
+    for other in models[1:]:
+        check_compatible(models[0], other)
+    out: Params = {}
+    for name, first in models[0].items():
+        if not first.is_floating_point():
+            out[name] = first.clone()
+            continue
+        acc = torch.zeros_like(first)
+        for w, m in zip(weights, models, strict=True):
+            acc.add_(m[name], alpha=float(w))
+        out[name] = acc
+    return out
+
+
+def interpolate(a: Mapping[str, Tensor], b: Mapping[str, Tensor], t: float) -> Params:
+    """The point ``(1 - t) * a + t * b`` of the linear path (integer tensors from ``a``)."""
+    return weighted_average([a, b], [1.0 - t, t])
