@@ -1,5 +1,7 @@
 """lmckit: align, merge and measure linear mode connectivity between neural networks."""
 
+from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
+from lmckit.evaluate import PathResult, evaluate, evaluate_path
 from lmckit.params import Params, check_compatible, interpolate, weighted_average
 from lmckit.symmetry import (
     HeadPermutation,
@@ -16,6 +18,13 @@ from lmckit.symmetry import (
 )
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "PathResult",
+    "evaluate",
+    "evaluate_path",
+    "load",
+    "save",
     "HeadPermutation",
     "Invertible",
     "Orthogonal",

@@ -53,7 +53,9 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
         weights: one weight per model (convex weights for a merge, but any are allowed).
     """
     if len(models) != len(weights) or not models:
-        raise ValueError(f"need one weight per model, got {len(models)} models, {len(weights)} weights")
+        raise ValueError(
+            f"need one weight per model, got {len(models)} models, {len(weights)} weights"
+        )
     for other in models[1:]:
         check_compatible(models[0], other)
     out: Params = {}

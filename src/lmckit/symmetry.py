@@ -249,9 +249,7 @@ class SemiPermutation(Group):
 
     def inverse(self, element: SemiPermutationElement) -> SemiPermutationElement:
         m = element.assign.numel()
-        if m != element.n or not torch.equal(
-            torch.sort(element.assign).values, torch.arange(m)
-        ):
+        if m != element.n or not torch.equal(torch.sort(element.assign).values, torch.arange(m)):
             raise ValueError("only square semi-permutations (permutations) are invertible")
         # a square semi-permutation with column sums 1 is a permutation matrix
         return SemiPermutationElement(torch.argsort(element.assign), torch.ones(m), m)
@@ -471,7 +469,9 @@ class SymmetrySpec:
                     raise ValueError(f"space {space.name!r} uses missing parameter {use.param!r}")
                 shape = params[use.param].shape
                 if not -len(shape) <= use.axis < len(shape):
-                    raise ValueError(f"{use.param!r} of shape {tuple(shape)} has no axis {use.axis}")
+                    raise ValueError(
+                        f"{use.param!r} of shape {tuple(shape)} has no axis {use.axis}"
+                    )
                 want = use.outer * space.n * use.inner
                 if shape[use.axis] != want:
                     raise ValueError(
@@ -519,9 +519,7 @@ class Transform:
         return Transform(self.spec, elements)
 
     def inverse(self) -> Transform:
-        return Transform(
-            self.spec, {s.name: s.group.inverse(self[s.name]) for s in self.spec}
-        )
+        return Transform(self.spec, {s.name: s.group.inverse(self[s.name]) for s in self.spec})
 
     def replace(self, **elements: object) -> Transform:
         return Transform(self.spec, {**self.elements, **elements})
@@ -607,4 +605,3 @@ def distance_to_identity(spec: SymmetrySpec, transform: Transform) -> dict[str, 
         eye = torch.eye(mat.shape[0], dtype=mat.dtype)
         out[space.name] = float(torch.linalg.norm(mat - eye) / math.sqrt(mat.shape[0]))
     return out
-

@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-
 from torch import Tensor, nn
 
 from lmckit.models.registry import ZooModel, register_model
@@ -72,8 +71,10 @@ class MLP(ZooModel):
     def symmetry_spec(self) -> SymmetrySpec:
         spaces = []
         for i, width in enumerate(self.hidden):
-            reader = ("head", self.head) if i == len(self.hidden) - 1 else (
-                f"layers.{i + 1}", self.layers[i + 1]
+            reader = (
+                ("head", self.head)
+                if i == len(self.hidden) - 1
+                else (f"layers.{i + 1}", self.layers[i + 1])
             )
             spaces.append(
                 space(
@@ -107,5 +108,3 @@ def mlp_from_input_shape(
         "out_features": num_classes,
         **kwargs,
     }
-
-

@@ -91,7 +91,9 @@ def get_model_class(name: str) -> type[ZooModel]:
     try:
         return _MODELS[name]
     except KeyError:
-        raise KeyError(f"unknown model {name!r}; known models: {', '.join(list_models())}") from None
+        raise KeyError(
+            f"unknown model {name!r}; known models: {', '.join(list_models())}"
+        ) from None
 
 
 def build_module(config: ModelConfig) -> ZooModel:

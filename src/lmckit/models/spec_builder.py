@@ -18,7 +18,7 @@ _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
 def writes(name: str, module: nn.Module) -> list[Use]:
     """Uses of a module whose output channels live in the space (axis 0 of its tensors)."""
     uses = []
-    for pname, p in module.named_parameters(recurse=False):
+    for pname, _ in module.named_parameters(recurse=False):
         uses.append(Use(f"{name}.{pname}", 0, "write"))
     if isinstance(module, _NORMS):
         for bname, b in module.named_buffers(recurse=False):

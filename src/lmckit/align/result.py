@@ -1,0 +1,46 @@
+"""What every aligner returns: a transform plus per-space diagnostics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lmckit.symmetry import Transform
+
+__all__ = ["AlignmentResult", "SpaceDiagnostics"]
+
+
+@dataclass(frozen=True)
+class SpaceDiagnostics:
+    """Objective of one space, ``<T, C>``, for the identity and for the solution."""
+
+    objective_before: float
+    objective_after: float
+
+
+@dataclass(frozen=True)
+class AlignmentResult:
+    """A transform that aligns the second model to the first, and how it was found.
+
+    Attributes:
+        transform: apply it to the second model's params (``lmckit.apply``).
+        spaces: per-space objective before/after.
+        iterations: sweeps over all spaces (1 for one-shot methods).
+        converged: whether the method met its stopping rule.
+        seconds: wall time.
+    """
+
+    transform: Transform
+    spaces: dict[str, SpaceDiagnostics] = field(default_factory=dict)
+    iterations: int = 1
+    converged: bool = True
+    seconds: float = 0.0
+    history: list[float] = field(default_factory=list)
+
+    def summary(self) -> str:
+        before = sum(d.objective_before for d in self.spaces.values())
+        after = sum(d.objective_after for d in self.spaces.values())
+        state = "converged" if self.converged else "stopped"
+        return (
+            f"{len(self.spaces)} spaces, objective {before:.4g} -> {after:.4g}, "
+            f"{self.iterations} sweeps ({state}), {self.seconds:.2f} s"
+        )

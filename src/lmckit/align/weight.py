@@ -1,0 +1,231 @@
+"""Data-free weight matching (Ainsworth et al., 2023, "Git Re-Basin", Alg. 1).
+
+Maximises ``sum_p <theta_a[p], T(theta_b)[p]>`` over the spec's groups by coordinate
+descent: one space at a time, holding the others fixed, the objective is linear in
+that space's element, ``<T_s, C_s>`` with ``C_s = sum_{uses u} A_u B_u^T`` where
+``B_u`` is the other model's parameter with the *other* spaces' elements applied.
+Each group's solver (assignment, Procrustes, least squares) maximises it exactly.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from lmckit.align.result import AlignmentResult, SpaceDiagnostics
+from lmckit.align.solvers import objective, solve
+from lmckit.params import Params, check_compatible, check_finite
+from lmckit.symmetry import (
+    Invertible,
+    Space,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply_to_param,
+    random_transform,
+)
+
+__all__ = ["WeightMatchingConfig", "space_similarity", "weight_matching"]
+
+
+@dataclass(frozen=True)
+class WeightMatchingConfig:
+    """What to compute.
+
+    Attributes:
+        max_iter: maximum sweeps over all spaces.
+        tol: a space "improves" when its objective grows by more than
+            ``tol * |objective|``.
+        restarts: extra runs from random initial transforms; the best total wins.
+    """
+
+    max_iter: int = 100
+    tol: float = 1e-9
+    restarts: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_iter < 1 or self.restarts < 0 or self.tol < 0:
+            raise ValueError(f"invalid weight matching config {self}")
+
+
+def _unit_major(x: Tensor, use: Use, n: int) -> Tensor:
+    """``(n, -1)`` view of a parameter with the space's units first."""
+    moved = x.movedim(use.axis % x.ndim, 0)
+    blocked = moved.reshape(use.outer, n, -1)
+    return blocked.transpose(0, 1).reshape(n, -1)
+
+
+def space_similarity(
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    *,
+    with_gram: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """``C_s = sum_u A_u B_u^T`` with the other spaces' elements applied to B.
+
+    Returns:
+        ``(C, G)``: ``C`` is ``(m, n)`` (reference units x other units); ``G`` is the
+        other model's writer Gram ``sum_{writers} B_u B_u^T`` (``(n, n)``) when
+        ``with_gram``, else ``None``.
+    """
+    sim: Tensor | None = None
+    gram: Tensor | None = None
+    for use in space.uses:
+        b = apply_to_param(spec, use.param, other[use.param], transform, skip=space.name)
+        b_mat = _unit_major(b, use, space.n)
+        a = ref[use.param]
+        m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
+        a_mat = _unit_major(a, use, m)
+        term = a_mat @ b_mat.T
+        sim = term if sim is None else sim + term
+        if with_gram and use.role == "write":
+            g = b_mat @ b_mat.T
+            gram = g if gram is None else gram + g
+    assert sim is not None  # a spec's spaces always have uses
+    return sim, gram
+
+
+def _coordinate_descent(
+    spec: SymmetrySpec,
+    names: Sequence[str],
+    ref: Params,
+    other: Params,
+    init: Transform,
+    config: WeightMatchingConfig,
+    generator: torch.Generator,
+    bar: tqdm,
+) -> tuple[Transform, int, bool, list[float]]:
+    """Sweep over ``names`` in random order until no space improves.
+
+    Returns the transform, the number of sweeps, whether it converged, and the sum of
+    the solved spaces' objectives after each sweep.
+    """
+    transform = init
+    current: dict[str, float] = {}
+    history: list[float] = []
+    for sweep in range(1, config.max_iter + 1):
+        improved = False
+        for idx in torch.randperm(len(names), generator=generator).tolist():
+            space = spec[names[idx]]
+            # least squares is not a maximiser of <T, C>: accept its answer as is
+            least_squares = isinstance(space.group, Invertible)
+            sim, gram = space_similarity(
+                spec, space, ref, other, transform, with_gram=least_squares
+            )
+            old = objective(space.group, transform[space.name], sim)
+            element = solve(space.group, sim, gram=gram)
+            new = objective(space.group, element, sim)
+            gain = new > old + config.tol * max(abs(old), 1.0)
+            if gain or least_squares:
+                transform = transform.replace(**{space.name: element})
+            improved = improved or gain
+            current[space.name] = new if gain or least_squares else old
+        history.append(sum(current.values()))
+        bar.update(1)
+        bar.set_postfix(objective=f"{history[-1]:.5g}")
+        if not improved:
+            return transform, sweep, True, history
+    return transform, config.max_iter, False, history
+
+
+def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
+    total = 0.0
+    for name in {u.param for s in spec for u in s.uses}:
+        b = apply_to_param(spec, name, other[name], transform)
+        if b.shape == ref[name].shape:
+            total += float((ref[name].double() * b.double()).sum())
+    return total
+
+
+def weight_matching(
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    config: WeightMatchingConfig | None = None,
+    *,
+    init: Transform | None = None,
+    spaces: Sequence[str] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> AlignmentResult:
+    """Align ``params_b`` to ``params_a`` by weight matching.
+
+    Args:
+        spec: symmetry spec of the architecture (of ``params_b``'s widths).
+        params_a: reference model; unchanged.
+        params_b: model to align; unchanged.
+        config: iterations, tolerance, restarts.
+        init: initial transform (default identity).
+        spaces: solve only these spaces (others stay at ``init``); default all.
+        seed: order of spaces in each sweep and restart draws.
+        progress: show a progress bar over sweeps.
+
+    Returns:
+        An :class:`AlignmentResult`; ``apply(spec, params_b, result.transform)``.
+    """
+    config = config or WeightMatchingConfig()
+    spec.validate(params_b)
+    check_finite(params_a, what="first model")
+    check_finite(params_b, what="second model")
+    if any(s.group.rectangular for s in spec):
+        # widths may differ along rectangular spaces; names must still agree
+        check_compatible(
+            {k: v.flatten()[:0] for k, v in params_a.items()},
+            {k: v.flatten()[:0] for k, v in params_b.items()},
+        )
+    else:
+        check_compatible(params_a, params_b)
+    names = list(spec.names if spaces is None else spaces)
+    for name in names:
+        spec[name]  # noqa: B018  (raises KeyError naming the valid spaces)
+    start = time.perf_counter()
+    ref = {k: v.detach().float() for k, v in params_a.items() if v.is_floating_point()}
+    other = {k: v.detach().float() for k, v in params_b.items() if v.is_floating_point()}
+    base = init or Transform.identity(spec)
+    generator = torch.Generator().manual_seed(seed)
+
+    bar = tqdm(desc="weight matching", unit="sweep", disable=not progress, leave=False)
+    try:
+        best, sweeps, converged, history = _coordinate_descent(
+            spec, names, ref, other, base, config, generator, bar
+        )
+        best_total = _total(spec, ref, other, best)
+        for _ in range(config.restarts):
+            draw = random_transform(spec, generator)
+            init_r = base.replace(**{name: draw[name] for name in names})
+            cand, s2, c2, h2 = _coordinate_descent(
+                spec, names, ref, other, init_r, config, generator, bar
+            )
+            total = _total(spec, ref, other, cand)
+            if total > best_total:
+                best, best_total, sweeps, converged, history = cand, total, s2, c2, h2
+    finally:
+        bar.close()
+
+    diagnostics = {}
+    identity = Transform.identity(spec)
+    for space in (spec[name] for name in names):
+        sim0, _ = space_similarity(spec, space, ref, other, identity)
+        sim1, _ = space_similarity(spec, space, ref, other, best)
+        diagnostics[space.name] = SpaceDiagnostics(
+            objective(space.group, identity[space.name], sim0)
+            if sim0.shape[0] == sim0.shape[1]
+            else float("nan"),
+            objective(space.group, best[space.name], sim1),
+        )
+    return AlignmentResult(
+        transform=best,
+        spaces=diagnostics,
+        iterations=sweeps,
+        converged=converged,
+        seconds=time.perf_counter() - start,
+        history=history,
+    )

@@ -1,0 +1,122 @@
+"""Atomic writes: an output is either the old one or the complete new one, never half-written.
+
+Everything is written to a temporary name in the destination's own directory (so the
+final ``os.replace`` / ``os.rename`` stays on one filesystem and is atomic) and moved
+into place only when the writer finished without an exception.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+__all__ = ["atomic_dir", "atomic_path", "write_json", "write_text"]
+
+
+def _sibling(path: Path, tag: str) -> Path:
+    # Hidden and unique, so a crash leaves an obvious leftover that never collides
+    # with a real output or with a concurrent writer of the same path.
+    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{tag}")
+
+
+def _remove(path: Path) -> None:
+    """Delete a file, symlink or directory tree if it exists."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _fsync_tree(root: Path) -> None:
+    # Flush every file before the rename, so a crash cannot publish empty files.
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            with open(os.path.join(dirpath, name), "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+@contextmanager
+def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; move it onto ``path`` on a clean exit.
+
+    The temporary file is not created in advance (so the writer creates it with the
+    usual permissions); the body must write it. On an exception the temporary file is
+    removed and ``path`` is left as it was. Parent directories are created.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(target, "tmp")
+    try:
+        yield tmp
+        if not tmp.exists():
+            raise FileNotFoundError(f"nothing was written for {target} (expected {tmp})")
+        # Flush to disk before the rename, so a crash cannot leave a renamed but empty file.
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically.
+
+    NaN and infinities are not valid JSON: they raise ``ValueError`` naming ``path``
+    (as do unserialisable objects, with ``TypeError``), and nothing is written.
+    """
+    # Serialise first: a failure then leaves no temporary file at all.
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=False, allow_nan=False)
+    except ValueError as err:
+        raise ValueError(f"cannot write {path} as JSON: {err}") from err
+    except TypeError as err:
+        raise TypeError(f"cannot write {path} as JSON: {err}") from err
+    write_text(path, text + "\n")
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``path``; it becomes ``path`` on a clean exit.
+
+    An existing ``path`` is replaced: it is moved aside, the new directory is moved in,
+    then the old one is deleted (if moving the new one in fails, the old one is moved
+    back). On an exception the temporary directory is deleted and ``path`` is untouched.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _sibling(target, "tmp")
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        _fsync_tree(tmp)
+        if target.exists() or target.is_symlink():
+            old = _sibling(target, "old")
+            os.rename(target, old)
+            try:
+                os.rename(tmp, target)
+            except BaseException:
+                os.rename(old, target)
+                raise
+            _remove(old)
+        else:
+            os.rename(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -1,0 +1,23 @@
+"""Datasets as in-memory tensors: built-in (digits, Gaussian mixtures) and from files.
+
+Nothing is ever downloaded: MNIST and CIFAR-10 are read from paths the user gives.
+"""
+
+from lmckit.data.cifar10 import load_cifar10
+from lmckit.data.dataset import Dataset, batches
+from lmckit.data.digits import load_digits
+from lmckit.data.gmm import make_gmm
+from lmckit.data.mnist import load_mnist, read_idx
+from lmckit.data.spec import DATA_SPEC_HELP, load_data
+
+__all__ = [
+    "DATA_SPEC_HELP",
+    "Dataset",
+    "batches",
+    "load_cifar10",
+    "load_data",
+    "load_digits",
+    "load_mnist",
+    "make_gmm",
+    "read_idx",
+]

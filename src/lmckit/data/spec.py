@@ -1,0 +1,107 @@
+"""Data specs: one string that names a dataset and its options, for the CLI and configs.
+
+Grammar::
+
+    digits                      scikit-learn's 8x8 digits (no files needed)
+    mnist:PATH                  MNIST IDX files in directory PATH
+    cifar10:PATH                CIFAR-10 python batches in directory PATH
+    gmm                         synthetic Gaussian mixture, default options
+    gmm:KEY=VALUE[,KEY=VALUE]   with options dim, intrinsic, classes, n, noise, sep
+                                (n training samples and n//4 test samples)
+
+Example: ``gmm:dim=64,intrinsic=8,classes=10,n=5000,noise=0.1,sep=3``. PATH is everything
+after the first colon, so it may itself contain colons or commas.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from lmckit.data.cifar10 import load_cifar10
+from lmckit.data.dataset import Dataset
+from lmckit.data.digits import load_digits
+from lmckit.data.gmm import make_gmm
+from lmckit.data.mnist import load_mnist
+
+__all__ = ["DATA_SPEC_HELP", "load_data"]
+
+DATA_SPEC_HELP = (
+    "DATA is one of: 'digits' (scikit-learn's 8x8 digits, no files needed); 'mnist:PATH' "
+    "(a directory of MNIST IDX files, plain or .gz; with only the t10k files, the first "
+    "8,000 images train and the last 2,000 test); 'cifar10:PATH' (a directory of CIFAR-10 "
+    "python batches); 'gmm' or 'gmm:KEY=VALUE,...' (a synthetic Gaussian mixture; keys dim, "
+    "intrinsic, classes, n, noise, sep, e.g. 'gmm:dim=64,intrinsic=8,classes=10,n=5000,"
+    "noise=0.1,sep=3', with n training and n//4 test samples)."
+)
+
+_VALID_FORMS = "digits, mnist:PATH, cifar10:PATH, gmm, gmm:KEY=VALUE[,KEY=VALUE...]"
+
+# Spec key -> (make_gmm keyword, parser).
+_GMM_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
+    "dim": ("dim", int),
+    "intrinsic": ("intrinsic_dim", int),
+    "classes": ("classes", int),
+    "n": ("n_train", int),
+    "noise": ("noise", float),
+    "sep": ("separation", float),
+}
+
+
+def _error(spec: str, why: str) -> ValueError:
+    return ValueError(f"bad data spec {spec!r}: {why}. Valid forms: {_VALID_FORMS}")
+
+
+def _parse_gmm_options(spec: str, text: str) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not key or not value:
+            raise _error(spec, f"gmm option {item.strip()!r} is not KEY=VALUE")
+        if key not in _GMM_OPTIONS:
+            raise _error(spec, f"unknown gmm option {key!r} (options: {', '.join(_GMM_OPTIONS)})")
+        name, parse = _GMM_OPTIONS[key]
+        if name in kwargs:
+            raise _error(spec, f"gmm option {key!r} given twice")
+        try:
+            kwargs[name] = parse(value)
+        except ValueError:
+            raise _error(
+                spec, f"gmm option {key}={value!r} is not a valid {parse.__name__}"
+            ) from None
+    if "n_train" in kwargs:
+        if kwargs["n_train"] < 4:
+            raise _error(spec, f"gmm option n={kwargs['n_train']} must be >= 4 (n//4 test samples)")
+        # Same 4:1 train/test ratio as the defaults (4,000 / 1,000).
+        kwargs["n_test"] = kwargs["n_train"] // 4
+    return kwargs
+
+
+def load_data(spec: str, *, seed: int = 0) -> Dataset:
+    """Load the dataset a spec string names (grammar in this module's docstring).
+
+    Args:
+        spec: e.g. ``"digits"``, ``"mnist:../shared/data/mnist"``, ``"gmm:dim=64,n=5000"``.
+        seed: seed of the digits split and of the synthetic mixture; files ignore it.
+
+    Raises:
+        ValueError: on an unknown name or a bad option, listing the valid forms.
+    """
+    name, colon, rest = spec.strip().partition(":")
+    name = name.strip()
+    if name == "digits":
+        if colon:
+            raise _error(spec, "digits takes no options")
+        return load_digits(seed=seed)
+    if name in ("mnist", "cifar10"):
+        if not rest.strip():
+            raise _error(spec, f"{name} needs a directory: {name}:PATH")
+        loader = load_mnist if name == "mnist" else load_cifar10
+        return loader(rest.strip())
+    if name == "gmm":
+        kwargs = _parse_gmm_options(spec, rest) if colon else {}
+        try:
+            return make_gmm(seed=seed, **kwargs)
+        except ValueError as err:
+            raise _error(spec, str(err)) from None
+    raise _error(spec, f"unknown dataset {name!r}")

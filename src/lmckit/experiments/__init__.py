@@ -1,0 +1,1 @@
+"""Experiments: each reproduced result is a function returning a table and figures."""

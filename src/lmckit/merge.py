@@ -1,0 +1,251 @@
+"""Merging: interpolation plus the statistics fixes that make merged models work.
+
+- :func:`reset_batchnorm`: recompute BatchNorm running statistics of a merged model
+  on training data (Jordan et al., 2023; interpolated statistics are wrong).
+- :func:`repair`: REPAIR (Jordan et al., 2023, "REPAIR: REnormalizing Permuted
+  Activations for Interpolation Repair"): rescale each channel of the merged model
+  at chosen sites so that its mean and standard deviation equal the interpolation of
+  the endpoints', ``mu_t = (1 - t) mu_a + t mu_b`` and likewise for the std.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmckit.params import Params, check_compatible, interpolate
+
+__all__ = [
+    "ChannelStats",
+    "channel_statistics",
+    "has_batchnorm",
+    "repair",
+    "reset_batchnorm",
+]
+
+Inputs = Callable[[], Iterable[Tensor]]
+_BN = nn.modules.batchnorm._BatchNorm
+_CHANNEL_FIRST = (nn.Conv1d, nn.Conv2d, nn.BatchNorm1d, nn.BatchNorm2d, nn.GroupNorm)
+
+
+def has_batchnorm(model: nn.Module) -> bool:
+    return any(isinstance(m, _BN) for m in model.modules())
+
+
+def reset_batchnorm(model: nn.Module, params: Params, inputs: Iterable[Tensor]) -> Params:
+    """Params with every BatchNorm's running mean/var recomputed on ``inputs``.
+
+    Runs the model in training mode with a cumulative average (``momentum=None``),
+    on a private copy of the module, so neither ``model`` nor ``params`` changes.
+    """
+    if not has_batchnorm(model):
+        return dict(params)
+    work = copy.deepcopy(model)
+    state = {k: v.clone() for k, v in params.items()}
+    for name, module in work.named_modules():
+        if isinstance(module, _BN) and module.track_running_stats:
+            module.momentum = None  # cumulative average over all batches
+            state[f"{name}.running_mean"].zero_()
+            state[f"{name}.running_var"].fill_(1.0)
+            state[f"{name}.num_batches_tracked"].zero_()
+    work.train()
+    seen = 0
+    with torch.no_grad():
+        for x in inputs:
+            # BatchNorm updates the buffers it is handed in place: our clones
+            functional_call(work, state, (x,))
+            seen += 1
+    if seen == 0:
+        raise ValueError("reset_batchnorm needs at least one batch")
+    return state
+
+
+def _channel_axis(module: nn.Module, output: Tensor) -> int:
+    return 1 if isinstance(module, _CHANNEL_FIRST) and output.ndim > 2 else -1
+
+
+def _channels_last(x: Tensor, axis: int) -> Tensor:
+    return x.movedim(axis % x.ndim, -1).reshape(-1, x.shape[axis]).double()
+
+
+class ChannelStats:
+    """Per-channel mean and standard deviation at a site."""
+
+    def __init__(self, mean: Tensor, std: Tensor) -> None:
+        self.mean = mean
+        self.std = std
+
+
+def channel_statistics(
+    model: nn.Module, params: Params, sites: Sequence[str], inputs: Iterable[Tensor]
+) -> dict[str, ChannelStats]:
+    """Mean and std of each channel of each site's output over ``inputs`` (eval mode)."""
+    modules = dict(model.named_modules())
+    sums: dict[str, list] = {}
+
+    def hook(name: str):
+        def fn(module: nn.Module, _inp: tuple, out: Tensor) -> None:
+            f = _channels_last(out.detach(), _channel_axis(module, out))
+            s = sums.setdefault(name, [0, 0.0, 0.0])
+            s[0] += f.shape[0]
+            s[1] = s[1] + f.sum(0)
+            s[2] = s[2] + (f * f).sum(0)
+
+        return fn
+
+    handles = [modules[s].register_forward_hook(hook(s)) for s in sites]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for x in inputs:
+                functional_call(model, params, (x,))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    out = {}
+    for name, (count, s1, s2) in sums.items():
+        mean = s1 / count
+        out[name] = ChannelStats(mean, (s2 / count - mean**2).clamp_min(0).sqrt())
+    return out
+
+
+def repair(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    t: float,
+    inputs: Inputs,
+    *,
+    sites: Sequence[str] | None = None,
+    stats_a: dict[str, ChannelStats] | None = None,
+    stats_b: dict[str, ChannelStats] | None = None,
+    eps: float = 1e-5,
+) -> Params:
+    """REPAIR the interpolation ``(1 - t) a + t b``.
+
+    At each site (a module whose output channels sit on axis 1 for convolutions and
+    norms of feature maps, else on the last axis, with ``weight`` and ``bias`` whose
+    axis 0 indexes channels) the merged output ``z`` is replaced by
+    ``sigma_t (z - mu) / sigma + mu_t``, the affine map folded into the site's weight
+    and bias. The statistics ``mu, sigma`` of the merged model are measured in one
+    pass in which upstream corrections already apply (batch statistics, as in a
+    BatchNorm reset).
+
+    Args:
+        model: module (zoo models list their sites in ``repair_sites()``).
+        params_a, params_b: endpoints.
+        t: position on the path.
+        inputs: callable returning an iterable of input batches (training data).
+        sites: module names; default ``model.repair_sites()``.
+        stats_a, stats_b: endpoint statistics, if already measured (saves passes when
+            repairing many points of one path).
+    Returns:
+        The repaired merged params; BatchNorm running statistics are reset too.
+    """
+    check_compatible(params_a, params_b)
+    if sites is None:
+        if not hasattr(model, "repair_sites"):
+            raise ValueError("pass sites=...: the model does not list its REPAIR sites")
+        sites = model.repair_sites()
+    if not sites:
+        raise ValueError("REPAIR needs at least one site")
+    modules = dict(model.named_modules())
+    for s in sites:
+        if s not in modules or getattr(modules[s], "weight", None) is None:
+            raise ValueError(f"REPAIR site {s!r} is not a module with a per-channel weight")
+        if getattr(modules[s], "bias", None) is None:
+            raise ValueError(f"REPAIR site {s!r} has no bias to fold the shift into")
+    stats_a = stats_a or channel_statistics(model, params_a, sites, inputs())
+    stats_b = stats_b or channel_statistics(model, params_b, sites, inputs())
+    merged = interpolate(params_a, params_b, t)
+    if has_batchnorm(model):
+        merged = reset_batchnorm(model, merged, inputs())
+    goal = {
+        s: ChannelStats(
+            (1 - t) * stats_a[s].mean + t * stats_b[s].mean,
+            (1 - t) * stats_a[s].std + t * stats_b[s].std,
+        )
+        for s in sites
+    }
+
+    # One pass: each site normalises with batch statistics and re-scales to the goal,
+    # while accumulating the (pre-correction) statistics to fold in afterwards.
+    acc: dict[str, list] = {s: [0, 0.0, 0.0] for s in sites}
+
+    def hook(name: str):
+        def fn(module: nn.Module, _inp: tuple, out: Tensor) -> Tensor:
+            axis = _channel_axis(module, out)
+            f = _channels_last(out.detach(), axis)
+            mean = f.mean(0)
+            var = f.var(0, unbiased=False)
+            a = acc[name]
+            a[0] += f.shape[0]
+            a[1] = a[1] + f.sum(0)
+            a[2] = a[2] + (f * f).sum(0)
+            scale = goal[name].std / (var + eps).sqrt()
+            shift = goal[name].mean - scale * mean
+            shape = [1] * out.ndim
+            shape[axis % out.ndim] = -1
+            return out * scale.to(out.dtype).view(shape) + shift.to(out.dtype).view(shape)
+
+        return fn
+
+    handles = [modules[s].register_forward_hook(hook(s)) for s in sites]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for x in inputs():
+                functional_call(model, merged, (x,))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+    out = dict(merged)
+    for s in sites:
+        count, s1, s2 = acc[s]
+        mean = s1 / count
+        var = (s2 / count - mean**2).clamp_min(0)
+        scale = goal[s].std / (var + eps).sqrt()
+        shift = goal[s].mean - scale * mean
+        w = out[f"{s}.weight"]
+        view = [-1] + [1] * (w.ndim - 1)
+        out[f"{s}.weight"] = w * scale.to(w.dtype).view(view)
+        b = out[f"{s}.bias"]
+        out[f"{s}.bias"] = b * scale.to(b.dtype) + shift.to(b.dtype)
+    return out
+
+
+def repair_prepare(
+    model: nn.Module, params_a: Params, params_b: Params, inputs: Inputs
+) -> Callable[[Params, float], Params]:
+    """A ``prepare`` hook for :func:`lmckit.evaluate.evaluate_path` applying REPAIR.
+
+    Endpoint statistics are measured once and reused at every ``t``.
+    """
+    sites = model.repair_sites()
+    stats_a = channel_statistics(model, params_a, sites, inputs())
+    stats_b = channel_statistics(model, params_b, sites, inputs())
+
+    def prepare(_theta: Params, t: float) -> Params:
+        return repair(
+            model, params_a, params_b, t, inputs, sites=sites, stats_a=stats_a, stats_b=stats_b
+        )
+
+    return prepare
+
+
+def reset_prepare(model: nn.Module, inputs: Inputs) -> Callable[[Params, float], Params]:
+    """A ``prepare`` hook for :func:`lmckit.evaluate.evaluate_path` resetting BatchNorm."""
+
+    def prepare(theta: Params, _t: float) -> Params:
+        return reset_batchnorm(model, theta, inputs())
+
+    return prepare
