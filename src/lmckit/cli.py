@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -470,6 +471,66 @@ def merge_cmd(
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
     save(out, a.config, merged, metadata=meta)
     click.echo(f"wrote {out}")
+
+
+# --------------------------------------------------------------------------- reproduce
+
+
+@main.command("reproduce")
+@click.argument("name", required=False)
+@click.option("--quick", is_flag=True, help="CPU-minute version (small models, few steps).")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Output folder (default: runs/NAME).",
+)
+@click.option(
+    "--data-root",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Folder with mnist/, tinyshakespeare/, gpt2_tokenizer/ "
+    "(default: $LMCKIT_DATA_ROOT or ../shared/data).",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--list", "list_only", is_flag=True, help="List the experiments and exit.")
+@threads_option
+@quiet_option
+def reproduce_cmd(
+    name: str | None,
+    quick: bool,
+    out_dir: str | None,
+    data_root: str | None,
+    seed: int,
+    list_only: bool,
+    threads: int | None,
+    quiet: bool,
+) -> None:
+    """Run a paper result by NAME: print its table, write figures and results.json."""
+    from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
+    from lmckit.experiments.registry import default_data_root
+
+    if list_only or name is None:
+        for exp, doc in list_experiments().items():
+            click.echo(f"{exp:<20} {doc}")
+        return
+    _threads(threads)
+    ctx = ExperimentContext(
+        out_dir=Path(out_dir or Path("runs") / name),
+        data_root=Path(data_root) if data_root else default_data_root(),
+        quick=quick,
+        seed=seed,
+        progress=not quiet,
+        log=click.echo,
+    )
+    result = _run(run_experiment, name, ctx)
+    click.echo(result.table)
+    if result.notes:
+        click.echo(result.notes)
+    for fig in result.figures:
+        click.echo(f"wrote {fig}")
+    click.echo(f"wrote {ctx.out_dir / 'results.json'}")
 
 
 if __name__ == "__main__":  # pragma: no cover
