@@ -30,7 +30,7 @@ from torch import Tensor
 
 from lmckit.params import Params
 
-Role = Literal["write", "read"]
+Role = Literal["write", "read", "elementwise"]
 
 __all__ = [
     "Group",
@@ -62,7 +62,8 @@ class Group:
 
     #: whether the element may be an ``m x n`` embedding with ``m != n``.
     rectangular: bool = False
-    #: whether elementwise parameters (biases, norm scales) may live in the space.
+    #: whether elementwise parameters (norm scales and statistics) may live in the
+    #: space: only groups that move units without mixing them allow that.
     elementwise_ok: bool = True
 
     def identity(self, n: int) -> object:
@@ -88,6 +89,8 @@ class Group:
 
     def act(self, x: Tensor, element: object, role: Role) -> Tensor:
         """Act on ``x`` of shape ``(outer, n, inner)`` along the middle axis."""
+        if role == "elementwise":
+            raise ValueError(f"{type(self).__name__} cannot act on elementwise parameters")
         if role == "write":
             mat = self.matrix(element).to(x.dtype)
         else:
@@ -223,6 +226,7 @@ class SemiPermutation(Group):
     """
 
     rectangular = True
+    elementwise_ok = False
 
     def identity(self, n: int) -> SemiPermutationElement:
         return SemiPermutationElement(torch.arange(n), torch.ones(n), n)
@@ -363,7 +367,9 @@ class Use:
         param: name of the parameter in the state dict.
         axis: which axis of that parameter.
         role: ``"write"`` if the parameter writes into the space (weights' output axis,
-            biases, norm parameters and statistics), ``"read"`` if it reads from it.
+            biases), ``"read"`` if it reads from it, ``"elementwise"`` if it scales or
+            shifts each unit separately (norm parameters and statistics), which only
+            unit-moving groups (permutations) preserve.
         outer, inner: block layout of the axis around the space's ``n`` units.
     """
 
@@ -374,8 +380,8 @@ class Use:
     inner: int = 1
 
     def __post_init__(self) -> None:
-        if self.role not in ("write", "read"):
-            raise ValueError(f"role must be 'write' or 'read', got {self.role!r}")
+        if self.role not in ("write", "read", "elementwise"):
+            raise ValueError(f"role must be 'write', 'read' or 'elementwise', got {self.role!r}")
 
 
 @dataclass(frozen=True)
@@ -478,8 +484,7 @@ class SymmetrySpec:
                         f"space {space.name!r} (n={space.n}) expects axis {use.axis} of "
                         f"{use.param!r} to have size {want}, found {shape[use.axis]}"
                     )
-                elementwise = len(shape) == 1
-                if elementwise and not space.group.elementwise_ok:
+                if use.role == "elementwise" and not space.group.elementwise_ok:
                     raise ValueError(
                         f"{type(space.group).__name__} space {space.name!r} cannot act on "
                         f"elementwise parameter {use.param!r}"

@@ -17,14 +17,17 @@ _NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.LayerNorm, nn.GroupNorm)
 
 def writes(name: str, module: nn.Module) -> list[Use]:
     """Uses of a module whose output channels live in the space (axis 0 of its tensors)."""
-    uses = []
-    for pname, _ in module.named_parameters(recurse=False):
-        uses.append(Use(f"{name}.{pname}", 0, "write"))
     if isinstance(module, _NORMS):
+        # norms act unit by unit: their parameters and statistics only follow
+        # permutations (role "elementwise"), unlike a writer's weight and bias
+        uses = [
+            Use(f"{name}.{p}", 0, "elementwise") for p, _ in module.named_parameters(recurse=False)
+        ]
         for bname, b in module.named_buffers(recurse=False):
             if b is not None and b.is_floating_point():
-                uses.append(Use(f"{name}.{bname}", 0, "write"))
-    return uses
+                uses.append(Use(f"{name}.{bname}", 0, "elementwise"))
+        return uses
+    return [Use(f"{name}.{p}", 0, "write") for p, _ in module.named_parameters(recurse=False)]
 
 
 def reads(name: str, module: nn.Module, *, inner: int = 1) -> list[Use]:
