@@ -258,7 +258,12 @@ def test_repair_sites_write_a_space(name: str, norm: str, activation: str | None
     case = _build(name, norm, activation)
     sites = case.module.repair_sites()
     assert sites and len(set(sites)) == len(sites)
-    writes = {u.param: s for s in case.spec for u in s.uses if u.role == "write" and u.axis == 0}
+    writes = {
+        u.param: s
+        for s in case.spec
+        for u in s.uses
+        if u.role in ("write", "elementwise") and u.axis == 0
+    }
     for site in sites:
         module = case.module.get_submodule(site)
         space = writes.get(f"{site}.weight")
