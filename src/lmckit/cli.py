@@ -20,11 +20,14 @@ from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.merge import has_batchnorm, repair, reset_batchnorm
 from lmckit.models import create_model
 from lmckit.params import IncompatibleModelsError, check_compatible, interpolate
-from lmckit.symmetry import apply
-from lmckit.train import OPTIMIZERS, TrainConfig, train
+from lmckit.symmetry import Orthogonal, Permutation, SymmetrySpec, apply
+from lmckit.train import OPTIMIZERS, TrainConfig, fit
 
-MODEL_CHOICES = ("mlp", "vgg", "resnet20")
-NORMS = ("auto", "none", "batch", "layer", "group")
+MODEL_CHOICES = ("mlp", "vgg", "resnet20", "gpt2", "vit")
+NORMS = ("auto", "none", "batch", "layer", "group", "rms")
+TRANSFORMERS = ("gpt2", "vit")
+#: Logit floats per evaluation batch of a language model (batch * time * vocab), ~256 MB.
+LM_EVAL_LOGITS = 2**26
 
 
 def _fail(message: str) -> click.ClickException:
@@ -148,9 +151,33 @@ def model_kwargs(
     width_mult: float,
     norm: str,
     activation: str,
+    n_layer: int = 6,
+    n_head: int = 4,
+    n_embd: int = 256,
+    n_inner: int | None = None,
+    context: int | None = None,
+    patch_size: int = 4,
+    dropout: float = 0.0,
+    tie_embeddings: bool = True,
 ) -> dict[str, Any]:
     """Constructor arguments of a zoo model sized for ``data``."""
     shape = data.input_shape
+    if model in TRANSFORMERS:
+        return _transformer_kwargs(
+            model,
+            data,
+            norm=norm,
+            n_layer=n_layer,
+            n_head=n_head,
+            n_embd=n_embd,
+            n_inner=n_inner,
+            context=context,
+            patch_size=patch_size,
+            dropout=dropout,
+            tie_embeddings=tie_embeddings,
+        )
+    if data.is_language:
+        raise _fail(f"{model} needs feature or image data; {data.name} holds token ids")
     if model == "mlp":
         return {
             "in_features": math.prod(shape),
@@ -183,6 +210,78 @@ def model_kwargs(
     }
 
 
+def _transformer_kwargs(
+    model: str,
+    data: Dataset,
+    *,
+    norm: str,
+    n_layer: int,
+    n_head: int,
+    n_embd: int,
+    n_inner: int | None,
+    context: int | None,
+    patch_size: int,
+    dropout: float,
+    tie_embeddings: bool,
+) -> dict[str, Any]:
+    """GPT-2 (token data) or ViT (square images) arguments; the norm is layer or rms."""
+    if norm not in ("auto", "layer", "rms"):
+        raise _fail(f"{model} takes --norm layer or rms (auto = layer), got {norm}")
+    norm = "layer" if norm == "auto" else norm
+    shape = data.input_shape
+    if model == "gpt2":
+        if not data.is_language:
+            raise _fail(f"gpt2 needs token data (e.g. shakespeare:...); {data.name} is not")
+        block = shape[0]
+        context = block if context is None else context
+        if context < block:
+            raise _fail(f"--context {context} is shorter than the data's blocks of {block}")
+        return {
+            "vocab_size": data.num_classes,
+            "n_layer": n_layer,
+            "n_head": n_head,
+            "n_embd": n_embd,
+            "n_inner": n_inner,
+            "context": context,
+            "norm": norm,
+            "tie_embeddings": tie_embeddings,
+            "dropout": dropout,
+        }
+    if len(shape) != 3 or shape[1] != shape[2] or data.is_language:
+        raise _fail(f"vit needs square images (channels, size, size); {data.name} has {shape}")
+    return {
+        "image_size": shape[1],
+        "patch_size": patch_size,
+        "in_channels": shape[0],
+        "num_classes": data.num_classes,
+        "width": n_embd,
+        "depth": n_layer,
+        "heads": n_head,
+        "mlp_dim": n_inner,
+        "norm": norm,
+    }
+
+
+def _eval_batch_size(data: Dataset, requested: int | None) -> int:
+    """Examples per evaluation batch: ``requested``, else 500 (a few for language models)."""
+    if requested is not None:
+        return requested
+    if data.is_language:
+        # logits are (batch, time, vocab): bound their size, not the batch's
+        return max(1, LM_EVAL_LOGITS // (data.input_shape[0] * data.num_classes))
+    return 500
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise _fail(f"bad --device {name!r}: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise _fail("--device cuda: no CUDA device is available")
+    return device
+
+
 @main.command("train")
 @click.option("--model", type=click.Choice(MODEL_CHOICES), required=True, help="Architecture.")
 @data_option
@@ -209,7 +308,8 @@ def model_kwargs(
     type=click.Choice(NORMS),
     default="auto",
     show_default=True,
-    help="Normalisation; auto = none for MLPs, batch for CNNs.",
+    help="Normalisation; auto = none for MLPs, batch for CNNs, layer for transformers "
+    "(rms: affine-free RMSNorm, transformers only).",
 )
 @click.option(
     "--activation",
@@ -218,12 +318,61 @@ def model_kwargs(
     show_default=True,
     help="MLP activation.",
 )
+@click.option("--n-layer", type=int, default=6, show_default=True, help="Transformer layers.")
+@click.option("--n-head", type=int, default=4, show_default=True, help="Attention heads per layer.")
+@click.option(
+    "--n-embd", type=int, default=256, show_default=True, help="Transformer residual width."
+)
+@click.option(
+    "--n-inner", type=int, default=None, help="Transformer MLP width [default: 4 * n-embd]."
+)
+@click.option(
+    "--context",
+    type=int,
+    default=None,
+    help="GPT-2 maximum sequence length [default: the data's block length].",
+)
+@click.option("--patch-size", type=int, default=4, show_default=True, help="ViT patch size.")
+@click.option(
+    "--dropout", type=float, default=0.0, show_default=True, help="GPT-2 dropout probability."
+)
+@click.option(
+    "--untie-embeddings", is_flag=True, help="GPT-2: a separate LM head instead of wte^T."
+)
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
 @click.option("--batch-size", type=int, default=128, show_default=True)
 @click.option(
     "--schedule", type=click.Choice(["cosine", "constant"]), default="cosine", show_default=True
+)
+@click.option(
+    "--warmup", type=float, default=0.0, show_default=True, help="Fraction of linear warm-up."
+)
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@click.option("--grad-clip", type=float, default=None, help="Clip the gradient norm.")
+@click.option(
+    "--patience",
+    type=int,
+    default=None,
+    help="Early stopping: stop after this many validation checks without improvement and "
+    "keep the best parameters (needs data with a validation split).",
+)
+@click.option(
+    "--eval-every",
+    type=int,
+    default=None,
+    help="Steps between validation checks [default: every epoch, when validating].",
+)
+@click.option(
+    "--eval-batch-size",
+    type=int,
+    default=None,
+    help="Examples per evaluation batch [default: batch size for validation; for the test "
+    "loss 500, or fewer for language models].",
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Torch device to train on, e.g. cuda."
 )
 @threads_option
 @quiet_option
@@ -238,15 +387,35 @@ def train_cmd(
     width_mult: float,
     norm: str,
     activation: str,
+    n_layer: int,
+    n_head: int,
+    n_embd: int,
+    n_inner: int | None,
+    context: int | None,
+    patch_size: int,
+    dropout: float,
+    untie_embeddings: bool,
     optimizer: str,
     lr: float,
     weight_decay: float,
     batch_size: int,
     schedule: str,
+    warmup: float,
+    max_steps: int | None,
+    grad_clip: float | None,
+    patience: int | None,
+    eval_every: int | None,
+    eval_batch_size: int | None,
+    device: str,
     threads: int | None,
     quiet: bool,
 ) -> None:
-    """Train a zoo model and write a checkpoint directory."""
+    """Train a zoo model and write a checkpoint directory.
+
+    Transformers: `--model gpt2` on token data (e.g. --data shakespeare:...), `--model vit`
+    on square images; sizes from --n-layer, --n-head, --n-embd, --n-inner (--context,
+    --patch-size). With --patience, training stops early on the validation loss.
+    """
     _threads(threads)
     data = _data(data_spec, seed=0)
     kwargs = model_kwargs(
@@ -257,6 +426,14 @@ def train_cmd(
         width_mult=width_mult,
         norm=norm,
         activation=activation,
+        n_layer=n_layer,
+        n_head=n_head,
+        n_embd=n_embd,
+        n_inner=n_inner,
+        context=context,
+        patch_size=patch_size,
+        dropout=dropout,
+        tie_embeddings=not untie_embeddings,
     )
     config = _run(
         TrainConfig,
@@ -266,37 +443,113 @@ def train_cmd(
         lr=lr,
         weight_decay=weight_decay,
         schedule=schedule,
+        warmup=warmup,
+        max_steps=max_steps,
+        grad_clip=grad_clip,
+        patience=patience,
+        eval_every=eval_every,
+        eval_batch_size=eval_batch_size,
     )
+    torch_device = _device(device)
     module, params = _run(create_model, model, seed=seed, **kwargs)
-    trained = _run(train, module, params, data, config, seed=seed, progress=not quiet)
+    result = _run(
+        fit, module, params, data, config, seed=seed, device=torch_device, progress=not quiet
+    )
+    trained = result.params
     from lmckit.data import batches
     from lmckit.evaluate import evaluate
 
-    test = evaluate(module, trained, batches(data.x_test, data.y_test, 500))
-    save(
-        out,
-        module,
-        trained,
-        metadata={
-            "data": data_spec,
-            "seed": seed,
-            "train": config.__dict__,
-            "test_loss": test.loss,
-            "test_acc": test.acc,
-        },
+    test = evaluate(
+        module, trained, batches(data.x_test, data.y_test, _eval_batch_size(data, eval_batch_size))
     )
+    metadata: dict[str, Any] = {
+        "data": data_spec,
+        "seed": seed,
+        "train": config.__dict__,
+        "steps": result.steps,
+        "epochs_run": result.epochs,
+        "test_loss": test.loss,
+        "test_acc": test.acc,
+    }
+    if result.best is not None:
+        metadata.update(
+            best_step=result.best.step,
+            best_epoch=result.best.epoch,
+            val_loss=result.best.loss,
+            val_acc=result.best.acc,
+            stopped_early=result.stopped_early,
+        )
+        stop = "stopped early" if result.stopped_early else "ran to the end"
+        click.echo(
+            f"best validation loss {result.best.loss:.4f} at step {result.best.step} "
+            f"(epoch {result.best.epoch}); {stop} after {result.steps} steps"
+        )
+    save(out, module, trained, metadata=metadata)
     click.echo(f"test loss {test.loss:.4f}, accuracy {100 * test.acc:.2f}%")
     click.echo(f"wrote {out}")
 
 
 # --------------------------------------------------------------------------- align
 
+SYMMETRIES = ("permutation", "orthogonal")
+
+
+def _with_symmetry(
+    a: Checkpoint, b: Checkpoint, symmetry: str | None
+) -> tuple[Checkpoint, Checkpoint, SymmetrySpec, bool]:
+    """The pair and spec under ``--symmetry``; ``True`` when the pair was rewritten.
+
+    ``orthogonal`` keeps a spec's orthogonal spaces; a LayerNorm transformer (a spec
+    with a ``residual`` space and ``norm="layer"``) is first rewritten to its RMSNorm
+    form, whose residual stream is orthogonal. ``permutation`` turns orthogonal spaces
+    into permutation spaces (the permutations-only ablation).
+    """
+    spec = a.model.symmetry_spec()
+    if symmetry is None:
+        return a, b, spec, False
+    if symmetry == "permutation":
+        ortho = {s.name: Permutation() for s in spec if isinstance(s.group, Orthogonal)}
+        return a, b, spec.with_groups(**ortho), False
+    if any(isinstance(s.group, Orthogonal) for s in spec):
+        return a, b, spec, False
+    if "residual" in spec.names and getattr(a.model, "norm", None) == "layer":
+        from lmckit.rewrites import layernorm_to_rmsnorm
+
+        rewritten = []
+        for ckpt in (a, b):
+            module, params = _run(layernorm_to_rmsnorm, ckpt.model, ckpt.params)
+            rewritten.append(Checkpoint(module, params, module.config))
+        ra, rb = rewritten
+        return ra, rb, ra.model.symmetry_spec(), True
+    raise _fail(
+        f"--symmetry orthogonal: {a.config.name} has no orthogonal-capable residual stream "
+        f"(its spaces {', '.join(spec.names)} allow permutations only)"
+    )
+
 
 @main.command("align")
 @click.argument("model_a", type=click.Path(exists=True))
 @click.argument("model_b", type=click.Path(exists=True))
 @click.option(
-    "--method", type=click.Choice(["weight", "activation"]), default="weight", show_default=True
+    "--method",
+    type=click.Choice(["weight", "activation", "learned"]),
+    default="weight",
+    show_default=True,
+    help="learned: straight-through learned matching from weight matching (needs --data).",
+)
+@click.option(
+    "--symmetry",
+    type=click.Choice(SYMMETRIES),
+    default=None,
+    help="permutation: orthogonal spaces become permutations; orthogonal: residual stream "
+    "by an orthogonal map (LayerNorm transformers are rewritten to RMSNorm first). "
+    "Default: the architecture's own groups.",
+)
+@click.option(
+    "--steps", type=int, default=500, show_default=True, help="Learned matching: max steps."
+)
+@click.option(
+    "--lr", type=float, default=0.01, show_default=True, help="Learned matching: AdamW rate."
 )
 @data_option
 @click.option(
@@ -309,6 +562,9 @@ def align_cmd(
     model_a: str,
     model_b: str,
     method: str,
+    symmetry: str | None,
+    steps: int,
+    lr: float,
     data_spec: str | None,
     out: str,
     seed: int,
@@ -316,38 +572,143 @@ def align_cmd(
     quiet: bool,
 ) -> None:
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
+    from lmckit.align import LearnedMatchingConfig, learned_matching
+
     _threads(threads)
     a, b = _load_pair(model_a, model_b)
-    data = _data(data_spec) if method == "activation" else None
-    spec = a.model.symmetry_spec()
-    full = {"weight": "weight_matching", "activation": "activation_matching"}[method]
-    result = _run(
-        align_pair, full, a.model, spec, a.params, b.params, data, seed=seed, progress=not quiet
-    )
+    a, b, spec, rewritten = _with_symmetry(a, b, symmetry)
+    data = _data(data_spec) if method in ("activation", "learned") else None
+    full = {
+        "weight": "weight_matching",
+        "activation": "activation_matching",
+        "learned": "learned_matching",
+    }[method]
+    if method == "learned":
+        config = _run(LearnedMatchingConfig, steps=steps, lr=lr)
+        result = _run(
+            learned_matching,
+            a.model,
+            spec,
+            a.params,
+            b.params,
+            data,
+            config,
+            seed=seed,
+            progress=not quiet,
+        )
+    else:
+        result = _run(
+            align_pair, full, a.model, spec, a.params, b.params, data, seed=seed, progress=not quiet
+        )
     aligned = apply(spec, b.params, result.transform)
-    save(
-        out,
-        b.config,
-        aligned,
-        metadata={
-            "aligned_to": str(model_a),
-            "source": str(model_b),
-            "method": full,
-            "seed": seed,
-            "data": data_spec,
-            "spaces": {k: vars(v) for k, v in result.spaces.items()},
-        },
-    )
+    metadata: dict[str, Any] = {
+        "aligned_to": str(model_a),
+        "source": str(model_b),
+        "method": full,
+        "symmetry": symmetry,
+        "seed": seed,
+        "data": data_spec,
+        "spaces": {k: vars(v) for k, v in result.spaces.items()},
+    }
+    if method == "learned":
+        metadata["learned"] = {"steps": steps, "lr": lr, "validation_midpoint": result.history}
+    if rewritten:
+        # orthogonal maps do not preserve LayerNorm: A's RMSNorm form is the reference
+        reference = str(Path(out) / "reference")
+        metadata["reference"] = reference
+    save(out, b.config, aligned, metadata=metadata)
+    if rewritten:
+        save(reference, a.config, a.params, metadata={"rewritten_from": str(model_a)})
     click.echo(result.summary())
     click.echo(f"wrote {out}")
+    if rewritten:
+        click.echo(f"wrote {reference} (MODEL_A in RMSNorm form: measure barriers against it)")
 
 
 # --------------------------------------------------------------------------- barrier
 
 
+def _load_all(paths: tuple[str, ...]) -> list[Checkpoint]:
+    first = _load(paths[0])
+    loaded = [first]
+    for path in paths[1:]:
+        _, other = _load_pair(paths[0], path)
+        loaded.append(other)
+    return loaded
+
+
+def _simplex(
+    paths: tuple[str, ...],
+    data: Dataset,
+    data_spec: str | None,
+    settings: EvalSettings,
+    *,
+    resolution: int,
+    align: str,
+    seed: int,
+    json_path: str | None,
+    plot_path: str | None,
+    quiet: bool,
+) -> None:
+    """The multi-model barrier over the simplex spanned by ``paths``."""
+    from lmckit.align import universe_matching
+    from lmckit.data import batches
+    from lmckit.paths import evaluate_simplex
+
+    if settings.fix == "repair":
+        raise _fail("--fix repair is for two models; use reset_bn or none with --simplex")
+    ckpts = _load_all(paths)
+    model = ckpts[0].model
+    models = [c.params for c in ckpts]
+    meta: dict[str, Any] = {"models": list(paths), "data": data_spec, "align": align}
+    if align == "weight":
+        spec = model.symmetry_spec()
+        universe = _run(universe_matching, spec, models, seed=seed, progress=not quiet)
+        models = universe.aligned(spec, models)
+        meta.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))
+    fix = settings.fix
+    if fix == "auto":
+        fix = "reset_bn" if has_batchnorm(model) else "none"
+    prepare = None
+    if fix == "reset_bn":
+        if not has_batchnorm(model):
+            raise _fail("--fix reset_bn needs a network with BatchNorm")
+        inputs = train_inputs(data, settings)
+        prepare = lambda theta, _w: reset_batchnorm(model, theta, inputs())  # noqa: E731
+    x, y = data.split(settings.split)
+    meta.update(split=settings.split, fix=fix, resolution=resolution)
+    result = _run(
+        evaluate_simplex,
+        model,
+        models,
+        lambda: batches(x, y, settings.batch_size),
+        resolution=resolution,
+        prepare=prepare,
+        meta=meta,
+        progress=not quiet,
+    )
+    vertices = "/".join(f"{v:.4f}" for v in result.vertex_loss)
+    click.echo(
+        f"simplex of {result.k} models ({len(result.weights)} points, align {align}): "
+        f"loss barrier {result.barrier_loss:.4f}, accuracy barrier "
+        f"{100 * result.barrier_acc:.2f}%, centroid loss {result.centroid_loss:.4f}, "
+        f"vertex losses {vertices}"
+    )
+    if json_path:
+        write_json(json_path, result.to_dict())
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        if result.k != 3:
+            raise _fail(f"--plot draws the simplex of 3 models, got {result.k}")
+        from lmckit.plot import plot_simplex
+
+        labels = tuple(Path(p).name for p in paths)
+        plot_simplex({f"align: {align}": result}, plot_path, labels=labels)
+        click.echo(f"wrote {plot_path}")
+
+
 @main.command("barrier")
-@click.argument("model_a", type=click.Path(exists=True))
-@click.argument("model_b", type=click.Path(exists=True))
+@click.argument("models", nargs=-1, required=True, type=click.Path(exists=True))
 @data_option
 @click.option(
     "--points",
@@ -364,27 +725,78 @@ def align_cmd(
     show_default=True,
     help="Fix at each point: auto resets BatchNorm statistics where there are any.",
 )
+@click.option(
+    "--simplex",
+    is_flag=True,
+    help="Several models: loss over the simplex they span and the multi-model barrier.",
+)
+@click.option(
+    "--resolution",
+    type=int,
+    default=10,
+    show_default=True,
+    help="With --simplex: grid step 1/R in each convex weight.",
+)
+@click.option(
+    "--align",
+    "align_method",
+    type=click.Choice(["none", "weight"]),
+    default="none",
+    show_default=True,
+    help="With --simplex: weight: universe matching of all models into one frame first.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="With --align weight.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
 @threads_option
 @quiet_option
 def barrier_cmd(
-    model_a: str,
-    model_b: str,
+    models: tuple[str, ...],
     data_spec: str | None,
     points: int,
     split: str,
     fix: str,
+    simplex: bool,
+    resolution: int,
+    align_method: str,
+    seed: int,
     json_path: str | None,
     plot_path: str | None,
     threads: int | None,
     quiet: bool,
 ) -> None:
-    """Loss and accuracy along the linear path from MODEL_A to MODEL_B."""
+    """Loss and accuracy along the linear path from MODEL_A to MODEL_B.
+
+    With --simplex, MODELS are two or more checkpoints and the loss is measured over
+    the simplex they span (multi-model barrier; --plot draws it for three).
+    """
     _threads(threads)
-    a, b = _load_pair(model_a, model_b)
+    if not simplex and len(models) != 2:
+        raise _fail(f"give two models (or --simplex for several), got {len(models)}")
+    if not simplex and align_method != "none":
+        raise _fail("--align is for --simplex; align a pair with `lmckit align` first")
+    if simplex and len(models) < 2:
+        raise _fail("--simplex needs at least two models")
     data = _data(data_spec)
-    settings = _settings(split=split, points=points, fix=fix)
+    settings = _settings(
+        split=split, points=points, fix=fix, batch_size=_eval_batch_size(data, None)
+    )
+    if simplex:
+        _simplex(
+            models,
+            data,
+            data_spec,
+            settings,
+            resolution=resolution,
+            align=align_method,
+            seed=seed,
+            json_path=json_path,
+            plot_path=plot_path,
+            quiet=quiet,
+        )
+        return
+    model_a, model_b = models
+    a, b = _load_pair(model_a, model_b)
     result = _run(
         measure_path,
         a.model,

@@ -146,6 +146,9 @@ class PathResult:
             )
         except KeyError as err:
             raise ValueError(f"path result is missing {err}") from None
+        except TypeError as err:
+            # e.g. "t": null or "meta": 3 in a hand-edited JSON file
+            raise ValueError(f"path result is malformed: {err}") from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)

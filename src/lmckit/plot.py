@@ -1,9 +1,10 @@
-"""Figures: loss and accuracy along paths (PNG, written atomically)."""
+"""Figures: loss and accuracy along paths, and over simplices (PNG, written atomically)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -14,7 +15,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lmckit.atomic import atomic_path  # noqa: E402
 from lmckit.evaluate import PathResult  # noqa: E402
 
-__all__ = ["plot_paths"]
+if TYPE_CHECKING:
+    from lmckit.paths.simplex import SimplexResult
+
+__all__ = ["plot_paths", "plot_simplex"]
 
 
 def plot_paths(
@@ -45,6 +49,77 @@ def plot_paths(
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+    plt.close(fig)
+    return path
+
+
+def plot_simplex(
+    results: Mapping[str, SimplexResult],
+    path: str | Path,
+    *,
+    metric: str = "loss",
+    labels: Sequence[str] = ("model 1", "model 2", "model 3"),
+    title: str | None = None,
+) -> Path:
+    """Triangle heat maps of loss (or accuracy) over 3-model simplices, one per result.
+
+    Barycentric weights ``w`` map to the plane as ``w_1 v_1 + w_2 v_2 + w_3 v_3`` with
+    the vertices of an equilateral triangle; all panels share one colour scale, and
+    the point attaining each loss barrier is marked. Returns the written path.
+    """
+    import numpy as np
+    from matplotlib.tri import Triangulation
+
+    if not results:
+        raise ValueError("nothing to plot")
+    if metric not in ("loss", "acc"):
+        raise ValueError(f"metric must be 'loss' or 'acc', got {metric!r}")
+    if len(labels) != 3:
+        raise ValueError(f"need 3 vertex labels, got {len(labels)}")
+    for name, res in results.items():
+        if res.k != 3:
+            raise ValueError(f"{name}: a triangle plot needs 3 models, got {res.k}")
+    corners = np.array([[0.0, 0.0], [1.0, 0.0], [0.5, np.sqrt(3) / 2]])
+    values = {
+        name: np.array(res.loss if metric == "loss" else [100 * a for a in res.acc])
+        for name, res in results.items()
+    }
+    low = min(float(v.min()) for v in values.values())
+    high = max(float(v.max()) for v in values.values())
+    fig, axes = plt.subplots(
+        1, len(results), figsize=(4.6 * len(results), 4.2), constrained_layout=True, squeeze=False
+    )
+    image = None
+    for ax, (name, res) in zip(axes[0], results.items(), strict=True):
+        xy = np.array(res.weights) @ corners
+        tri = Triangulation(xy[:, 0], xy[:, 1])
+        image = ax.tripcolor(tri, values[name], shading="gouraud", vmin=low, vmax=high)
+        peak = np.array(res.argmax_loss) @ corners
+        ax.plot(*peak, marker="x", color="white", ms=9, mew=2)
+        ax.plot(*np.vstack([corners, corners[:1]]).T, color="black", lw=1)
+        for corner, label, ha in zip(corners, labels, ("right", "left", "center"), strict=True):
+            ax.annotate(
+                label,
+                corner,
+                xytext=(0, -12 if corner[1] == 0 else 6),
+                textcoords="offset points",
+                ha=ha,
+                fontsize=9,
+            )
+        ax.set_title(
+            f"{name}\nbarrier: loss {res.barrier_loss:.3f}, acc {100 * res.barrier_acc:.2f} pts",
+            fontsize=10,
+        )
+        ax.set_aspect("equal")
+        ax.axis("off")
+    fig.colorbar(
+        image, ax=axes[0].tolist(), shrink=0.8, label=metric if metric == "loss" else "accuracy (%)"
+    )
     if title:
         fig.suptitle(title)
     path = Path(path)

@@ -33,7 +33,9 @@ from lmckit.params import Params
 Role = Literal["write", "read", "elementwise"]
 
 __all__ = [
+    "CircuitPart",
     "Group",
+    "HeadCircuits",
     "HeadPermutation",
     "Invertible",
     "Orthogonal",
@@ -265,6 +267,9 @@ class SemiPermutation(Group):
         return element.assign.numel(), element.n
 
     def act(self, x: Tensor, element: SemiPermutationElement, role: Role) -> Tensor:
+        if role == "elementwise":
+            # splitting a unit rescales it: a norm's per-unit parameters cannot follow
+            raise ValueError("SemiPermutation cannot act on elementwise parameters")
         picked = x.index_select(1, element.assign.to(x.device))
         if role == "read":
             return picked
@@ -393,14 +398,56 @@ class Probe:
 
 
 @dataclass(frozen=True)
+class CircuitPart:
+    """Rows of a parameter that hold one attention projection (Q, K or V) of every head.
+
+    Axis 0 of ``param`` is read as ``blocks`` blocks of ``n`` rows and block ``block``
+    is the projection, e.g. ``CircuitPart("attn.c_attn.weight", 1, 3)`` for the keys of
+    a fused ``(3 n, d)`` QKV weight.
+    """
+
+    param: str
+    block: int = 0
+    blocks: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.block < self.blocks:
+            raise ValueError(f"block {self.block} out of range for {self.blocks} blocks")
+
+
+@dataclass(frozen=True)
+class HeadCircuits:
+    """Where a head space's QK and OV circuits live (bias-augmented).
+
+    For head ``h`` with query rows ``Q_h = [W_q,h | b_q,h]`` (``(head_dim, d + 1)``)
+    and keys ``K_h`` alike, the QK circuit is ``Q_h^T K_h``; with values ``V_h`` and
+    the output columns ``O_h`` (``(d_out, head_dim)``) of ``output``, the OV circuit
+    is ``O_h V_h``. Heads are matched on these, see :mod:`lmckit.align.circuits`.
+    """
+
+    query: CircuitPart
+    key: CircuitPart
+    value: CircuitPart
+    output: str
+    query_bias: CircuitPart | None = None
+    key_bias: CircuitPart | None = None
+    value_bias: CircuitPart | None = None
+
+
+@dataclass(frozen=True)
 class Space:
-    """A hidden feature space of ``n`` units with a group and the parameters using it."""
+    """A hidden feature space of ``n`` units with a group and the parameters using it.
+
+    ``circuits`` (attention head spaces only) makes weight matching compare heads by
+    their QK/OV circuits instead of by the plain weights of the uses.
+    """
 
     name: str
     n: int
     group: Group
     uses: tuple[Use, ...]
     probes: tuple[Probe, ...] = ()
+    circuits: HeadCircuits | None = None
 
     @property
     def params(self) -> tuple[str, ...]:

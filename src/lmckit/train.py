@@ -1,10 +1,15 @@
-"""Seeded, deterministic (on CPU) training of a module from a parameter set."""
+"""Seeded, deterministic (on CPU) training of a module from a parameter set.
+
+Optionally with early stopping: the loss on the dataset's validation split is measured
+every epoch (or every ``eval_every`` steps), the parameters of the best measurement are
+kept, and training stops after ``patience`` measurements without improvement.
+"""
 
 from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +19,7 @@ from tqdm.auto import tqdm
 from lmckit.data import Dataset, batches
 from lmckit.params import Params, check_finite
 
-__all__ = ["TrainConfig", "train"]
+__all__ = ["TrainConfig", "TrainResult", "ValidationPoint", "fit", "train"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant")
@@ -25,7 +30,7 @@ class TrainConfig:
     """Optimisation settings.
 
     Attributes:
-        epochs: passes over the training split.
+        epochs: passes over the training split (at most).
         batch_size: examples per step.
         optimizer: ``sgd`` (with Nesterov momentum), ``adam`` or ``adamw``.
         lr: peak learning rate.
@@ -33,6 +38,15 @@ class TrainConfig:
         momentum: SGD momentum.
         schedule: ``cosine`` (to zero, after warm-up) or ``constant``.
         warmup: fraction of steps with a linear warm-up.
+        max_steps: stop after this many steps (the schedule spans them); ``None``: all epochs.
+        grad_clip: clip the global gradient norm to this value; ``None``: no clipping.
+        patience: early stopping: stop after this many validation measurements without a
+            lower validation loss, and return the best parameters. Needs a validation split.
+        eval_every: steps between validation measurements; ``None``: at the end of every
+            epoch. Setting it (or ``patience``) turns validation on; without ``patience``
+            training runs to the end and the best measured parameters are returned.
+        eval_batch_size: examples per validation batch; ``None``: ``batch_size``.
+        min_delta: a validation loss counts as better when lower than the best by more.
     """
 
     epochs: int = 10
@@ -43,6 +57,12 @@ class TrainConfig:
     momentum: float = 0.9
     schedule: str = "cosine"
     warmup: float = 0.0
+    max_steps: int | None = None
+    grad_clip: float | None = None
+    patience: int | None = None
+    eval_every: int | None = None
+    eval_batch_size: int | None = None
+    min_delta: float = 0.0
 
     def __post_init__(self) -> None:
         if self.optimizer not in OPTIMIZERS:
@@ -53,6 +73,50 @@ class TrainConfig:
             raise ValueError(f"invalid training config {self}")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
+        for name in ("max_steps", "patience", "eval_every", "eval_batch_size"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+        if self.grad_clip is not None and self.grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+        if self.min_delta < 0:
+            raise ValueError(f"min_delta must be >= 0, got {self.min_delta}")
+
+    @property
+    def validates(self) -> bool:
+        """Whether training measures the validation loss (``patience`` or ``eval_every``)."""
+        return self.patience is not None or self.eval_every is not None
+
+
+@dataclass(frozen=True)
+class ValidationPoint:
+    """One validation measurement: after ``step`` optimiser steps, in ``epoch`` (1-based)."""
+
+    step: int
+    epoch: int
+    loss: float
+    acc: float
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`fit` returns.
+
+    Attributes:
+        params: the trained parameters; with validation, those of the best measurement.
+        steps: optimiser steps taken.
+        epochs: epochs begun (the last one may be partial).
+        stopped_early: whether ``patience`` ended training before ``epochs``/``max_steps``.
+        history: validation measurements in order (empty without validation).
+        best: the measurement whose parameters were returned, or ``None``.
+    """
+
+    params: Params
+    steps: int
+    epochs: int
+    stopped_early: bool = False
+    history: list[ValidationPoint] = field(default_factory=list)
+    best: ValidationPoint | None = None
 
 
 def _optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -79,37 +143,110 @@ def _lr_factor(config: TrainConfig, step: int, total: int) -> float:
     return 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def train(
+def _validation_loss(
+    work: nn.Module, data: Dataset, batch_size: int, device: torch.device
+) -> tuple[float, float]:
+    """Mean cross-entropy (per example or token) and accuracy on the validation split."""
+    x, y = data.split("val")
+    total, correct, count = 0.0, 0, 0
+    work.eval()
+    try:
+        with torch.no_grad():
+            for xb, yb in batches(x, y, batch_size):
+                xb, yb = xb.to(device), yb.to(device)
+                logits = work(xb)
+                if logits.ndim == 3:
+                    logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)
+                total += float(F.cross_entropy(logits, yb, reduction="sum"))
+                correct += int((logits.argmax(-1) == yb).sum())
+                count += yb.numel()
+    finally:
+        work.train()
+    return total / count, correct / count
+
+
+def _snapshot(work: nn.Module) -> Params:
+    return {k: v.detach().to("cpu", copy=True) for k, v in work.state_dict().items()}
+
+
+def fit(
     model: nn.Module,
     params: Params,
     data: Dataset,
     config: TrainConfig | None = None,
     *,
     seed: int = 0,
+    device: str | torch.device | None = None,
     progress: bool = True,
-) -> Params:
-    """Train from ``params`` on ``data``'s training split; return the new params.
+) -> TrainResult:
+    """Train from ``params`` on ``data``'s training split, with optional early stopping.
 
     Neither ``model`` nor ``params`` is modified: training runs on a private copy.
     Data order and any dropout come from ``seed`` (the global RNG is restored).
+    Language models work unchanged: logits ``(B, T, V)`` and targets ``(B, T)`` are
+    flattened to ``B*T`` token predictions.
+
+    Args:
+        model: the module that ``params`` belong to.
+        params: initial parameters.
+        data: the dataset; validation (``config.validates``) needs its ``val`` split.
+        config: optimisation and early-stopping settings.
+        seed: data order and dropout.
+        device: where to train (default CPU); returned parameters are on the CPU.
+        progress: show a progress bar.
+
+    Returns:
+        the parameters (the best validated ones when validating), steps, and history.
     """
     config = config or TrainConfig()
     check_finite(params, what="initial parameters")
+    if config.validates and not data.has_val:
+        raise ValueError(
+            f"early stopping / validation needs a validation split; dataset {data.name!r} "
+            f"has only {', '.join(data.splits)}"
+        )
+    device = torch.device(device or "cpu")
     work = copy.deepcopy(model)
     work.load_state_dict(params)
+    work.to(device)
     work.train()
     opt = _optimizer(config, work.parameters())
     x, y = data.x_train, data.y_train
     steps_per_epoch = math.ceil(len(x) / config.batch_size)
     total = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    eval_batch = config.eval_batch_size or config.batch_size
     generator = torch.Generator().manual_seed(seed)
-    step = 0
+    step = epoch = 0
+    history: list[ValidationPoint] = []
+    best: ValidationPoint | None = None
+    best_params: Params | None = None
+    stale = 0  # measurements since the last improvement
+    stopped_early = False
+
+    def measure() -> bool:
+        """Measure validation loss, keep the best parameters; True when patience runs out."""
+        nonlocal best, best_params, stale
+        loss, acc = _validation_loss(work, data, eval_batch, device)
+        point = ValidationPoint(step=step, epoch=epoch + 1, loss=loss, acc=acc)
+        history.append(point)
+        if best is None or loss < best.loss - config.min_delta:
+            best, best_params, stale = point, _snapshot(work), 0
+        else:
+            stale += 1
+        bar.set_postfix(epoch=epoch + 1, val_loss=f"{loss:.4f}", best=f"{best.loss:.4f}")
+        return config.patience is not None and stale >= config.patience
+
     bar = tqdm(total=total, desc="train", unit="step", disable=not progress, leave=False)
-    with torch.random.fork_rng(devices=[]):
+    # CUDA dropout draws from the device's generator: fork it too, so the caller's is kept.
+    rng_devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
         try:
             for epoch in range(config.epochs):
                 for xb, yb in batches(x, y, config.batch_size, shuffle=True, generator=generator):
+                    xb, yb = xb.to(device), yb.to(device)
                     for group in opt.param_groups:
                         group["lr"] = config.lr * _lr_factor(config, step, total)
                     logits = work(xb)
@@ -122,10 +259,50 @@ def train(
                         )
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
+                    if config.grad_clip is not None:
+                        nn.utils.clip_grad_norm_(work.parameters(), config.grad_clip)
                     opt.step()
                     step += 1
                     bar.update(1)
                     bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
+                    if config.eval_every is not None and step % config.eval_every == 0:
+                        stopped_early = measure()
+                    if stopped_early or step >= total:
+                        break
+                if config.validates and config.eval_every is None and not stopped_early:
+                    stopped_early = measure()
+                if stopped_early or step >= total:
+                    break
+            if config.validates and (not history or history[-1].step != step):
+                measure()  # the last steps were never measured (eval_every does not divide them)
         finally:
             bar.close()
-    return {k: v.detach().clone() for k, v in work.state_dict().items()}
+    # An early stop at the very last step is no early stop.
+    stopped_early = stopped_early and step < total
+    params_out = best_params if best_params is not None else _snapshot(work)
+    return TrainResult(
+        params=params_out,
+        steps=step,
+        epochs=epoch + 1,
+        stopped_early=stopped_early,
+        history=history,
+        best=best,
+    )
+
+
+def train(
+    model: nn.Module,
+    params: Params,
+    data: Dataset,
+    config: TrainConfig | None = None,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> Params:
+    """Train from ``params`` on ``data``'s training split; return the new params.
+
+    ``fit(...).params``: see :func:`fit` (early stopping returns the best validated
+    parameters). Neither ``model`` nor ``params`` is modified.
+    """
+    return fit(model, params, data, config, seed=seed, device=device, progress=progress).params

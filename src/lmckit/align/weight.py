@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from lmckit.align.circuits import head_similarity_matrix
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.solvers import objective, solve
 from lmckit.params import Params, check_compatible, check_finite
@@ -76,6 +77,12 @@ def space_similarity(
         other model's writer Gram ``sum_{writers} B_u B_u^T`` (``(n, n)``) when
         ``with_gram``, else ``None``.
     """
+    if space.circuits is not None:
+        # attention heads are compared through their QK/OV circuits (align.circuits)
+        moved = {
+            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in space.params
+        }
+        return head_similarity_matrix(space, ref, moved), None
     sim: Tensor | None = None
     gram: Tensor | None = None
     for use in space.uses:
@@ -91,6 +98,31 @@ def space_similarity(
             gram = g if gram is None else gram + g
     assert sim is not None  # a spec's spaces always have uses
     return sim, gram
+
+
+def _fold_single_use_params(
+    spec: SymmetrySpec, ref: dict[str, Tensor], other: dict[str, Tensor]
+) -> None:
+    """Replace large parameters that only one space touches by an exact small surrogate.
+
+    A matrix ``X`` (``(rows, n)`` with its space on axis 1, e.g. a token embedding)
+    enters every similarity and the objective only through ``A^T B``, linearly in B's
+    space axis. ``A' = I_m`` and ``B' = A^T B`` (both ``m`` rows) give the same terms,
+    so the ``rows``-sized product is computed once instead of at every step.
+    Skipped for least-squares spaces, whose Gram needs ``B^T B``.
+    """
+    for name in list(ref):
+        uses = spec.uses_of(name)
+        if len(uses) != 1 or name not in other:
+            continue
+        space, use = uses[0]
+        a, b = ref[name], other[name]
+        if a.ndim != 2 or use.axis % 2 != 1 or use.outer != 1 or use.inner != 1:
+            continue
+        if isinstance(space.group, Invertible) or a.shape[0] <= a.shape[1]:
+            continue
+        ref[name] = torch.eye(a.shape[1], dtype=a.dtype)
+        other[name] = (a.double().T @ b.double()).to(b.dtype)
 
 
 def _coordinate_descent(
@@ -120,10 +152,13 @@ def _coordinate_descent(
             sim, gram = space_similarity(
                 spec, space, ref, other, transform, with_gram=least_squares
             )
-            old = objective(space.group, transform[space.name], sim)
             element = solve(space.group, sim, gram=gram)
             new = objective(space.group, element, sim)
-            gain = new > old + config.tol * max(abs(old), 1.0)
+            # a rectangular space starts from a square element (the identity) that does
+            # not fit its (m, n) similarity: the first solution is always taken
+            fits = space.group.dims(transform[space.name]) == tuple(sim.shape)
+            old = objective(space.group, transform[space.name], sim) if fits else new
+            gain = not fits or new > old + config.tol * max(abs(old), 1.0)
             if gain or least_squares:
                 transform = transform.replace(**{space.name: element})
             improved = improved or gain
@@ -155,6 +190,7 @@ def weight_matching(
     spaces: Sequence[str] | None = None,
     seed: int = 0,
     progress: bool = False,
+    row_masks: Mapping[str, Tensor] | None = None,
 ) -> AlignmentResult:
     """Align ``params_b`` to ``params_a`` by weight matching.
 
@@ -167,14 +203,17 @@ def weight_matching(
         spaces: solve only these spaces (others stay at ``init``); default all.
         seed: order of spaces in each sweep and restart draws.
         progress: show a progress bar over sweeps.
+        row_masks: per parameter, a boolean mask over its axis 0 (which must be in no
+            space): only the selected rows count in the similarities, e.g. the
+            embedding rows of tokens that occur in the training data (rows of tokens
+            never seen stay at their initialisation and only add noise).
 
     Returns:
         An :class:`AlignmentResult`; ``apply(spec, params_b, result.transform)``.
     """
     config = config or WeightMatchingConfig()
-    spec.validate(params_b)
-    check_finite(params_a, what="first model")
-    check_finite(params_b, what="second model")
+    # compatibility first: models of different widths must be reported as such (naming
+    # the first mismatched parameter), not as a spec that does not fit one of them
     if any(s.group.rectangular for s in spec):
         # widths may differ along rectangular spaces; names must still agree
         check_compatible(
@@ -183,12 +222,22 @@ def weight_matching(
         )
     else:
         check_compatible(params_a, params_b)
+    spec.validate(params_b)
+    check_finite(params_a, what="first model")
+    check_finite(params_b, what="second model")
     names = list(spec.names if spaces is None else spaces)
     for name in names:
         spec[name]  # noqa: B018  (raises KeyError naming the valid spaces)
     start = time.perf_counter()
     ref = {k: v.detach().float() for k, v in params_a.items() if v.is_floating_point()}
     other = {k: v.detach().float() for k, v in params_b.items() if v.is_floating_point()}
+    for name, mask in (row_masks or {}).items():
+        if name not in ref or mask.dtype != torch.bool or mask.shape != ref[name].shape[:1]:
+            raise ValueError(f"row mask of {name!r} must be a bool tensor over its axis 0")
+        if any(u.axis % ref[name].ndim == 0 for _, u in spec.uses_of(name)):
+            raise ValueError(f"axis 0 of {name!r} is in a space; it cannot be masked")
+        ref[name], other[name] = ref[name][mask], other[name][mask]
+    _fold_single_use_params(spec, ref, other)
     base = init or Transform.identity(spec)
     generator = torch.Generator().manual_seed(seed)
 

@@ -1,6 +1,7 @@
 """Datasets as in-memory tensors: built-in (digits, Gaussian mixtures) and from files.
 
-Nothing is ever downloaded: MNIST and CIFAR-10 are read from paths the user gives.
+Nothing is ever downloaded: MNIST, CIFAR-10, text files and tokenizers are read from
+paths the user gives. Text (language-modelling) data lives in :mod:`lmckit.data.text`.
 """
 
 from lmckit.data.cifar10 import load_cifar10

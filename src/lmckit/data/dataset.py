@@ -1,4 +1,4 @@
-"""`Dataset`: a labelled train/test pair of tensors, and mini-batch iteration over it."""
+"""`Dataset`: labelled train/test (and optional validation) tensors, and mini-batches over them."""
 
 from __future__ import annotations
 
@@ -10,20 +10,28 @@ from torch import Tensor
 
 __all__ = ["Dataset", "batches"]
 
-_SPLITS = ("train", "test")
+_SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True, eq=False)
 class Dataset:
-    """A classification dataset held in memory.
+    """A classification or language-modelling dataset held in memory.
+
+    Classification: float32 inputs, one int64 label per example. Language modelling:
+    int64 token ids ``(N, T)`` as inputs and the next tokens ``(N, T)`` as targets, with
+    ``num_classes`` the vocabulary size.
 
     Attributes:
         name: short name of the source, e.g. ``"mnist"``.
-        x_train: inputs, float32 ``(N_train, *input_shape)``; images are ``(C, H, W)``.
-        y_train: class labels, int64 ``(N_train,)`` with values in ``[0, num_classes)``.
-        x_test: inputs, float32 ``(N_test, *input_shape)``.
-        y_test: class labels, int64 ``(N_test,)``.
-        num_classes: number of classes.
+        x_train: inputs ``(N_train, *input_shape)``: float32 features (images are
+            ``(C, H, W)``) or int64 token ids ``(N_train, T)``.
+        y_train: int64 targets with values in ``[0, num_classes)``: class labels
+            ``(N_train,)``, or next-token ids of the same shape as the token inputs.
+        x_test: inputs ``(N_test, *input_shape)``.
+        y_test: targets of the test inputs.
+        num_classes: number of classes (vocabulary size for language models).
+        x_val: optional validation inputs ``(N_val, *input_shape)`` (early stopping).
+        y_val: validation targets; given exactly when ``x_val`` is.
     """
 
     # eq=False: the generated __eq__ would compare tensors, whose truth value is ambiguous.
@@ -34,6 +42,8 @@ class Dataset:
     x_test: Tensor
     y_test: Tensor
     num_classes: int
+    x_val: Tensor | None = None
+    y_val: Tensor | None = None
 
     def __post_init__(self) -> None:
         # Checked once here so that every consumer can rely on dtypes and shapes.
@@ -41,28 +51,46 @@ class Dataset:
             raise ValueError(
                 f"dataset {self.name!r}: num_classes must be >= 1, got {self.num_classes}"
             )
-        for split in _SPLITS:
+        if (self.x_val is None) != (self.y_val is None):
+            raise ValueError(f"dataset {self.name!r}: give both x_val and y_val, or neither")
+        for split in self.splits:
             x, y = self.split(split)
-            if x.dtype != torch.float32:
-                raise ValueError(f"dataset {self.name!r}: x_{split} must be float32, got {x.dtype}")
-            if y.dtype != torch.int64 or y.dim() != 1:
+            self._check_split(split, x, y)
+        for split in self.splits[1:]:
+            x = self.split(split)[0]
+            if x.shape[1:] != self.x_train.shape[1:] or x.dtype != self.x_train.dtype:
                 raise ValueError(
-                    f"dataset {self.name!r}: y_{split} must be a 1-D int64 tensor, "
-                    f"got {y.dtype} of shape {tuple(y.shape)}"
+                    f"dataset {self.name!r}: train inputs {tuple(self.x_train.shape[1:])} "
+                    f"({self.x_train.dtype}) and {split} inputs {tuple(x.shape[1:])} ({x.dtype}) "
+                    "differ in shape or dtype"
                 )
-            if x.dim() < 2 or x.shape[0] != y.shape[0]:
-                raise ValueError(
-                    f"dataset {self.name!r}: x_{split} {tuple(x.shape)} and y_{split} "
-                    f"{tuple(y.shape)} must have the same number of samples"
-                )
-            if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
-                raise ValueError(
-                    f"dataset {self.name!r}: y_{split} has labels outside [0, {self.num_classes})"
-                )
-        if self.x_train.shape[1:] != self.x_test.shape[1:]:
+
+    def _check_split(self, split: str, x: Tensor, y: Tensor) -> None:
+        if x.dtype not in (torch.float32, torch.int64):
             raise ValueError(
-                f"dataset {self.name!r}: train inputs {tuple(self.x_train.shape[1:])} and test "
-                f"inputs {tuple(self.x_test.shape[1:])} differ in shape"
+                f"dataset {self.name!r}: x_{split} must be float32 (features) or int64 "
+                f"(token ids), got {x.dtype}"
+            )
+        # Token inputs predict one target per token; features predict one per example.
+        tokens = x.dtype == torch.int64
+        if y.dtype != torch.int64 or (y.shape != x.shape if tokens else y.dim() != 1):
+            expected = f"of shape {tuple(x.shape)} like the tokens" if tokens else "1-D"
+            raise ValueError(
+                f"dataset {self.name!r}: y_{split} must be an int64 tensor {expected}, "
+                f"got {y.dtype} of shape {tuple(y.shape)}"
+            )
+        if x.dim() < 2 or x.shape[0] != y.shape[0]:
+            raise ValueError(
+                f"dataset {self.name!r}: x_{split} {tuple(x.shape)} and y_{split} "
+                f"{tuple(y.shape)} must have the same number of samples"
+            )
+        if y.numel() and (int(y.min()) < 0 or int(y.max()) >= self.num_classes):
+            raise ValueError(
+                f"dataset {self.name!r}: y_{split} has labels outside [0, {self.num_classes})"
+            )
+        if tokens and x.numel() and (int(x.min()) < 0 or int(x.max()) >= self.num_classes):
+            raise ValueError(
+                f"dataset {self.name!r}: x_{split} has token ids outside [0, {self.num_classes})"
             )
 
     @property
@@ -70,19 +98,40 @@ class Dataset:
         """Shape of one input, e.g. ``(1, 28, 28)`` or ``(32,)``."""
         return tuple(self.x_train.shape[1:])
 
+    @property
+    def is_language(self) -> bool:
+        """Whether inputs are token ids ``(N, T)`` with next-token targets ``(N, T)``."""
+        return self.x_train.dtype == torch.int64
+
+    @property
+    def has_val(self) -> bool:
+        """Whether the dataset has a validation split."""
+        return self.x_val is not None
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Names of the splits present: ``train``, ``val`` if any, ``test``."""
+        return _SPLITS if self.has_val else ("train", "test")
+
     def split(self, which: str) -> tuple[Tensor, Tensor]:
-        """``(x, y)`` of the ``"train"`` or ``"test"`` split."""
+        """``(x, y)`` of the ``"train"``, ``"val"`` (where present) or ``"test"`` split."""
         if which == "train":
             return self.x_train, self.y_train
         if which == "test":
             return self.x_test, self.y_test
-        raise ValueError(f"unknown split {which!r}: expected one of {', '.join(_SPLITS)}")
+        if which == "val" and self.x_val is not None and self.y_val is not None:
+            return self.x_val, self.y_val
+        missing = " (this dataset has no validation split)" if which == "val" else ""
+        raise ValueError(
+            f"unknown split {which!r}: expected one of {', '.join(self.splits)}{missing}"
+        )
 
     def __repr__(self) -> str:
         # The default repr would print every tensor element.
+        val = f", n_val={self.x_val.shape[0]}" if self.x_val is not None else ""
         return (
             f"Dataset(name={self.name!r}, input_shape={self.input_shape}, "
-            f"num_classes={self.num_classes}, n_train={self.x_train.shape[0]}, "
+            f"num_classes={self.num_classes}, n_train={self.x_train.shape[0]}{val}, "
             f"n_test={self.x_test.shape[0]})"
         )
 

@@ -8,9 +8,16 @@ Grammar::
     gmm                         synthetic Gaussian mixture, default options
     gmm:KEY=VALUE[,KEY=VALUE]   with options dim, intrinsic, classes, n, noise, sep
                                 (n training samples and n//4 test samples)
+    text:PATH,tokenizer=TOK[,block=N][,split=TRAIN/VAL/TEST]
+                                language modelling on the text file PATH, tokenized with
+                                TOK (tokenizer.json or its directory), blocks of N tokens
+                                (default 256), contiguous split (default 90/5/5 percent)
+    shakespeare:...             the same as text:..., named "shakespeare"
 
-Example: ``gmm:dim=64,intrinsic=8,classes=10,n=5000,noise=0.1,sep=3``. PATH is everything
-after the first colon, so it may itself contain colons or commas.
+Examples: ``gmm:dim=64,intrinsic=8,classes=10,n=5000,noise=0.1,sep=3``;
+``shakespeare:../shared/data/tinyshakespeare/input.txt,tokenizer=../shared/data/gpt2_tokenizer``.
+For mnist and cifar10, PATH is everything after the first colon, so it may itself contain
+colons or commas; for text, the trailing ``,KEY=VALUE`` items with known keys are options.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from lmckit.data.dataset import Dataset
 from lmckit.data.digits import load_digits
 from lmckit.data.gmm import make_gmm
 from lmckit.data.mnist import load_mnist
+from lmckit.data.text import load_text
 
 __all__ = ["DATA_SPEC_HELP", "load_data"]
 
@@ -32,10 +40,20 @@ DATA_SPEC_HELP = (
     "8,000 images train and the last 2,000 test); 'cifar10:PATH' (a directory of CIFAR-10 "
     "python batches); 'gmm' or 'gmm:KEY=VALUE,...' (a synthetic Gaussian mixture; keys dim, "
     "intrinsic, classes, n, noise, sep, e.g. 'gmm:dim=64,intrinsic=8,classes=10,n=5000,"
-    "noise=0.1,sep=3', with n training and n//4 test samples)."
+    "noise=0.1,sep=3', with n training and n//4 test samples); 'text:PATH,tokenizer=TOK"
+    "[,block=N][,split=90/5/5]' or 'shakespeare:...' (language modelling: the text file PATH "
+    "tokenized with TOK, a tokenizer.json or its directory, e.g. "
+    "'shakespeare:../shared/data/tinyshakespeare/input.txt,tokenizer=../shared/data/"
+    "gpt2_tokenizer,block=256'; blocks of N tokens, default 256; contiguous train/val/test "
+    "split in percent, default 90/5/5)."
 )
 
-_VALID_FORMS = "digits, mnist:PATH, cifar10:PATH, gmm, gmm:KEY=VALUE[,KEY=VALUE...]"
+_VALID_FORMS = (
+    "digits, mnist:PATH, cifar10:PATH, gmm, gmm:KEY=VALUE[,KEY=VALUE...], "
+    "text:PATH,tokenizer=TOK[,block=N][,split=TRAIN/VAL/TEST], shakespeare:... (as text)"
+)
+_TEXT_NAMES = ("text", "shakespeare")
+_TEXT_OPTIONS = ("tokenizer", "block", "split")
 
 # Spec key -> (make_gmm keyword, parser).
 _GMM_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
@@ -77,11 +95,56 @@ def _parse_gmm_options(spec: str, text: str) -> dict[str, Any]:
     return kwargs
 
 
+def _parse_text_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
+    """``PATH,KEY=VALUE,...`` -> ``(PATH, options)``; options are peeled off the end."""
+    path, options = text, {}
+    while "," in path:
+        head, _, item = path.rpartition(",")
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or key not in _TEXT_OPTIONS:
+            break  # part of the path
+        if key in options:
+            raise _error(spec, f"text option {key!r} given twice")
+        if not value:
+            raise _error(spec, f"text option {key!r} has no value")
+        options[key] = value
+        path = head
+    return path.strip(), options
+
+
+def _load_text_spec(spec: str, name: str, rest: str) -> Dataset:
+    path, options = _parse_text_options(spec, rest)
+    if not path:
+        raise _error(spec, f"{name} needs a text file: {name}:PATH,tokenizer=TOK")
+    if "tokenizer" not in options:
+        raise _error(spec, f"{name} needs a tokenizer: {name}:PATH,tokenizer=TOK")
+    kwargs: dict[str, Any] = {"name": name}
+    if "block" in options:
+        try:
+            kwargs["block"] = int(options["block"])
+        except ValueError:
+            raise _error(spec, f"block={options['block']!r} is not an integer") from None
+    if "split" in options:
+        parts = options["split"].split("/")
+        try:
+            percents = [float(p) for p in parts]
+        except ValueError:
+            percents = []
+        if len(percents) != 3 or min(percents) < 0 or abs(sum(percents) - 100) > 1e-6:
+            raise _error(spec, f"split={options['split']!r} is not TRAIN/VAL/TEST summing to 100")
+        kwargs["fractions"] = tuple(p / 100 for p in percents)
+    try:
+        return load_text(path, options["tokenizer"], **kwargs)
+    except ValueError as err:
+        raise _error(spec, str(err)) from None
+
+
 def load_data(spec: str, *, seed: int = 0) -> Dataset:
     """Load the dataset a spec string names (grammar in this module's docstring).
 
     Args:
-        spec: e.g. ``"digits"``, ``"mnist:../shared/data/mnist"``, ``"gmm:dim=64,n=5000"``.
+        spec: e.g. ``"digits"``, ``"mnist:../shared/data/mnist"``, ``"gmm:dim=64,n=5000"``,
+            ``"shakespeare:input.txt,tokenizer=gpt2_tokenizer,block=256"``.
         seed: seed of the digits split and of the synthetic mixture; files ignore it.
 
     Raises:
@@ -104,4 +167,6 @@ def load_data(spec: str, *, seed: int = 0) -> Dataset:
             return make_gmm(seed=seed, **kwargs)
         except ValueError as err:
             raise _error(spec, str(err)) from None
+    if name in _TEXT_NAMES:
+        return _load_text_spec(spec, name, rest)
     raise _error(spec, f"unknown dataset {name!r}")

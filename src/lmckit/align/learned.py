@@ -1,0 +1,394 @@
+"""Learned matching: optimise the transform for the loss of the merged model.
+
+Git Re-Basin's straight-through estimator (Ainsworth et al., 2023, Sec. 3.3),
+generalised to the groups of a :class:`SymmetrySpec` as in "Generalized linear mode
+connectivity for transformers" (Theus et al., 2025): every solved space holds a
+continuous matrix ``S`` (``m x n``), initialised from a weight-matching solution. The
+forward pass *projects* ``S`` onto the group with the group's solver — the Hungarian
+assignment for permutations (also block and head permutations), the polar factor
+``U V^T`` of ``S = U Sigma V^T`` for orthogonal maps — and uses the projection ``P``
+as ``S + (P - S).detach()``: the value is the hard group element, the gradient flows
+to ``S`` unchanged (straight-through). Optionally, permutations are relaxed to
+Sinkhorn soft permutations ``sinkhorn(S / temperature)`` during training and projected
+to the nearest permutation at the end.
+
+Each step draws ``lambda ~ U(low, high)`` and minimises the training loss of
+``(1 - lambda) theta_a + lambda T(theta_b)`` with AdamW on the ``S``. The transform
+is applied to B *differentiably*: every use of a space is contracted with the dense
+matrix (writers, readers and elementwise parameters alike: for permutations and
+orthogonal maps the reader matrix ``T^{-T}`` equals ``T``). Early stopping watches the
+loss of the midpoint ``lambda = 1/2`` with the *hard* transform on a validation split;
+the best hard transform seen (including the initial one) is returned.
+
+BatchNorm networks: training steps run the module in train mode (batch statistics:
+interpolated running statistics are meaningless), and each validation midpoint has its
+running statistics reset on training batches (:func:`lmckit.merge.reset_batchnorm`)
+before it is evaluated in eval mode. Networks without BatchNorm run in eval mode
+throughout (no dropout), so the objective is deterministic given the batches.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+from tqdm.auto import tqdm
+
+from lmckit.align.result import AlignmentResult, SpaceDiagnostics
+from lmckit.align.solvers import objective, solve
+from lmckit.align.weight import space_similarity, weight_matching
+from lmckit.data import Dataset, batches
+from lmckit.merge import has_batchnorm, reset_batchnorm
+from lmckit.params import Params, check_compatible, check_finite, interpolate
+from lmckit.symmetry import (
+    Group,
+    HeadPermutation,
+    Orthogonal,
+    Permutation,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply,
+)
+
+__all__ = [
+    "LearnedMatchingConfig",
+    "apply_dense",
+    "learned_matching",
+    "sinkhorn",
+    "validation_split",
+]
+
+PermutationMode = Literal["straight_through", "sinkhorn"]
+_LEARNABLE = (Permutation, HeadPermutation, Orthogonal)
+
+
+@dataclass(frozen=True)
+class LearnedMatchingConfig:
+    """What to compute.
+
+    Attributes:
+        steps: maximum optimisation steps.
+        lr: AdamW learning rate on the continuous matrices ``S``.
+        weight_decay: AdamW decoupled weight decay on ``S``.
+        batch_size: training examples per step.
+        lam_low, lam_high: each step's interpolation weight ``lambda ~ U(low, high)``.
+        permutations: ``straight_through`` (Hungarian projection in every forward) or
+            ``sinkhorn`` (soft permutations while training, Hungarian at the end; head
+            and block permutations stay straight-through).
+        temperature, sinkhorn_iters: of the Sinkhorn relaxation.
+        eval_every: steps between validation evaluations of the hard midpoint.
+        patience: stop after this many evaluations without a better validation loss.
+        val_fraction: share of the training split held out for validation when the
+            dataset has no validation split of its own.
+        val_batches: at most this many validation batches per evaluation.
+        weight_matching_init: start from weight matching (else from the identity or
+            the ``init`` given to :func:`learned_matching`).
+    """
+
+    steps: int = 500
+    lr: float = 0.01
+    weight_decay: float = 0.0
+    batch_size: int = 128
+    lam_low: float = 0.4
+    lam_high: float = 0.6
+    permutations: PermutationMode = "straight_through"
+    temperature: float = 0.1
+    sinkhorn_iters: int = 20
+    eval_every: int = 25
+    patience: int = 8
+    val_fraction: float = 0.1
+    val_batches: int = 10
+    weight_matching_init: bool = True
+
+    def __post_init__(self) -> None:
+        if self.steps < 0 or self.batch_size < 1 or self.eval_every < 1 or self.patience < 1:
+            raise ValueError(f"invalid learned matching config {self}")
+        if self.lr <= 0 or self.weight_decay < 0:
+            raise ValueError(f"lr must be > 0 and weight_decay >= 0 in {self}")
+        if not 0.0 <= self.lam_low <= self.lam_high <= 1.0:
+            raise ValueError(
+                f"need 0 <= lam_low <= lam_high <= 1, got {self.lam_low}, {self.lam_high}"
+            )
+        if self.permutations not in ("straight_through", "sinkhorn"):
+            raise ValueError(
+                f"permutations must be 'straight_through' or 'sinkhorn', got {self.permutations!r}"
+            )
+        if self.temperature <= 0 or self.sinkhorn_iters < 1:
+            raise ValueError("Sinkhorn needs temperature > 0 and at least one iteration")
+        if not 0.0 < self.val_fraction < 1.0 or self.val_batches < 1:
+            raise ValueError(f"val_fraction must lie in (0, 1) and val_batches >= 1 in {self}")
+
+
+def sinkhorn(logits: Tensor, iters: int) -> Tensor:
+    """Doubly stochastic matrix from ``(n, n)`` logits by log-domain Sinkhorn.
+
+    Alternately normalises rows and columns of ``exp(logits)`` ``iters`` times.
+    """
+    if logits.ndim != 2 or logits.shape[0] != logits.shape[1]:
+        raise ValueError(f"sinkhorn needs square logits, got shape {tuple(logits.shape)}")
+    log_p = logits
+    for _ in range(iters):
+        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True)
+        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True)
+    return log_p.exp()
+
+
+def validation_split(
+    data: Dataset, fraction: float
+) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+    """``((x_train, y_train), (x_val, y_val))`` for early stopping.
+
+    Uses the dataset's own validation split where it has one; otherwise the last
+    ``fraction`` of the training split is held out (and not trained on).
+    """
+    if data.x_val is not None and data.y_val is not None and len(data.x_val) > 0:
+        return (data.x_train, data.y_train), (data.x_val, data.y_val)
+    n = data.x_train.shape[0]
+    held = max(1, int(round(fraction * n)))
+    if held >= n:
+        raise ValueError(f"cannot hold out {held} of {n} training examples for validation")
+    cut = n - held
+    return (data.x_train[:cut], data.y_train[:cut]), (data.x_train[cut:], data.y_train[cut:])
+
+
+# --------------------------------------------------------------------------- dense apply
+
+
+def _contract(x: Tensor, use: Use, mat: Tensor, n: int) -> Tensor:
+    """Contract the use's axis of ``x`` (laid out ``(outer, n, inner)``) with ``mat`` (m, n)."""
+    axis = use.axis % x.ndim
+    moved = x.movedim(axis, 0)
+    rest = moved.shape[1:]
+    blocked = moved.reshape(use.outer, n, use.inner * math.prod(rest))
+    out = torch.einsum("mn,onk->omk", mat.to(x.dtype), blocked)
+    return out.reshape(use.outer * mat.shape[0] * use.inner, *rest).movedim(0, axis)
+
+
+def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tensor]) -> Params:
+    """Params with each space's dense ``(m, n)`` matrix applied along all its uses.
+
+    Differentiable in ``matrices``. Every role is contracted with the matrix itself,
+    which is exact for permutations and orthogonal maps (``T^{-T} = T``; elementwise
+    parameters of a permutation move as ``P v``). Spaces not in ``matrices`` are left
+    alone; integer tensors pass through.
+    """
+    unknown = set(matrices) - set(spec.names)
+    if unknown:
+        raise KeyError(f"matrices name unknown spaces {sorted(unknown)}")
+    out: Params = {}
+    for name, value in params.items():
+        if not value.is_floating_point():
+            out[name] = value
+            continue
+        for space, use in spec.uses_of(name):
+            if space.name in matrices:
+                value = _contract(value, use, matrices[space.name], space.n)
+        out[name] = value
+    return out
+
+
+# --------------------------------------------------------------------------- learning
+
+
+def _initial_matrix(group: Group, element: object) -> Tensor:
+    return group.matrix(element).float()
+
+
+def _project(group: Group, cont: Tensor) -> object:
+    """Nearest group element to the continuous matrix: ``argmax_T <T, S>``."""
+    return solve(group, cont.detach())
+
+
+def _forward_matrix(group: Group, cont: Tensor, config: LearnedMatchingConfig) -> Tensor:
+    # Sinkhorn relaxes plain permutations only: a soft matrix over a head space or a
+    # block-structured (GroupNorm) space would mix units across heads or groups
+    if config.permutations == "sinkhorn" and isinstance(group, Permutation) and group.blocks == 1:
+        return sinkhorn(cont / config.temperature, config.sinkhorn_iters)
+    hard = group.matrix(_project(group, cont)).to(cont.dtype)
+    # straight-through: the value is the hard element, the gradient goes to S as is
+    return cont + (hard - cont).detach()
+
+
+def _cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    if logits.ndim == 3:  # language models: (batch, time, vocab) against (batch, time)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    return F.cross_entropy(logits, y)
+
+
+def _midpoint_loss(
+    model: nn.Module,
+    spec: SymmetrySpec,
+    a: Params,
+    b: Params,
+    transform: Transform,
+    val: tuple[Tensor, Tensor],
+    train_x: Tensor,
+    config: LearnedMatchingConfig,
+) -> float:
+    mid = interpolate(a, apply(spec, b, transform), 0.5)
+    if has_batchnorm(model):
+        stop = min(train_x.shape[0], 20 * config.batch_size)
+        inputs = [train_x[i : i + config.batch_size] for i in range(0, stop, config.batch_size)]
+        mid = reset_batchnorm(model, mid, inputs)
+    total, count = 0.0, 0
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            # training-sized batches: a language model's logits are (batch, time, vocab)
+            for x, y in batches(val[0], val[1], config.batch_size, limit=config.val_batches):
+                total += float(_cross_entropy(functional_call(model, mid, (x,)), y)) * len(x)
+                count += len(x)
+    finally:
+        model.train(was_training)
+    return total / count
+
+
+def learned_matching(
+    model: nn.Module,
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    data: Dataset,
+    config: LearnedMatchingConfig | None = None,
+    *,
+    init: Transform | None = None,
+    spaces: Sequence[str] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> AlignmentResult:
+    """Align ``params_b`` to ``params_a`` by learning the transform on ``data``.
+
+    Args:
+        model: the module both parameter sets run through.
+        spec: its symmetry spec; solved spaces must have permutation, head-permutation
+            or (square) orthogonal groups.
+        params_a, params_b: reference and model to align; unchanged.
+        data: training split for the steps; validation split (or a held-out slice of
+            training) for early stopping.
+        config: steps, optimiser, lambda range, relaxation, early stopping.
+        init: starting transform; with ``config.weight_matching_init`` weight matching
+            starts from it (default identity).
+        spaces: learn only these spaces (the others stay at the start transform).
+        seed: batch order, lambda draws and weight matching's sweep order.
+        progress: progress bar over steps.
+
+    Returns:
+        An :class:`AlignmentResult` with the best hard transform on validation;
+        ``history`` holds the validation midpoint losses, ``iterations`` the steps run.
+    """
+    config = config or LearnedMatchingConfig()
+    check_compatible(params_a, params_b)
+    check_finite(params_a, what="first model")
+    check_finite(params_b, what="second model")
+    spec.validate(params_b)
+    names = list(spec.names if spaces is None else spaces)
+    if not names:
+        raise ValueError("learned matching needs at least one space to learn")
+    for name in names:
+        group = spec[name].group
+        if not isinstance(group, _LEARNABLE):
+            raise ValueError(
+                f"learned matching cannot learn space {name!r} with group "
+                f"{type(group).__name__}; pass spaces=... to leave it out"
+            )
+    start = time.perf_counter()
+    base = init or Transform.identity(spec)
+    if config.weight_matching_init:
+        base = weight_matching(
+            spec, params_a, params_b, init=base, spaces=names, seed=seed
+        ).transform
+    a = {k: v.detach() for k, v in params_a.items()}
+    # the spaces not learned are applied once, non-differentiably
+    fixed = base.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
+    b = apply(spec, {k: v.detach() for k, v in params_b.items()}, fixed)
+    conts = {n: torch.nn.Parameter(_initial_matrix(spec[n].group, base[n]).clone()) for n in names}
+    opt = torch.optim.AdamW(conts.values(), lr=config.lr, weight_decay=config.weight_decay)
+    (train_x, train_y), val = validation_split(data, config.val_fraction)
+    generator = torch.Generator().manual_seed(seed)
+    buffers = {k for k, _ in model.named_buffers()}
+    batchnorm = has_batchnorm(model)
+
+    def hard_transform() -> Transform:
+        return base.replace(**{n: _project(spec[n].group, conts[n]) for n in names})
+
+    best = base
+    best_loss = _midpoint_loss(model, spec, params_a, params_b, best, val, train_x, config)
+    history = [best_loss]
+    stale = 0
+    step = 0
+    bar = tqdm(total=config.steps, desc="learned matching", disable=not progress, leave=False)
+    was_training = model.training
+    model.train(batchnorm)
+    try:
+        while step < config.steps and stale < config.patience:
+            for xb, yb in batches(
+                train_x, train_y, config.batch_size, shuffle=True, generator=generator
+            ):
+                lam = config.lam_low + (config.lam_high - config.lam_low) * float(
+                    torch.rand((), generator=generator)
+                )
+                mats = {n: _forward_matrix(spec[n].group, conts[n], config) for n in names}
+                moved = apply_dense(spec, b, mats)
+                theta = {}
+                for k, va in a.items():
+                    if not va.is_floating_point():
+                        theta[k] = va.clone()  # BatchNorm counts batches in place
+                    elif k in buffers:
+                        # running statistics: unused in train mode, and BatchNorm updates
+                        # them in place, so they must not be part of the graph
+                        theta[k] = ((1 - lam) * va + lam * moved[k]).detach().clone()
+                    else:
+                        theta[k] = (1 - lam) * va + lam * moved[k]
+                loss = _cross_entropy(functional_call(model, theta, (xb,)), yb)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"learned matching diverged at step {step}")
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss.item():.4f}", best=f"{best_loss:.4f}")
+                if step % config.eval_every == 0 or step == config.steps:
+                    candidate = hard_transform()
+                    val_loss = _midpoint_loss(
+                        model, spec, params_a, params_b, candidate, val, train_x, config
+                    )
+                    history.append(val_loss)
+                    if val_loss < best_loss:
+                        best, best_loss, stale = candidate, val_loss, 0
+                    else:
+                        stale += 1
+                if step >= config.steps or stale >= config.patience:
+                    break
+    finally:
+        bar.close()
+        model.train(was_training)
+
+    ref = {k: v.float() for k, v in params_a.items() if v.is_floating_point()}
+    other = {k: v.float() for k, v in params_b.items() if v.is_floating_point()}
+    diagnostics = {}
+    for name in names:
+        space = spec[name]
+        sim0, _ = space_similarity(spec, space, ref, other, Transform.identity(spec))
+        sim1, _ = space_similarity(spec, space, ref, other, best)
+        diagnostics[name] = SpaceDiagnostics(
+            objective(space.group, space.group.identity(space.n), sim0),
+            objective(space.group, best[name], sim1),
+        )
+    return AlignmentResult(
+        transform=best,
+        spaces=diagnostics,
+        iterations=step,
+        converged=stale >= config.patience,
+        seconds=time.perf_counter() - start,
+        history=history,
+    )

@@ -1,0 +1,172 @@
+"""Universe matching: bring ``K >= 3`` models into one common frame.
+
+Each model ``k`` gets one transform ``T_k`` into a shared "universe" frame; the
+objective is the sum of pairwise weight similarities in that frame,
+``sum_{j < k} <T_j(theta_j), T_k(theta_k)>``. Block coordinate ascent: model ``k``
+is weight-matched (exactly, per space, by its group's solver) to the sum of the
+others' current images ``sum_{j != k} T_j(theta_j)`` — with the others fixed, the
+objective is linear in ``T_k(theta_k)``, so each step cannot decrease it. Sweeps
+repeat until no transform changes (in the spirit of Ainsworth et al., 2023, App. A.9,
+"merging many models", and of Crisostomi et al., 2024, "C2M3").
+
+Because every model has a single map into the universe, the pairwise maps
+``T_{i->j} = T_j^{-1} T_i`` are cycle-consistent by construction:
+``T_{j->k} T_{i->j} = T_{i->k}``. The result is expressed in model 0's frame
+(``T_0 = I``): ``T_k <- T_0^{-1} T_k`` for every ``k``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from tqdm.auto import tqdm
+
+from lmckit.align.weight import WeightMatchingConfig, weight_matching
+from lmckit.params import Params, check_compatible, check_finite, weighted_average
+from lmckit.symmetry import SymmetrySpec, Transform, apply
+
+__all__ = ["UniverseConfig", "UniverseResult", "universe_matching"]
+
+
+@dataclass(frozen=True)
+class UniverseConfig:
+    """What to compute.
+
+    Attributes:
+        max_iter: maximum sweeps over the models.
+        inner: weight-matching settings of each model-to-rest step.
+    """
+
+    max_iter: int = 50
+    inner: WeightMatchingConfig = field(default_factory=WeightMatchingConfig)
+
+    def __post_init__(self) -> None:
+        if self.max_iter < 1:
+            raise ValueError(f"max_iter must be >= 1, got {self.max_iter}")
+
+
+@dataclass(frozen=True)
+class UniverseResult:
+    """Per-model transforms into one frame (model 0's: ``transforms[0]`` is the identity).
+
+    Attributes:
+        transforms: ``T_k``; ``apply(spec, models[k], transforms[k])`` is model ``k`` in
+            the common frame.
+        iterations: sweeps over the models.
+        converged: whether a sweep changed no transform.
+        seconds: wall time.
+        history: the objective (sum of pairwise inner products in the universe) after
+            each sweep.
+    """
+
+    transforms: list[Transform]
+    iterations: int
+    converged: bool
+    seconds: float
+    history: list[float]
+
+    def pairwise(self, i: int, j: int) -> Transform:
+        """``T_j^{-1} T_i``: aligns model ``i`` to model ``j``'s frame."""
+        return self.transforms[j].inverse().compose(self.transforms[i])
+
+    def aligned(self, spec: SymmetrySpec, models: Sequence[Params]) -> list[Params]:
+        """Every model moved into the common frame."""
+        if len(models) != len(self.transforms):
+            raise ValueError(f"expected {len(self.transforms)} models, got {len(models)}")
+        return [apply(spec, m, t) for m, t in zip(models, self.transforms, strict=True)]
+
+
+def _pairwise_objective(models: Sequence[Params]) -> float:
+    total = 0.0
+    for i in range(len(models)):
+        for j in range(i + 1, len(models)):
+            for name, value in models[i].items():
+                if value.is_floating_point():
+                    total += float((value.double() * models[j][name].double()).sum())
+    return total
+
+
+def _same(spec: SymmetrySpec, x: Transform, y: Transform) -> bool:
+    return all(
+        torch.allclose(s.group.matrix(x[s.name]), s.group.matrix(y[s.name]), atol=1e-6)
+        for s in spec
+    )
+
+
+def universe_matching(
+    spec: SymmetrySpec,
+    models: Sequence[Params],
+    config: UniverseConfig | None = None,
+    *,
+    seed: int = 0,
+    progress: bool = False,
+) -> UniverseResult:
+    """Align ``K >= 2`` models of one architecture into a common frame.
+
+    Args:
+        spec: symmetry spec of the architecture.
+        models: parameter sets of the same shapes (so every element is square and
+            invertible); unchanged.
+        config: sweeps and the inner weight-matching settings.
+        seed: model order per sweep and weight matching's space order.
+        progress: progress bar over sweeps.
+    """
+    config = config or UniverseConfig()
+    if len(models) < 2:
+        raise ValueError(f"universe matching needs at least 2 models, got {len(models)}")
+    for k, params in enumerate(models):
+        check_compatible(models[0], params)
+        spec.validate(params)
+        check_finite(params, what=f"model {k}")
+    start = time.perf_counter()
+    floats = [
+        {n: v.detach().float() for n, v in m.items() if v.is_floating_point()} for m in models
+    ]
+    transforms = [Transform.identity(spec) for _ in models]
+    images = list(floats)
+    generator = torch.Generator().manual_seed(seed)
+    history: list[float] = []
+    converged = False
+    sweeps = 0
+    bar = tqdm(desc="universe matching", unit="sweep", disable=not progress, leave=False)
+    try:
+        for _ in range(config.max_iter):
+            sweeps += 1
+            changed = False
+            for k in torch.randperm(len(models), generator=generator).tolist():
+                rest = [images[j] for j in range(len(models)) if j != k]
+                # the sum of the others' images: maximising <T_k theta_k, sum> is the
+                # exact coordinate step of the pairwise objective
+                target = weighted_average(rest, [1.0] * len(rest))
+                result = weight_matching(
+                    spec,
+                    target,
+                    floats[k],
+                    config.inner,
+                    init=transforms[k],
+                    seed=int(torch.randint(0, 2**31 - 1, (), generator=generator)),
+                )
+                if not _same(spec, result.transform, transforms[k]):
+                    changed = True
+                    transforms[k] = result.transform
+                    images[k] = apply(spec, floats[k], transforms[k])
+            history.append(_pairwise_objective(images))
+            bar.update(1)
+            if not changed:
+                converged = True
+                break
+    finally:
+        bar.close()
+    # gauge: express the universe in model 0's frame
+    to_first = transforms[0].inverse()
+    transforms = [to_first.compose(t) for t in transforms]
+    return UniverseResult(
+        transforms=transforms,
+        iterations=sweeps,
+        converged=converged,
+        seconds=time.perf_counter() - start,
+        history=history,
+    )

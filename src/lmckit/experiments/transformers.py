@@ -1,0 +1,196 @@
+"""Transformers under generalized symmetries (Generalized LMC for Transformers, 2025).
+
+Two independently trained transformers are aligned by data-free weight matching in
+three ways and the linear path between them is measured (test split, 11 points):
+
+* ``vanilla``: no alignment, the LayerNorm models as trained;
+* ``WM permutation``: residual stream, heads (by QK/OV circuits) and MLP units
+  permuted, on the LayerNorm models (their norm parameters move with the units);
+* ``WM orthogonal``: both models rewritten to RMSNorm form
+  (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, exact), the residual stream
+  aligned by an orthogonal map, heads and MLP units by permutations.
+
+For reference the RMSNorm forms are also measured unaligned and with permutations
+only (interpolating folded norm scales is not the same path as interpolating them).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.compare import EvalSettings, format_table, measure_path
+from lmckit.data import Dataset, load_mnist
+from lmckit.evaluate import PathResult
+from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
+from lmckit.models import ZooModel, create_model
+from lmckit.params import Params
+from lmckit.rewrites import layernorm_to_rmsnorm
+from lmckit.symmetry import Permutation, apply
+from lmckit.train import TrainConfig, train
+
+__all__ = ["char_dataset", "compare_transformer_alignments"]
+
+PAPER = "Generalized linear mode connectivity for transformers (2025)"
+
+
+def compare_transformer_alignments(
+    module: ZooModel,
+    params_a: Params,
+    params_b: Params,
+    data: Dataset,
+    settings: EvalSettings | None = None,
+    *,
+    row_masks: dict[str, torch.Tensor] | None = None,
+    seed: int = 0,
+) -> dict[str, PathResult]:
+    """Paths between two LayerNorm transformers: vanilla, permutation and orthogonal WM.
+
+    Args:
+        module: a ``norm="layer"`` GPT-2 or ViT.
+        params_a, params_b: the two trained models.
+        data: evaluated on ``settings.split``.
+        row_masks: passed to weight matching (e.g. embedding rows of seen tokens).
+
+    Returns:
+        Path results keyed by method (see the module docstring).
+    """
+    settings = settings or EvalSettings(fix="none")
+    config = WeightMatchingConfig(max_iter=100)
+    out: dict[str, PathResult] = {}
+    out["vanilla"] = measure_path(module, params_a, params_b, data, settings)
+    spec = module.symmetry_spec()
+    masks = _masks_for(params_a, row_masks)
+    perm = weight_matching(spec, params_a, params_b, config, seed=seed, row_masks=masks)
+    out["WM permutation"] = measure_path(
+        module, params_a, apply(spec, params_b, perm.transform), data, settings
+    )
+    rms, rms_a = layernorm_to_rmsnorm(module, params_a)
+    _, rms_b = layernorm_to_rmsnorm(module, params_b)
+    rms_spec = rms.symmetry_spec()
+    rms_masks = _masks_for(rms_a, row_masks)
+    out["vanilla (RMS form)"] = measure_path(rms, rms_a, rms_b, data, settings)
+    for label, use_spec in (
+        ("WM permutation (RMS)", rms_spec.with_groups(residual=Permutation())),
+        ("WM orthogonal", rms_spec),
+    ):
+        result = weight_matching(use_spec, rms_a, rms_b, config, seed=seed, row_masks=rms_masks)
+        moved = apply(use_spec, rms_b, result.transform)
+        out[label] = measure_path(rms, rms_a, moved, data, settings)
+    return out
+
+
+def _masks_for(
+    params: Params, masks: dict[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor] | None:
+    return None if masks is None else {k: v for k, v in masks.items() if k in params}
+
+
+def _rows(results: dict[str, PathResult]) -> list[dict[str, object]]:
+    return [
+        {
+            "method": name,
+            "barrier_loss": r.barrier_loss,
+            "barrier_acc": r.barrier_acc,
+            "loss": r.loss,
+            "acc": r.acc,
+        }
+        for name, r in results.items()
+    ]
+
+
+# --------------------------------------------------------------------------- ViT on MNIST
+
+
+@register_experiment("vit-mnist", paper=PAPER)
+def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
+    """ViT on MNIST: barrier of vanilla > permutation WM > orthogonal WM."""
+    data = load_mnist(ctx.data("mnist"), train_size=1000 if ctx.quick else None)
+    if ctx.quick:
+        data = Dataset(
+            data.name, data.x_train, data.y_train, data.x_test[:500], data.y_test[:500], 10
+        )
+        arch = {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 32}
+        config = TrainConfig(epochs=1, batch_size=64, optimizer="adamw", lr=2e-3)
+    else:
+        arch = {"patch_size": 4, "width": 64, "depth": 4, "heads": 4, "mlp_dim": 128}
+        config = TrainConfig(
+            epochs=8, batch_size=128, optimizer="adamw", lr=1e-3, weight_decay=0.01, warmup=0.05
+        )
+    kwargs = {"image_size": 28, "patch_size": 7, "in_channels": 1, "num_classes": 10}
+    kwargs.update(arch)
+    trained = []
+    for s in (ctx.seed, ctx.seed + 1):
+        module, init = create_model("vit", seed=s, **kwargs)
+        ctx.log(f"training ViT {arch} on MNIST, seed {s}")
+        trained.append(train(module, init, data, config, seed=s, progress=ctx.progress))
+    ctx.log("aligning and measuring paths")
+    results = compare_transformer_alignments(
+        module, trained[0], trained[1], data, EvalSettings(fix="none"), seed=ctx.seed
+    )
+    return ExperimentResult(format_table(results), _rows(results), notes=str(kwargs))
+
+
+# --------------------------------------------------------------------------- GPT-2 on chars
+
+
+def char_dataset(
+    path: str | Path, *, chars: int, block: int, test_fraction: float = 0.1
+) -> Dataset:
+    """Character-level language modelling on the first ``chars`` characters of a text.
+
+    The vocabulary is the sorted set of characters in that prefix. The text is cut
+    into contiguous blocks of ``block + 1`` characters (inputs: the first ``block``,
+    targets: the next character at each position); the last ``test_fraction`` of the
+    blocks test.
+    """
+    text = Path(path).read_text(encoding="utf-8")[:chars]
+    vocab = sorted(set(text))
+    if len(text) < 4 * (block + 1):
+        raise ValueError(f"{chars} characters do not make enough blocks of {block}")
+    ids = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
+    n_blocks = len(ids) // (block + 1)
+    blocks = ids[: n_blocks * (block + 1)].reshape(n_blocks, block + 1)
+    n_test = max(1, int(test_fraction * n_blocks))
+    x, y = blocks[:, :-1], blocks[:, 1:]
+    return Dataset(
+        "chars", x[:-n_test], y[:-n_test], x[-n_test:], y[-n_test:], num_classes=len(vocab)
+    )
+
+
+@register_experiment("gpt2-chars", paper=PAPER)
+def gpt2_chars(ctx: ExperimentContext) -> ExperimentResult:
+    """Tiny GPT-2s on characters of Tiny Shakespeare: vanilla vs permutation vs orthogonal WM."""
+    path = ctx.data("tinyshakespeare") / "input.txt"
+    if ctx.quick:
+        data = char_dataset(path, chars=40_000, block=32)
+        arch = {"n_layer": 1, "n_head": 2, "n_embd": 16, "n_inner": 64, "context": 32}
+        config = TrainConfig(epochs=1, batch_size=32, optimizer="adamw", lr=3e-3)
+    else:
+        data = char_dataset(path, chars=100_000, block=64)
+        arch = {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_inner": 128, "context": 64}
+        config = TrainConfig(
+            epochs=2, batch_size=32, optimizer="adamw", lr=3e-3, weight_decay=0.01, warmup=0.05
+        )
+    kwargs = {"vocab_size": data.num_classes, **arch}
+    trained = []
+    for s in (ctx.seed, ctx.seed + 1):
+        module, init = create_model("gpt2", seed=s, **kwargs)
+        ctx.log(f"training GPT-2 {arch} on characters, seed {s}")
+        trained.append(train(module, init, data, config, seed=s, progress=ctx.progress))
+    seen = torch.zeros(data.num_classes, dtype=torch.bool)
+    seen[data.x_train.unique()] = True
+    masks = {"transformer.wte.weight": seen, "lm_head.weight": seen}
+    ctx.log("aligning and measuring paths")
+    results = compare_transformer_alignments(
+        module,
+        trained[0],
+        trained[1],
+        data,
+        EvalSettings(fix="none", batch_size=256),
+        row_masks=masks,
+        seed=ctx.seed,
+    )
+    return ExperimentResult(format_table(results), _rows(results), notes=str(kwargs))

@@ -1,0 +1,276 @@
+"""Hugging Face checkpoints -> zoo models: GPT2LMHeadModel and ViTForImageClassification.
+
+Reads a local checkpoint directory from its files alone (``config.json`` and
+``model.safetensors``, a sharded ``model.safetensors.index.json``, or
+``pytorch_model.bin`` loaded with ``weights_only=True``); the ``transformers`` package
+is not needed and nothing is downloaded. Each converter is data plus a small function:
+the zoo constructor arguments read from ``config.json``, and the renaming of the
+checkpoint's weights into the zoo model's names.
+
+Conversions (exact: the zoo model computes the same logits):
+
+* GPT-2: HF's ``Conv1D`` stores ``(in, out)`` weights, the zoo's ``nn.Linear``
+  ``(out, in)``: every 2-D block weight is transposed. A tied LM head (``tie_word_
+  embeddings``, the default) is dropped in favour of ``transformer.wte.weight``.
+  Checkpoints without the ``transformer.`` prefix (OpenAI's originals) and the causal
+  mask buffers (``attn.bias``, ``attn.masked_bias``) of old checkpoints are accepted.
+* ViT: the on-disk names are the zoo's names; the in-memory names of transformers >= 5
+  (``vit.layers.{i}.attention.q_proj`` ...) are mapped back. Without QKV biases
+  (``qkv_bias: false``) zero biases are added. The pooler of a bare ``ViTModel`` is
+  dropped (the classifier reads the class token).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lmckit.models import ZooModel, create_model
+from lmckit.params import Params
+
+__all__ = [
+    "HF_ARCHITECTURES",
+    "from_hf",
+    "hf_model_kwargs",
+    "load_hf_config",
+    "load_hf_state_dict",
+]
+
+
+def load_hf_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a Hugging Face checkpoint directory."""
+    file = Path(path) / "config.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint: no config.json")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{file}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{file}: expected a JSON object")
+    return config
+
+
+def load_hf_state_dict(path: str | Path) -> dict[str, Tensor]:
+    """All weights of a checkpoint directory, on the CPU, under their checkpoint names.
+
+    Looks for ``model.safetensors``, then ``model.safetensors.index.json`` (shards),
+    then ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: no code runs).
+    """
+    from safetensors.torch import load_file
+
+    root = Path(path)
+    if (root / "model.safetensors").is_file():
+        return load_file(root / "model.safetensors", device="cpu")
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        state: dict[str, Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            state.update(load_file(root / shard, device="cpu"))
+        return state
+    if (root / "pytorch_model.bin").is_file():
+        state = torch.load(root / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
+            raise ValueError(f"{root / 'pytorch_model.bin'}: expected a dict of tensors")
+        return state
+    raise FileNotFoundError(
+        f"no weights in {root}: expected model.safetensors, model.safetensors.index.json "
+        "or pytorch_model.bin"
+    )
+
+
+# --------------------------------------------------------------------------- GPT-2
+
+
+def _check(config: Mapping[str, Any], key: str, allowed: tuple[Any, ...], default: Any) -> None:
+    value = config.get(key, default)
+    if value not in allowed:
+        raise ValueError(
+            f"unsupported Hugging Face config: {key}={value!r} (lmckit supports "
+            f"{' or '.join(repr(a) for a in allowed)})"
+        )
+
+
+def _gpt2_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    # gelu_new and gelu_pytorch_tanh are both GELU's tanh approximation, the zoo's activation
+    _check(config, "activation_function", ("gelu_new", "gelu_pytorch_tanh"), "gelu_new")
+    _check(config, "scale_attn_weights", (True,), True)
+    _check(config, "scale_attn_by_inverse_layer_idx", (False,), False)
+    _check(config, "add_cross_attention", (False,), False)
+    n_embd = int(config.get("n_embd", 768))
+    n_inner = config.get("n_inner")
+    return {
+        "vocab_size": int(config.get("vocab_size", 50257)),
+        "n_layer": int(config.get("n_layer", 12)),
+        "n_head": int(config.get("n_head", 12)),
+        "n_embd": n_embd,
+        "n_inner": 4 * n_embd if n_inner is None else int(n_inner),
+        "context": int(config.get("n_positions", 1024)),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "dropout": float(config.get("resid_pdrop", 0.1)),
+        "layer_norm_epsilon": float(config.get("layer_norm_epsilon", 1e-5)),
+    }
+
+
+def _gpt2_params(state: Mapping[str, Tensor], kwargs: Mapping[str, Any]) -> Params:
+    out: Params = {}
+    for name, value in state.items():
+        if name.endswith((".attn.masked_bias", ".attn.bias")) and value.ndim == 4:
+            continue  # causal-mask buffers of old checkpoints, not weights
+        if not name.startswith(("transformer.", "lm_head.")):
+            name = f"transformer.{name}"  # OpenAI's original checkpoints lack the prefix
+        if name.startswith("transformer.h.") and value.ndim == 2:
+            value = value.T  # Conv1D (in, out) -> Linear (out, in)
+        out[name] = value
+    if kwargs["tie_embeddings"]:
+        head = out.pop("lm_head.weight", None)
+        wte = out.get("transformer.wte.weight")
+        if head is not None and wte is not None and not torch.equal(head, wte):
+            raise ValueError("tie_word_embeddings is set but lm_head.weight differs from wte")
+    return out
+
+
+# --------------------------------------------------------------------------- ViT
+
+
+def _single(value: Any, key: str) -> int:
+    # HF allows image_size / patch_size as a pair; the zoo ViT is square
+    if isinstance(value, (list, tuple)):
+        if len(set(value)) != 1:
+            raise ValueError(f"unsupported Hugging Face config: non-square {key}={value}")
+        value = value[0]
+    return int(value)
+
+
+def _vit_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
+    _check(config, "hidden_act", ("gelu",), "gelu")
+    labels = config.get("id2label")
+    num_classes = len(labels) if isinstance(labels, Mapping) else config.get("num_labels", 2)
+    return {
+        "image_size": _single(config.get("image_size", 224), "image_size"),
+        "patch_size": _single(config.get("patch_size", 16), "patch_size"),
+        "in_channels": int(config.get("num_channels", 3)),
+        "num_classes": int(num_classes),
+        "width": int(config.get("hidden_size", 768)),
+        "depth": int(config.get("num_hidden_layers", 12)),
+        "heads": int(config.get("num_attention_heads", 12)),
+        "mlp_dim": int(config.get("intermediate_size", 3072)),
+        "class_token": True,
+        "layer_norm_eps": float(config.get("layer_norm_eps", 1e-12)),
+    }
+
+
+# transformers >= 5 in-memory names -> on-disk (zoo) names
+_VIT_RENAMES = (
+    (r"^vit\.layers\.(\d+)\.", r"vit.encoder.layer.\1."),
+    (r"\.attention\.q_proj\.", ".attention.attention.query."),
+    (r"\.attention\.k_proj\.", ".attention.attention.key."),
+    (r"\.attention\.v_proj\.", ".attention.attention.value."),
+    (r"\.attention\.o_proj\.", ".attention.output.dense."),
+    (r"\.mlp\.fc1\.", ".intermediate.dense."),
+    (r"\.mlp\.fc2\.", ".output.dense."),
+)
+
+
+def _vit_params(state: Mapping[str, Tensor], kwargs: Mapping[str, Any]) -> Params:
+    out: Params = {}
+    for name, value in state.items():
+        if name.startswith("vit.pooler."):
+            continue  # ViTModel's pooler: unused by the classifier
+        for pattern, repl in _VIT_RENAMES:
+            name = re.sub(pattern, repl, name)
+        out[name] = value
+    width = kwargs["width"]
+    for i in range(kwargs["depth"]):
+        for part in ("query", "key", "value"):
+            bias = f"vit.encoder.layer.{i}.attention.attention.{part}.bias"
+            ref = out.get(f"vit.encoder.layer.{i}.attention.attention.{part}.weight")
+            if bias not in out and ref is not None:
+                out[bias] = torch.zeros(width, dtype=ref.dtype)  # qkv_bias: false
+    return out
+
+
+# --------------------------------------------------------------------------- dispatch
+
+
+@dataclass(frozen=True)
+class _Converter:
+    zoo_name: str
+    hf_class: str
+    kwargs: Callable[[Mapping[str, Any]], dict[str, Any]]
+    params: Callable[[Mapping[str, Tensor], Mapping[str, Any]], Params]
+
+
+#: ``model_type`` of ``config.json`` -> how to convert it.
+HF_ARCHITECTURES: dict[str, _Converter] = {
+    "gpt2": _Converter("gpt2", "GPT2LMHeadModel", _gpt2_kwargs, _gpt2_params),
+    "vit": _Converter("vit", "ViTForImageClassification", _vit_kwargs, _vit_params),
+}
+
+
+def _converter(config: Mapping[str, Any], path: str | Path) -> _Converter:
+    model_type = config.get("model_type")
+    if model_type not in HF_ARCHITECTURES:
+        raise ValueError(
+            f"{path}: unsupported model_type {model_type!r}; supported: "
+            f"{', '.join(f'{k} ({c.hf_class})' for k, c in HF_ARCHITECTURES.items())}"
+        )
+    return HF_ARCHITECTURES[model_type]
+
+
+def hf_model_kwargs(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Zoo model name and constructor arguments for a Hugging Face ``config.json``."""
+    conv = _converter(config, "config")
+    return conv.zoo_name, conv.kwargs(config)
+
+
+def from_hf(
+    path: str | Path, *, dtype: torch.dtype = torch.float32, **overrides: Any
+) -> tuple[ZooModel, Params]:
+    """Load a local Hugging Face GPT-2 or ViT checkpoint as a zoo model and its params.
+
+    Args:
+        path: directory with ``config.json`` and the weights (see :func:`load_hf_state_dict`).
+        dtype: floating dtype of the returned params (checkpoints may be half precision).
+        overrides: zoo constructor arguments to change, e.g. ``dropout=0.0``.
+
+    Returns:
+        ``(module, params)`` with ``module(x)`` equal to the HF model's logits on ``x``.
+
+    Raises:
+        ValueError: on an unsupported architecture or option, or weights that do not
+            match the configuration (names of missing and unexpected weights listed).
+    """
+    config = load_hf_config(path)
+    conv = _converter(config, path)
+    kwargs = {**conv.kwargs(config), **overrides}
+    params = conv.params(load_hf_state_dict(path), kwargs)
+    # create_model seeds and initialises a module of the right shapes; its weights are replaced
+    module, template = create_model(conv.zoo_name, seed=0, **kwargs)
+    missing = sorted(template.keys() - params.keys())
+    unexpected = sorted(params.keys() - template.keys())
+    if missing or unexpected:
+        raise ValueError(
+            f"{path}: weights do not match a {conv.zoo_name} of this config: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    out: Params = {}
+    for name, ref in template.items():
+        value = params[name]
+        if value.shape != ref.shape:
+            raise ValueError(
+                f"{path}: weight {name} has shape {tuple(value.shape)}, "
+                f"expected {tuple(ref.shape)} for this config"
+            )
+        value = value.to(dtype) if value.is_floating_point() else value.to(ref.dtype)
+        out[name] = value.contiguous().clone()
+    return module, out

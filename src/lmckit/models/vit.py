@@ -1,0 +1,260 @@
+"""Vision Transformer (Dosovitskiy et al., 2021) for image classification.
+
+Module names follow Hugging Face's ``ViTForImageClassification`` (separate Q, K, V
+projections)::
+
+    vit.embeddings.cls_token                          (1, 1, width)
+    vit.embeddings.position_embeddings                (1, tokens, width)
+    vit.embeddings.patch_embeddings.projection        Conv2d(in_channels, width, p, stride p)
+    vit.encoder.layer.{i}.layernorm_before            norm over width
+    vit.encoder.layer.{i}.attention.attention.query   Linear(width, width) (key, value alike)
+    vit.encoder.layer.{i}.attention.output.dense      Linear(width, width)
+    vit.encoder.layer.{i}.layernorm_after             norm over width
+    vit.encoder.layer.{i}.intermediate.dense          Linear(width, mlp_dim), then GELU
+    vit.encoder.layer.{i}.output.dense                Linear(mlp_dim, width)
+    vit.layernorm                                     norm over width
+    classifier                                        Linear(width, num_classes)
+
+The classifier reads the class token (``class_token=True``) or the mean of the patch
+tokens. Spaces: ``residual``, ``heads.{i}``, ``ffn.{i}`` as for GPT-2.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmckit.models.registry import ZooModel, register_model
+from lmckit.models.spec_builder import reads, writes
+from lmckit.models.transformer_blocks import (
+    check_transformer_norm,
+    head_space,
+    make_residual_norm,
+    multi_head_attention,
+    residual_group,
+)
+from lmckit.params import Params
+from lmckit.symmetry import Permutation, Probe, Space, SymmetrySpec, Use
+
+__all__ = ["ViT"]
+
+
+class _PatchEmbeddings(nn.Module):
+    def __init__(self, in_channels: int, width: int, patch_size: int) -> None:
+        super().__init__()
+        self.projection = nn.Conv2d(in_channels, width, patch_size, stride=patch_size)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.projection(x).flatten(2).transpose(1, 2)  # (batch, patches, width)
+
+
+class _Embeddings(nn.Module):
+    def __init__(
+        self, in_channels: int, width: int, patch_size: int, patches: int, class_token: bool
+    ) -> None:
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, width)) if class_token else None
+        tokens = patches + int(class_token)
+        self.position_embeddings = nn.Parameter(torch.randn(1, tokens, width) * 0.02)
+        self.patch_embeddings = _PatchEmbeddings(in_channels, width, patch_size)
+        self.dropout = nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        tokens = self.patch_embeddings(x)
+        if self.cls_token is not None:
+            tokens = torch.cat([self.cls_token.expand(tokens.shape[0], -1, -1), tokens], dim=1)
+        return self.dropout(tokens + self.position_embeddings)
+
+
+class _SelfAttention(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.query = nn.Linear(width, width)
+        self.key = nn.Linear(width, width)
+        self.value = nn.Linear(width, width)
+        self.heads = nn.Identity()  # probe: the concatenated heads
+        self.n_head = heads
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = multi_head_attention(
+            self.query(x), self.key(x), self.value(x), self.n_head, causal=False
+        )
+        return self.heads(y)
+
+
+class _Dense(nn.Module):
+    def __init__(self, width_in: int, width_out: int, act: bool) -> None:
+        super().__init__()
+        self.dense = nn.Linear(width_in, width_out)
+        self.intermediate_act_fn = nn.GELU() if act else nn.Identity()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.intermediate_act_fn(self.dense(x))
+
+
+class _Attention(nn.Module):
+    def __init__(self, width: int, heads: int) -> None:
+        super().__init__()
+        self.attention = _SelfAttention(width, heads)
+        self.output = _Dense(width, width, act=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.output(self.attention(x))
+
+
+class _Layer(nn.Module):
+    """Pre-norm block: ``x + attn(layernorm_before(x))``, ``x + mlp(layernorm_after(x))``."""
+
+    def __init__(self, width: int, heads: int, mlp_dim: int, norm: str, eps: float) -> None:
+        super().__init__()
+        self.layernorm_before = make_residual_norm(norm, width, eps)
+        self.attention = _Attention(width, heads)
+        self.layernorm_after = make_residual_norm(norm, width, eps)
+        self.intermediate = _Dense(width, mlp_dim, act=True)
+        self.output = _Dense(mlp_dim, width, act=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.attention(self.layernorm_before(x))
+        return x + self.output(self.intermediate(self.layernorm_after(x)))
+
+
+@register_model("vit")
+class ViT(ZooModel):
+    """ViT classifier: images ``(batch, in_channels, image_size, image_size)`` -> logits.
+
+    Args:
+        image_size, patch_size: square images cut into ``(image_size / patch_size)^2``
+            non-overlapping patches.
+        in_channels, num_classes: data sizes.
+        width, depth, heads: residual width, number of layers, heads per layer.
+        mlp_ratio: MLP width over ``width`` (ignored when ``mlp_dim`` is given).
+        mlp_dim: MLP width.
+        class_token: classify from a learned class token (else mean of the tokens).
+        norm: ``"layer"`` or ``"rms"`` (see :mod:`lmckit.models.transformer_blocks`).
+        layer_norm_eps: the norms' ``eps``.
+    """
+
+    def __init__(
+        self,
+        image_size: int,
+        patch_size: int,
+        in_channels: int,
+        num_classes: int,
+        width: int = 64,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_ratio: float = 4.0,
+        mlp_dim: int | None = None,
+        *,
+        class_token: bool = True,
+        norm: str = "layer",
+        layer_norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        check_transformer_norm(norm)
+        if min(image_size, patch_size, in_channels, num_classes, width, depth, heads) < 1:
+            raise ValueError("ViT sizes must be positive")
+        if image_size % patch_size:
+            raise ValueError(f"image_size={image_size} is not a multiple of patch={patch_size}")
+        if width % heads:
+            raise ValueError(f"width={width} is not a multiple of heads={heads}")
+        mlp_dim = round(width * mlp_ratio) if mlp_dim is None else mlp_dim
+        patches = (image_size // patch_size) ** 2
+        self.vit = nn.Module()
+        self.vit.embeddings = _Embeddings(in_channels, width, patch_size, patches, class_token)
+        self.vit.encoder = nn.Module()
+        self.vit.encoder.layer = nn.ModuleList(
+            _Layer(width, heads, mlp_dim, norm, layer_norm_eps) for _ in range(depth)
+        )
+        self.vit.layernorm = make_residual_norm(norm, width, layer_norm_eps)
+        self.classifier = nn.Linear(width, num_classes)
+        self.width, self.depth, self.heads, self.mlp_dim = width, depth, heads, mlp_dim
+        self.norm, self.class_token, self.layer_norm_eps = norm, class_token, layer_norm_eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.vit.embeddings(x)
+        for layer in self.vit.encoder.layer:
+            h = layer(h)
+        h = self.vit.layernorm(h)
+        return self.classifier(h[:, 0] if self.class_token else h.mean(1))
+
+    def symmetry_spec(self) -> SymmetrySpec:
+        d, nh = self.width, self.heads
+        emb = "vit.embeddings"
+        res_uses = [Use(f"{emb}.position_embeddings", 2, "write")]
+        if self.class_token:
+            res_uses.append(Use(f"{emb}.cls_token", 2, "write"))
+        proj = self.vit.embeddings.patch_embeddings.projection
+        res_uses += writes(f"{emb}.patch_embeddings.projection", proj)
+        res_probes = [Probe(f"{emb}.dropout")]
+        spaces: list[Space] = []
+        for i, layer in enumerate(self.vit.encoder.layer):
+            pre = f"vit.encoder.layer.{i}"
+            att = f"{pre}.attention.attention"
+            res_uses += writes(f"{pre}.layernorm_before", layer.layernorm_before)
+            for part in ("query", "key", "value"):
+                res_uses += reads(f"{att}.{part}", getattr(layer.attention.attention, part))
+            res_uses += writes(f"{pre}.attention.output.dense", layer.attention.output.dense)
+            res_uses += writes(f"{pre}.layernorm_after", layer.layernorm_after)
+            res_uses += reads(f"{pre}.intermediate.dense", layer.intermediate.dense)
+            res_uses += writes(f"{pre}.output.dense", layer.output.dense)
+            res_probes.append(Probe(pre))
+            spaces.append(
+                head_space(
+                    f"heads.{i}",
+                    nh,
+                    d // nh,
+                    qkv=[(f"{att}.query", 0, 1), (f"{att}.key", 0, 1), (f"{att}.value", 0, 1)],
+                    output=f"{pre}.attention.output.dense",
+                    biases=True,
+                    probe=f"{att}.heads",
+                )
+            )
+            spaces.append(
+                Space(
+                    f"ffn.{i}",
+                    self.mlp_dim,
+                    Permutation(),
+                    (
+                        *writes(f"{pre}.intermediate.dense", layer.intermediate.dense),
+                        *reads(f"{pre}.output.dense", layer.output.dense),
+                    ),
+                    (Probe(f"{pre}.intermediate.intermediate_act_fn"),),
+                )
+            )
+        res_uses += writes("vit.layernorm", self.vit.layernorm)
+        res_uses += reads("classifier", self.classifier)
+        residual = Space(
+            "residual", d, residual_group(self.norm), tuple(res_uses), tuple(res_probes)
+        )
+        return SymmetrySpec((residual, *spaces))
+
+    def repair_sites(self) -> list[str]:
+        return [f"vit.encoder.layer.{i}.intermediate.dense" for i in range(self.depth)]
+
+    def norm_readers(self) -> dict[str, list[str]]:
+        """Each residual norm and the Linear modules that read its output."""
+        out = {}
+        for i in range(self.depth):
+            pre = f"vit.encoder.layer.{i}"
+            att = f"{pre}.attention.attention"
+            out[f"{pre}.layernorm_before"] = [f"{att}.query", f"{att}.key", f"{att}.value"]
+            out[f"{pre}.layernorm_after"] = [f"{pre}.intermediate.dense"]
+        out["vit.layernorm"] = ["classifier"]
+        return out
+
+    def untied(self, params: Params) -> Params:
+        """``params`` unchanged (a ViT shares no weights)."""
+        return dict(params)
+
+    def rms_kwargs(self) -> dict[str, Any]:
+        """Constructor changes for the RMSNorm form."""
+        return {"norm": "rms"}
+
+    def widened_kwargs(self, width: int, inner: int) -> dict[str, Any]:
+        """Constructor changes for a model of residual width ``width``, MLP width ``inner``."""
+        # see GPT2.widened_kwargs: eps scales with n / width
+        eps = self.layer_norm_eps * self.width / width
+        return {"width": width, "mlp_dim": inner, "layer_norm_eps": eps}

@@ -1,0 +1,221 @@
+"""The simplex spanned by ``K`` models: loss on a barycentric grid, multi-model barrier.
+
+For models ``theta_1..theta_K`` and convex weights ``w`` (``w_k >= 0``,
+``sum_k w_k = 1``) the point ``theta(w) = sum_k w_k theta_k`` runs through the
+architecture's module with ``torch.func.functional_call``. The grid holds every
+``w = c / r`` with non-negative integers ``c`` summing to the resolution ``r``
+(``(r + 1)(r + 2) / 2`` points for ``K = 3``), vertices included. Barriers
+generalise the linear path's (DESIGN.md):
+
+- loss:     ``max_w [ L(theta(w)) - sum_k w_k L_k ]``
+- accuracy: ``max_w [ sum_k w_k A_k - A(theta(w)) ]``
+
+with ``L_k, A_k`` measured at the vertices.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from lmckit.evaluate import evaluate
+from lmckit.params import Params, check_compatible, weighted_average
+
+__all__ = ["SimplexResult", "evaluate_simplex", "simplex_grid"]
+
+Batches = Iterable[tuple[Tensor, Tensor]]
+PointFn = Callable[[Params, tuple[float, ...]], Params]
+
+
+def simplex_grid(k: int, resolution: int) -> list[tuple[float, ...]]:
+    """All convex weights ``c / resolution`` over ``k`` models, vertices included.
+
+    Ordered lexicographically by the integer counts, descending in the first weight:
+    the first point is vertex 1, ``(1, 0, ..., 0)``.
+    """
+    if k < 2:
+        raise ValueError(f"a simplex needs at least 2 models, got {k}")
+    if resolution < 1:
+        raise ValueError(f"resolution must be >= 1, got {resolution}")
+
+    def counts(parts: int, total: int) -> list[tuple[int, ...]]:
+        if parts == 1:
+            return [(total,)]
+        return [(c, *rest) for c in range(total, -1, -1) for rest in counts(parts - 1, total - c)]
+
+    return [tuple(c / resolution for c in cs) for cs in counts(k, resolution)]
+
+
+@dataclass(frozen=True)
+class SimplexResult:
+    """Loss and accuracy at convex weights ``w`` of ``K`` models.
+
+    Attributes:
+        weights: one ``K``-tuple per grid point; every vertex is included.
+        loss: mean loss at each point.
+        acc: accuracy (fraction) at each point.
+        meta: free-form description.
+    """
+
+    weights: list[tuple[float, ...]]
+    loss: list[float]
+    acc: list[float]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (len(self.weights) == len(self.loss) == len(self.acc)) or not self.weights:
+            raise ValueError("weights, loss and acc must have the same, non-zero length")
+        k = len(self.weights[0])
+        for w in self.weights:
+            if len(w) != k or min(w) < -1e-9 or abs(sum(w) - 1.0) > 1e-6:
+                raise ValueError(f"weights must be convex {k}-tuples, got {w}")
+        for i in range(k):
+            self._vertex(i)  # raises when a vertex is missing
+
+    @property
+    def k(self) -> int:
+        """Number of models."""
+        return len(self.weights[0])
+
+    def _vertex(self, i: int) -> int:
+        for idx, w in enumerate(self.weights):
+            if abs(w[i] - 1.0) < 1e-9:
+                return idx
+        raise ValueError(f"the grid lacks vertex {i} (weight 1 on model {i})")
+
+    @property
+    def vertex_loss(self) -> list[float]:
+        return [self.loss[self._vertex(i)] for i in range(self.k)]
+
+    @property
+    def vertex_acc(self) -> list[float]:
+        return [self.acc[self._vertex(i)] for i in range(self.k)]
+
+    def _excess_loss(self) -> list[float]:
+        ends = self.vertex_loss
+        return [
+            v - sum(wk * e for wk, e in zip(w, ends, strict=True))
+            for w, v in zip(self.weights, self.loss, strict=True)
+        ]
+
+    def _deficit_acc(self) -> list[float]:
+        ends = self.vertex_acc
+        return [
+            sum(wk * e for wk, e in zip(w, ends, strict=True)) - v
+            for w, v in zip(self.weights, self.acc, strict=True)
+        ]
+
+    @property
+    def barrier_loss(self) -> float:
+        """``max_w [L(theta(w)) - sum_k w_k L_k]``."""
+        return max(self._excess_loss())
+
+    @property
+    def barrier_acc(self) -> float:
+        """``max_w [sum_k w_k A_k - A(theta(w))]``."""
+        return max(self._deficit_acc())
+
+    @property
+    def argmax_loss(self) -> tuple[float, ...]:
+        """Weights where the loss barrier is attained."""
+        excess = self._excess_loss()
+        return self.weights[max(range(len(excess)), key=excess.__getitem__)]
+
+    @property
+    def centroid_loss(self) -> float:
+        """Loss at the grid point nearest the centroid ``(1/K, ..., 1/K)``."""
+        c = 1.0 / self.k
+        idx = min(
+            range(len(self.weights)), key=lambda i: sum((w - c) ** 2 for w in self.weights[i])
+        )
+        return self.loss[idx]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "weights": [list(w) for w in self.weights],
+            "loss": list(self.loss),
+            "acc": list(self.acc),
+            "barrier_loss": self.barrier_loss,
+            "barrier_acc": self.barrier_acc,
+            "argmax_loss": list(self.argmax_loss),
+            "vertex_loss": self.vertex_loss,
+            "vertex_acc": self.vertex_acc,
+            "centroid_loss": self.centroid_loss,
+            "meta": dict(self.meta),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> SimplexResult:
+        try:
+            return cls(
+                [tuple(float(x) for x in w) for w in data["weights"]],
+                [float(v) for v in data["loss"]],
+                [float(v) for v in data["acc"]],
+                dict(data.get("meta", {})),
+            )
+        except KeyError as err:
+            raise ValueError(f"simplex result is missing {err}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def load(cls, path: str | Path) -> SimplexResult:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def evaluate_simplex(
+    model: nn.Module,
+    models: Sequence[Params],
+    batches: Callable[[], Batches],
+    *,
+    resolution: int = 10,
+    weights: Sequence[Sequence[float]] | None = None,
+    prepare: PointFn | None = None,
+    meta: Mapping[str, Any] | None = None,
+    progress: bool = False,
+) -> SimplexResult:
+    """Evaluate every point of a barycentric grid over ``models``.
+
+    Args:
+        model: module of the architecture.
+        models: ``K >= 2`` parameter sets (align them into one frame first, e.g. with
+            :func:`lmckit.align.universe_matching`).
+        batches: callable returning a fresh iterable of ``(x, y)`` batches.
+        resolution: grid resolution ``r`` (step ``1 / r`` in each weight).
+        weights: explicit grid instead (must include every vertex).
+        prepare: optional ``(theta_w, w) -> theta_w'`` at each point, e.g. a BatchNorm
+            reset.
+        meta: copied into the result.
+        progress: progress bar over points.
+    """
+    if len(models) < 2:
+        raise ValueError(f"a simplex needs at least 2 models, got {len(models)}")
+    for other in models[1:]:
+        check_compatible(models[0], other)
+    grid = (
+        [tuple(float(x) for x in w) for w in weights]
+        if weights is not None
+        else simplex_grid(len(models), resolution)
+    )
+    for w in grid:
+        if len(w) != len(models):
+            raise ValueError(f"weights {w} do not have one entry per model ({len(models)})")
+    losses, accs = [], []
+    for w in tqdm(grid, desc="simplex", unit="point", disable=not progress, leave=False):
+        theta = weighted_average(models, w)
+        if prepare is not None:
+            theta = prepare(theta, w)
+        m = evaluate(model, theta, batches())
+        if not math.isfinite(m.loss):
+            raise FloatingPointError(f"loss is not finite at weights {w}")
+        losses.append(m.loss)
+        accs.append(m.acc)
+    return SimplexResult(grid, losses, accs, dict(meta or {}))

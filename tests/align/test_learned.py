@@ -1,0 +1,254 @@
+"""Learned matching: straight-through projections, dense apply, and loss-driven alignment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmckit.align import LearnedMatchingConfig, learned_matching, weight_matching
+from lmckit.align.learned import apply_dense, sinkhorn, validation_split
+from lmckit.data import Dataset, batches
+from lmckit.evaluate import evaluate_path
+from lmckit.models import create_model
+from lmckit.params import Params
+from lmckit.symmetry import (
+    Invertible,
+    Orthogonal,
+    Permutation,
+    Space,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply,
+    random_transform,
+)
+
+FAST = LearnedMatchingConfig(steps=60, eval_every=10, patience=3, lr=0.02)
+
+
+class TinyResidual(nn.Module):
+    """``x -> embed -> (+ fc2 relu fc1) -> head``: a linear residual stream of width d."""
+
+    def __init__(self, d_in: int = 64, d: int = 12, hidden: int = 16, out: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Linear(d_in, d)
+        self.fc1 = nn.Linear(d, hidden)
+        self.fc2 = nn.Linear(hidden, d)
+        self.head = nn.Linear(d, out)
+        self.d, self.hidden = d, hidden
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = self.embed(x.flatten(1))
+        h = h + self.fc2(torch.relu(self.fc1(h)))
+        return self.head(h)
+
+    def spec(self, residual: object) -> SymmetrySpec:
+        res = Space(
+            "residual",
+            self.d,
+            residual,
+            (
+                Use("embed.weight", 0, "write"),
+                Use("embed.bias", 0, "write"),
+                Use("fc2.weight", 0, "write"),
+                Use("fc2.bias", 0, "write"),
+                Use("fc1.weight", 1, "read"),
+                Use("head.weight", 1, "read"),
+            ),
+        )
+        hid = Space(
+            "hidden",
+            self.hidden,
+            Permutation(),
+            (
+                Use("fc1.weight", 0, "write"),
+                Use("fc1.bias", 0, "write"),
+                Use("fc2.weight", 1, "read"),
+            ),
+        )
+        return SymmetrySpec((res, hid))
+
+
+def _params(module: nn.Module, seed: int) -> Params:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        for p in module.parameters():
+            nn.init.normal_(p, std=0.3)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def _mid_loss(model: nn.Module, a: Params, b: Params, data: Dataset) -> float:
+    return evaluate_path(
+        model, a, b, lambda: batches(data.x_test, data.y_test, 500), ts=[0.0, 0.5, 1.0]
+    ).loss[1]
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "shape"),
+    [
+        ("mlp", {"in_features": 6, "hidden": [5, 7], "out_features": 3, "norm": "batch"}, (6,)),
+        (
+            "vgg",
+            {"in_channels": 2, "num_classes": 3, "image_size": 8, "widths": [4, "M", 6]},
+            (2, 8, 8),
+        ),
+    ],
+)
+def test_dense_apply_of_hard_matrices_equals_apply(name: str, kwargs: dict, shape: tuple) -> None:
+    model, params = create_model(name, seed=0, **kwargs)
+    spec = model.symmetry_spec()
+    t = random_transform(spec, 3)
+    mats = {s.name: s.group.matrix(t[s.name]).float() for s in spec}
+    dense = apply_dense(spec, params, mats)
+    exact = apply(spec, params, t)
+    for k in exact:
+        torch.testing.assert_close(dense[k], exact[k], rtol=0, atol=1e-6)
+
+
+def test_dense_apply_of_orthogonal_map_preserves_function() -> None:
+    module = TinyResidual()
+    params = _params(module, 0)
+    spec = module.spec(Orthogonal())
+    o = Orthogonal().random(12, torch.Generator().manual_seed(1))
+    moved = apply_dense(spec, params, {"residual": o})
+    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(2))
+    torch.testing.assert_close(
+        functional_call(module, moved, (x,)),
+        functional_call(module, params, (x,)),
+        atol=1e-4,
+        rtol=0,
+    )
+
+
+def test_sinkhorn_is_doubly_stochastic_and_sharpens_to_the_argmax() -> None:
+    logits = torch.randn(6, 6, generator=torch.Generator().manual_seed(0))
+    p = sinkhorn(logits, 50)
+    torch.testing.assert_close(p.sum(0), torch.ones(6), atol=1e-5, rtol=0)
+    torch.testing.assert_close(p.sum(1), torch.ones(6), atol=1e-5, rtol=0)
+    perm = torch.randperm(6, generator=torch.Generator().manual_seed(1))
+    sharp = sinkhorn(torch.eye(6)[perm] / 0.01, 20)
+    torch.testing.assert_close(sharp, torch.eye(6)[perm], atol=1e-6, rtol=0)
+
+
+def test_validation_split_holds_out_the_end_of_train(digits: Dataset) -> None:
+    (xt, yt), (xv, yv) = validation_split(digits, 0.25)
+    n = digits.x_train.shape[0]
+    assert xt.shape[0] + xv.shape[0] == n
+    assert torch.equal(xv, digits.x_train[n - xv.shape[0] :])
+    with_val = Dataset(
+        "v", digits.x_train, digits.y_train, digits.x_test, digits.y_test, 10, xv, yv
+    )
+    assert validation_split(with_val, 0.25)[1][0] is xv
+
+
+def test_learned_from_identity_lowers_the_midpoint_loss(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec()
+    config = LearnedMatchingConfig(
+        steps=150, eval_every=15, patience=10, lr=0.05, weight_matching_init=False
+    )
+    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    for s in spec:  # hard permutations
+        assert torch.equal(torch.sort(result.transform[s.name]).values, torch.arange(s.n))
+    assert min(result.history) == result.history[0] or min(result.history) < result.history[0]
+    naive = _mid_loss(model, a, b, data)
+    learned = _mid_loss(model, a, apply(spec, b, result.transform), data)
+    assert learned < 0.7 * naive
+
+
+def test_learned_recovers_a_permuted_copy(mlp_pair) -> None:
+    model, a, _, data = mlp_pair
+    spec = model.symmetry_spec()
+    t = random_transform(spec, 5)
+    moved = apply(spec, a, t)
+    result = learned_matching(model, spec, a, moved, data, FAST, seed=0)
+    back = apply(spec, moved, result.transform)
+    for k in a:
+        torch.testing.assert_close(back[k], a[k])
+
+
+def test_learned_never_returns_worse_than_its_start_on_validation(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec()
+    result = learned_matching(model, spec, a, b, data, FAST, seed=1)
+    assert len(result.history) >= 2
+    best = min(result.history)
+    assert best <= result.history[0]
+
+
+def test_sinkhorn_mode_gives_hard_permutations(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec()
+    config = LearnedMatchingConfig(steps=30, eval_every=10, permutations="sinkhorn")
+    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    for s in spec:
+        assert torch.equal(torch.sort(result.transform[s.name]).values, torch.arange(s.n))
+
+
+def test_batchnorm_network_is_learned_with_batch_statistics(bn_mlp_pair) -> None:
+    model, a, b, data = bn_mlp_pair
+    spec = model.symmetry_spec()
+    a_before = {k: v.clone() for k, v in a.items()}
+    config = LearnedMatchingConfig(steps=40, eval_every=10, weight_matching_init=False, lr=0.05)
+    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    assert min(result.history) < result.history[0]
+    for k in a:  # inputs, running statistics included, are untouched
+        assert torch.equal(a[k], a_before[k])
+
+
+def test_orthogonal_residual_is_learned_as_an_orthogonal_map(digits: Dataset) -> None:
+    module = TinyResidual()
+    a, b = _params(module, 0), _params(module, 1)
+    spec = module.spec(Orthogonal())
+    config = LearnedMatchingConfig(steps=40, eval_every=10, weight_matching_init=False)
+    result = learned_matching(module, spec, a, b, digits, config, seed=0)
+    o = result.transform["residual"]
+    torch.testing.assert_close(o.T @ o, torch.eye(12), atol=1e-5, rtol=0)
+    x = digits.x_test[:20]
+    moved = apply(spec, b, result.transform)
+    torch.testing.assert_close(
+        functional_call(module, moved, (x,)), functional_call(module, b, (x,)), atol=1e-4, rtol=0
+    )
+
+
+def test_unsupported_group_and_bad_config_are_value_errors(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec().with_groups(**{"hidden.0": Invertible()})
+    with pytest.raises(ValueError, match="Invertible"):
+        learned_matching(model, spec, a, b, data, FAST)
+    for bad in ({"lam_low": 0.7, "lam_high": 0.6}, {"permutations": "soft"}, {"lr": 0.0}):
+        with pytest.raises(ValueError):
+            LearnedMatchingConfig(**bad)
+
+
+def test_spaces_left_out_stay_at_weight_matching(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec()
+    wm = weight_matching(spec, a, b, spaces=["hidden.0"], seed=0)
+    config = LearnedMatchingConfig(steps=20, eval_every=10, weight_matching_init=False)
+    result = learned_matching(
+        model, spec, a, b, data, config, init=wm.transform, spaces=["hidden.1"], seed=0
+    )
+    assert torch.equal(result.transform["hidden.0"], wm.transform["hidden.0"])
+    assert isinstance(result.transform, Transform)
+
+
+def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map() -> None:
+    from lmckit.rewrites import layernorm_to_rmsnorm
+
+    kwargs = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+    module, params = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
+    spec = module.symmetry_spec()
+    assert isinstance(spec["residual"].group, Orthogonal)
+    moved = apply(spec, params, random_transform(spec, 1))
+    x = torch.randint(0, 40, (32, 8), generator=torch.Generator().manual_seed(0))
+    data = Dataset("toy", x, torch.roll(x, -1, 1), x[:8], torch.roll(x[:8], -1, 1), 40)
+    config = LearnedMatchingConfig(steps=10, eval_every=5, batch_size=8)
+    result = learned_matching(module, spec, params, moved, data, config, seed=0)
+    o = result.transform["residual"]
+    torch.testing.assert_close(o.T @ o, torch.eye(16), atol=1e-5, rtol=0)
+    back = apply(spec, moved, result.transform)
+    for k in params:  # weight matching's start recovers the copy; learning keeps it
+        torch.testing.assert_close(back[k], params[k], atol=1e-2, rtol=0)

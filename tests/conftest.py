@@ -1,0 +1,63 @@
+"""Shared tiny fixtures: digits, and pairs of small MLPs trained on it for a few seconds.
+
+Built once per test session; tests must not modify them (the library never mutates its
+inputs, and several tests check exactly that).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import pytest
+import torch
+
+from lmckit.data import Dataset, load_digits
+from lmckit.models import ZooModel, create_model
+from lmckit.params import Params
+from lmckit.train import TrainConfig, train
+
+#: Hidden widths of the fixture MLPs (64 -> 64 -> 64 -> 10).
+PAIR_HIDDEN = [64, 64]
+PAIR_TRAIN = TrainConfig(epochs=6, batch_size=64, lr=3e-3)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The test models are tiny: a second intra-op thread buys nothing, and on a busy
+    # 2-core machine OpenMP's spinning threads made them 10x slower in wall time.
+    torch.set_num_threads(1)
+
+
+class TrainedPair(NamedTuple):
+    """Two independently trained models of one architecture (seeds 0 and 1)."""
+
+    model: ZooModel
+    a: Params
+    b: Params
+    data: Dataset
+
+
+@pytest.fixture(scope="session")
+def digits() -> Dataset:
+    return load_digits(seed=0)
+
+
+def _pair(data: Dataset, norm: str) -> TrainedPair:
+    trained = []
+    for seed in (0, 1):
+        model, init = create_model(
+            "mlp", seed=seed, in_features=64, hidden=PAIR_HIDDEN, out_features=10, norm=norm
+        )
+        trained.append(train(model, init, data, PAIR_TRAIN, seed=seed, progress=False))
+    return TrainedPair(model, trained[0], trained[1], data)
+
+
+@pytest.fixture(scope="session")
+def mlp_pair(digits: Dataset) -> TrainedPair:
+    """ReLU MLPs without normalisation."""
+    return _pair(digits, "none")
+
+
+@pytest.fixture(scope="session")
+def bn_mlp_pair(digits: Dataset) -> TrainedPair:
+    """ReLU MLPs with BatchNorm after each hidden Linear."""
+    return _pair(digits, "batch")

@@ -1,0 +1,60 @@
+"""Quick modes of the width-sweep, weight-decay and bezier experiments on MNIST."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
+
+DATA_ROOT = Path(__file__).resolve().parents[3] / "shared" / "data"
+
+pytestmark = pytest.mark.skipif(
+    not (DATA_ROOT / "mnist").exists(), reason="shared MNIST data not available"
+)
+
+
+def _run(name: str, out: Path):
+    ctx = ExperimentContext(out, DATA_ROOT, quick=True, seed=0, progress=False)
+    return run_experiment(name, ctx)
+
+
+def test_registered():
+    assert {"width-sweep", "weight-decay", "bezier"} <= set(list_experiments())
+
+
+def test_width_sweep_quick(tmp_path):
+    result = _run("width-sweep", tmp_path)
+    assert {(r["weight_decay"], r["multiplier"]) for r in result.rows} == {
+        (wd, m) for wd in (3e-3, 1e-4) for m in (1, 4)
+    }
+    for r in result.rows:
+        naive, wm = r["paths"]["naive"], r["paths"]["weight_matching"]
+        # weight matching only permutes B: its end of the path is the same function
+        assert wm["acc"][-1] == naive["acc"][-1]
+        assert wm["loss"][-1] == pytest.approx(naive["loss"][-1], abs=1e-5)
+        # calibrated barriers are measured against calibrated ends, so the ends are on the chord
+        assert r["naive_loss_barrier"] >= 0.0 and r["recip_orth"] > 0.0
+    assert (tmp_path / "results.json").exists() and result.figures
+
+
+@pytest.mark.slow
+def test_weight_decay_quick(tmp_path):
+    result = _run("weight-decay", tmp_path)
+    assert [r["weight_decay"] for r in result.rows] == [1e-4, 1e-3, 3e-3]
+    for r in result.rows:
+        # cosines of non-negative (post-ReLU) vectors lie in [0, 1]
+        assert all(0.0 <= v <= 1.0 + 1e-9 for v in r["weak_additivity"].values())
+        assert all(1.0 <= v <= r["width"] for v in r["effective_rank"].values())
+
+
+def test_bezier_quick(tmp_path):
+    result = _run("bezier", tmp_path)
+    rows = {r["path"]: r for r in result.rows}
+    assert rows["linear"]["barrier_loss"] > 0.0
+    assert rows["bezier"]["barrier_loss"] < rows["linear"]["barrier_loss"]
+    assert rows["chain"]["barrier_loss"] < rows["linear"]["barrier_loss"]
+    # the curve shares the line's ends: same curvature there, CKA 1 with itself at t=0
+    lin, bez = rows["linear"]["diagnostics"], rows["bezier"]["diagnostics"]
+    assert bez["top_eigenvalue"]["t=0"] == pytest.approx(lin["top_eigenvalue"]["t=0"], rel=1e-3)

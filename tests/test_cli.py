@@ -1,0 +1,231 @@
+"""The command line, end to end on digits with tiny settings: artifacts, numbers, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+import lmckit
+from lmckit.checkpoint import load_metadata
+from lmckit.cli import main
+from lmckit.data import batches, load_digits
+from lmckit.evaluate import evaluate
+
+TINY = ["--data", "digits", "--epochs", "2", "--lr", "0.01", "--batch-size", "64", "--quiet"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _invoke(*args: str | Path) -> Result:
+    return CliRunner().invoke(main, [str(a) for a in args])
+
+
+def _ok(*args: str | Path) -> Result:
+    result = _invoke(*args)
+    assert result.exit_code == 0, f"{args}: {result.output}\n{result.exception!r}"
+    return result
+
+
+def _train(out: Path, seed: int, *extra: str) -> Path:
+    _ok("train", "--model", "mlp", "--width", "32", "--depth", "1", "--seed", seed, "--out", out,
+        *TINY, *extra)  # fmt: skip
+    return out
+
+
+def _barrier(a: Path, b: Path, json_path: Path, *extra: str) -> dict:
+    _ok("barrier", a, b, "--data", "digits", "--points", "5", "--json", json_path, "--quiet",
+        *extra)  # fmt: skip
+    return json.loads(json_path.read_text())
+
+
+@pytest.fixture(scope="module")
+def ckpts(tmp_path_factory) -> Path:
+    """Two plain MLP checkpoints ``a``, ``b`` and two BatchNorm ones ``bn_a``, ``bn_b``."""
+    root = tmp_path_factory.mktemp("ckpts")
+    _train(root / "a", 0)
+    _train(root / "b", 1)
+    _train(root / "bn_a", 0, "--norm", "batch")
+    _train(root / "bn_b", 1, "--norm", "batch")
+    return root
+
+
+@pytest.fixture
+def ckpt_copy(ckpts, tmp_path) -> Path:
+    """A private copy of checkpoint ``a`` to break."""
+    return Path(shutil.copytree(ckpts / "a", tmp_path / "copy"))
+
+
+def test_train_writes_a_loadable_checkpoint(ckpts) -> None:
+    ckpt = lmckit.load(ckpts / "a")
+    assert ckpt.config.name == "mlp"
+    assert ckpt.config.kwargs["hidden"] == [32]
+    assert ckpt.params["layers.0.weight"].shape == (32, 64)
+    meta = load_metadata(ckpts / "a")
+    assert meta["seed"] == 0 and meta["data"] == "digits"
+    data = load_digits(seed=0)
+    m = evaluate(ckpt.model, ckpt.params, batches(data.x_test, data.y_test, 500))
+    assert m.acc == pytest.approx(meta["test_acc"])
+    assert m.acc > 0.8  # it learned something in two epochs
+
+
+def test_train_is_reproducible(ckpts, tmp_path) -> None:
+    again = lmckit.load(_train(tmp_path / "again", 0))
+    first = lmckit.load(ckpts / "a")
+    for k, v in first.params.items():
+        assert (again.params[k] == v).all(), k
+
+
+@pytest.mark.parametrize("method", ["weight", "activation"])
+def test_align_lowers_the_barrier(ckpts, tmp_path, method: str) -> None:
+    out = tmp_path / "b_aligned"
+    result = _ok("align", ckpts / "a", ckpts / "b", "--method", method, "--data", "digits",
+                 "--out", out, "--quiet")  # fmt: skip
+    assert "objective" in result.output
+    meta = load_metadata(out)
+    assert meta["method"] == f"{method}_matching"
+    naive = _barrier(ckpts / "a", ckpts / "b", tmp_path / "naive.json")
+    aligned = _barrier(ckpts / "a", out, tmp_path / "aligned.json")
+    assert aligned["barrier_loss"] < naive["barrier_loss"]
+    # same model B, only reparametrised: the endpoint loss is unchanged
+    assert aligned["loss"][-1] == pytest.approx(naive["loss"][-1], rel=1e-5)
+
+
+def test_barrier_writes_json_and_png(ckpts, tmp_path) -> None:
+    png = tmp_path / "path.png"
+    data = _barrier(ckpts / "a", ckpts / "b", tmp_path / "path.json", "--plot", str(png))
+    assert {"t", "loss", "acc", "barrier_loss", "barrier_acc"} <= set(data)
+    assert data["t"] == [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert len(data["loss"]) == len(data["acc"]) == 5
+    chord = [(1 - t) * data["loss"][0] + t * data["loss"][-1] for t in data["t"]]
+    assert data["barrier_loss"] == pytest.approx(
+        max(v - c for v, c in zip(data["loss"], chord, strict=True))
+    )
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_merge_with_repair_beats_plain_merge(ckpts, tmp_path) -> None:
+    aligned = tmp_path / "b_aligned"
+    _ok("align", ckpts / "a", ckpts / "b", "--out", aligned, "--quiet")
+    common = [ckpts / "a", aligned, "--data", "digits"]
+    _ok("merge", *common, "--out", tmp_path / "plain")
+    _ok("merge", *common, "--repair", "--out", tmp_path / "repaired")
+    plain = load_metadata(tmp_path / "plain")
+    repaired = load_metadata(tmp_path / "repaired")
+    assert repaired["repair"] and not plain["repair"]
+    assert repaired["test_loss"] < plain["test_loss"]
+    merged = lmckit.load(tmp_path / "plain")
+    a, b = lmckit.load(ckpts / "a"), lmckit.load(aligned)
+    w = merged.params["head.weight"]
+    assert ((w - 0.5 * (a.params["head.weight"] + b.params["head.weight"])).abs() < 1e-6).all()
+
+
+def test_merge_reset_bn(ckpts, tmp_path) -> None:
+    common = [ckpts / "bn_a", ckpts / "bn_b", "--data", "digits", "--t", "0.5"]
+    _ok("merge", *common, "--out", tmp_path / "plain")
+    _ok("merge", *common, "--reset-bn", "--out", tmp_path / "reset")
+    plain, reset = lmckit.load(tmp_path / "plain"), lmckit.load(tmp_path / "reset")
+    # interpolated running statistics are replaced by ones measured on the data
+    assert not (plain.params["norms.0.running_var"] == reset.params["norms.0.running_var"]).all()
+    assert (
+        load_metadata(tmp_path / "reset")["test_loss"]
+        < load_metadata(tmp_path / "plain")["test_loss"]
+    )
+
+
+def test_merge_option_errors(ckpts, tmp_path) -> None:
+    both = _invoke("merge", ckpts / "bn_a", ckpts / "bn_b", "--data", "digits", "--reset-bn",
+                   "--repair", "--out", tmp_path / "m")  # fmt: skip
+    assert both.exit_code != 0 and "choose one of --reset-bn and --repair" in both.output
+    no_bn = _invoke("merge", ckpts / "a", ckpts / "b", "--data", "digits", "--reset-bn",
+                    "--out", tmp_path / "m")  # fmt: skip
+    assert no_bn.exit_code != 0 and "no BatchNorm" in no_bn.output
+    bad_t = _invoke("merge", ckpts / "a", ckpts / "b", "--t", "1.5", "--out", tmp_path / "m")
+    assert bad_t.exit_code != 0 and "[0, 1]" in bad_t.output
+    assert not (tmp_path / "m").exists()
+
+
+def test_demo_weight_matching_removes_most_of_the_barrier(tmp_path) -> None:
+    json_path, png = tmp_path / "demo.json", tmp_path / "demo.png"
+    result = _ok("demo", "--json", json_path, "--plot", png, "--quiet")
+    assert "weight_matching" in result.output
+    data = json.loads(json_path.read_text())
+    assert set(data) == {"naive", "weight_matching", "activation_matching"}
+    assert data["weight_matching"]["barrier_loss"] < data["naive"]["barrier_loss"] / 3
+    assert png.read_bytes()[:8] == PNG_MAGIC
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_different_widths_name_the_first_mismatched_parameter(ckpts, tmp_path) -> None:
+    narrow = tmp_path / "narrow"
+    _ok("train", "--model", "mlp", "--width", "16", "--depth", "1", "--out", narrow,
+        "--data", "digits", "--epochs", "1", "--quiet")  # fmt: skip
+    align = _invoke("align", ckpts / "a", narrow, "--out", tmp_path / "x", "--quiet")
+    barrier = _invoke("barrier", ckpts / "a", narrow, "--data", "digits", "--quiet")
+    for result in (align, barrier):
+        assert result.exit_code != 0
+        assert "different architectures" in result.output
+        assert "'layers.0.weight' has shape (32, 64)" in result.output
+        assert "Traceback" not in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_different_architectures_are_refused(ckpts, tmp_path) -> None:
+    result = _invoke("align", ckpts / "a", ckpts / "bn_a", "--out", tmp_path / "x", "--quiet")
+    assert result.exit_code != 0
+    assert "different architectures" in result.output
+    assert "'norms.0.weight' is in the second model only" in result.output
+
+
+class _Payload:
+    """Pickles to a call of ``os.system``: loading it would run a shell command."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_executable_pickle_is_refused_and_not_run(ckpts, tmp_path) -> None:
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    shutil.copy(ckpts / "a" / "config.json", evil / "config.json")
+    marker = tmp_path / "payload-ran"
+    with open(evil / "model.pt", "wb") as fh:
+        pickle.dump({"layers.0.weight": _Payload(marker)}, fh)
+    result = _invoke("barrier", ckpts / "a", evil, "--data", "digits", "--quiet")
+    assert result.exit_code != 0
+    assert "refusing to load" in result.output and "model.pt" in result.output
+    assert not marker.exists()
+
+
+def test_truncated_safetensors_is_a_clear_error(ckpt_copy, ckpts) -> None:
+    weights = ckpt_copy / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    result = _invoke("barrier", ckpts / "a", ckpt_copy, "--data", "digits", "--quiet")
+    assert result.exit_code != 0
+    assert "corrupt or truncated" in result.output and "model.safetensors" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_interrupted_write_leaves_no_partial_output(ckpts, tmp_path, monkeypatch) -> None:
+    import lmckit.checkpoint
+
+    def half_write(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"half a file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(lmckit.checkpoint, "save_file", half_write)
+    out_root = tmp_path / "outputs"
+    out_root.mkdir()
+    result = _invoke("align", ckpts / "a", ckpts / "b", "--out", out_root / "b_al", "--quiet")
+    assert result.exit_code != 0
+    assert isinstance(result.exception, OSError)
+    assert list(out_root.iterdir()) == []  # neither the output nor a temporary directory

@@ -1,0 +1,171 @@
+"""CLI: `align --method learned --symmetry ...` and `barrier A B C ... --simplex`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from lmckit.checkpoint import load, save
+from lmckit.cli import main
+from lmckit.data import Dataset
+from lmckit.models import create_model
+from lmckit.symmetry import Orthogonal
+from lmckit.train import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def checkpoints(mlp_pair, digits: Dataset, tmp_path_factory) -> list[str]:
+    """Three MLPs (64 -> 64 -> 64 -> 10) trained on digits, saved as checkpoints."""
+    model, a, b, _ = mlp_pair
+    _, init = create_model("mlp", seed=2, in_features=64, hidden=[64, 64], out_features=10)
+    c = train(
+        model, init, digits, TrainConfig(epochs=6, batch_size=64, lr=3e-3), seed=2, progress=False
+    )
+    root = tmp_path_factory.mktemp("ckpt")
+    paths = []
+    for name, params in zip("abc", (a, b, c), strict=True):
+        save(root / name, model, params)
+        paths.append(str(root / name))
+    return paths
+
+
+def _invoke(*args: str) -> str:
+    result = CliRunner().invoke(main, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _barrier(a: str, b: str, tmp: Path, name: str) -> float:
+    _invoke("barrier", a, b, "--data", "digits", "--json", str(tmp / name), "--quiet")
+    return json.loads((tmp / name).read_text())["barrier_loss"]
+
+
+def test_align_learned_writes_a_lower_barrier_model(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    out = tmp_path / "learned"
+    text = _invoke(
+        "align",
+        a,
+        b,
+        "--method",
+        "learned",
+        "--data",
+        "digits",
+        "--steps",
+        "30",
+        "--out",
+        str(out),
+        "--quiet",
+    )
+    assert f"wrote {out}" in text
+    meta = json.loads((out / "config.json").read_text())
+    assert "learned_matching" in json.dumps(meta)
+    assert _barrier(a, str(out), tmp_path, "l.json") < 0.5 * _barrier(a, b, tmp_path, "n.json")
+
+
+def test_align_learned_needs_data(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    result = CliRunner().invoke(
+        main, ["align", a, b, "--method", "learned", "--out", str(tmp_path / "x")]
+    )
+    assert result.exit_code == 1
+    assert "--data" in result.output
+
+
+def test_orthogonal_symmetry_on_an_mlp_is_a_clear_error(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    result = CliRunner().invoke(
+        main, ["align", a, b, "--symmetry", "orthogonal", "--out", str(tmp_path / "x")]
+    )
+    assert result.exit_code == 1
+    assert "no orthogonal-capable residual stream" in result.output
+    assert "hidden.0" in result.output
+
+
+def test_permutation_symmetry_is_weight_matching_for_an_mlp(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    _invoke("align", a, b, "--out", str(tmp_path / "w"), "--quiet")
+    _invoke("align", a, b, "--symmetry", "permutation", "--out", str(tmp_path / "p"), "--quiet")
+    w, p = load(tmp_path / "w").params, load(tmp_path / "p").params
+    assert all(torch.equal(w[k], p[k]) for k in w)
+
+
+def test_orthogonal_symmetry_rewrites_a_layernorm_gpt2(tmp_path: Path) -> None:
+    kwargs = {"vocab_size": 50, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+    paths = []
+    for seed in (0, 1):
+        module, params = create_model("gpt2", seed=seed, **kwargs)
+        save(tmp_path / f"g{seed}", module, params)
+        paths.append(str(tmp_path / f"g{seed}"))
+    out = tmp_path / "aligned"
+    text = _invoke("align", *paths, "--symmetry", "orthogonal", "--out", str(out), "--quiet")
+    assert "RMSNorm form" in text
+    aligned, reference = load(out), load(out / "reference")
+    assert aligned.config.kwargs["norm"] == "rms" == reference.config.kwargs["norm"]
+    assert isinstance(aligned.model.symmetry_spec()["residual"].group, Orthogonal)
+    # B is moved, not replaced: its function in RMSNorm form is unchanged
+    original = load(paths[1])
+    x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(aligned.model(x), original.model(x), atol=1e-4, rtol=0)
+
+
+def test_barrier_simplex_drops_after_universe_alignment(checkpoints, tmp_path: Path) -> None:
+    outputs = {}
+    for align in ("none", "weight"):
+        json_path = tmp_path / f"{align}.json"
+        text = _invoke(
+            "barrier",
+            *checkpoints,
+            "--simplex",
+            "--resolution",
+            "4",
+            "--align",
+            align,
+            "--data",
+            "digits",
+            "--json",
+            str(json_path),
+            "--plot",
+            str(tmp_path / f"{align}.png"),
+            "--quiet",
+        )
+        assert text.startswith("simplex of 3 models (15 points, align " + align)
+        outputs[align] = json.loads(json_path.read_text())
+        assert (tmp_path / f"{align}.png").read_bytes()[:4] == b"\x89PNG"
+    assert outputs["weight"]["barrier_loss"] < 0.5 * outputs["none"]["barrier_loss"]
+    assert outputs["weight"]["meta"]["align"] == "weight"
+
+
+def test_two_model_barrier_output_is_unchanged(checkpoints) -> None:
+    a, b, _ = checkpoints
+    text = _invoke("barrier", a, b, "--data", "digits", "--quiet")
+    lines = text.splitlines()
+    assert lines[0].split() == [
+        "method",
+        "loss",
+        "barrier",
+        "acc",
+        "barrier",
+        "mid",
+        "loss",
+        "mid",
+        "acc",
+        "end",
+        "losses",
+    ]
+    assert lines[2].startswith("linear")
+    assert len(lines) == 3
+
+
+def test_barrier_model_count_errors(checkpoints) -> None:
+    result = CliRunner().invoke(main, ["barrier", *checkpoints, "--data", "digits"])
+    assert result.exit_code == 1
+    assert "--simplex" in result.output
+    result = CliRunner().invoke(
+        main, ["barrier", *checkpoints[:2], "--align", "weight", "--data", "digits"]
+    )
+    assert result.exit_code == 1

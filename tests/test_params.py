@@ -1,0 +1,81 @@
+"""Params: compatibility and finiteness checks, weighted averages as pure functions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lmckit.params import (
+    IncompatibleModelsError,
+    check_compatible,
+    check_finite,
+    interpolate,
+    weighted_average,
+)
+
+
+def _params(width: int = 3, seed: int = 0) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return {
+        "w": torch.randn(width, 2, generator=gen),
+        "b": torch.randn(width, generator=gen),
+        "steps": torch.tensor(seed),
+    }
+
+
+def test_check_compatible_names_the_first_mismatch() -> None:
+    check_compatible(_params(), _params(seed=1))
+    with pytest.raises(IncompatibleModelsError, match=r"'w' has shape \(3, 2\) .* \(4, 2\)"):
+        check_compatible(_params(3), _params(4))
+    extra = {**_params(), "z": torch.zeros(1)}
+    with pytest.raises(IncompatibleModelsError, match="'z' is in the first model only"):
+        check_compatible(extra, _params())
+    with pytest.raises(IncompatibleModelsError, match="'z' is in the second model only"):
+        check_compatible(_params(), extra)
+    assert issubclass(IncompatibleModelsError, ValueError)
+
+
+def test_check_finite() -> None:
+    check_finite(_params())
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        p = _params()
+        p["b"] = p["b"].clone()
+        p["b"][1] = bad
+        with pytest.raises(ValueError, match="model A: 'b' contains NaN or infinite"):
+            check_finite(p, what="model A")
+
+
+def test_weighted_average_is_the_weighted_sum() -> None:
+    models = [_params(seed=s) for s in range(3)]
+    weights = [0.2, 0.3, 0.5]
+    out = weighted_average(models, weights)
+    expected = sum(w * m["w"] for w, m in zip(weights, models, strict=True))
+    torch.testing.assert_close(out["w"], expected)
+    # integer tensors come from the first model, as copies
+    assert int(out["steps"]) == 0 and out["steps"] is not models[0]["steps"]
+
+
+def test_weighted_average_is_pure() -> None:
+    a, b = _params(seed=0), _params(seed=1)
+    copies = [{k: v.clone() for k, v in m.items()} for m in (a, b)]
+    out = interpolate(a, b, 0.3)
+    for m, c in zip((a, b), copies, strict=True):
+        for k in m:
+            assert torch.equal(m[k], c[k])
+    out["w"].add_(1.0)  # the result owns its tensors
+    assert torch.equal(a["w"], copies[0]["w"])
+
+
+def test_interpolate_is_affine_in_t() -> None:
+    a, b = _params(seed=0), _params(seed=1)
+    for t in (0.0, 0.25, 1.0, 1.5, -0.5):
+        torch.testing.assert_close(interpolate(a, b, t)["b"], (1 - t) * a["b"] + t * b["b"])
+
+
+def test_weighted_average_errors() -> None:
+    with pytest.raises(ValueError, match="one weight per model"):
+        weighted_average([_params()], [0.5, 0.5])
+    with pytest.raises(ValueError, match="one weight per model"):
+        weighted_average([], [])
+    with pytest.raises(IncompatibleModelsError, match="'w'"):
+        weighted_average([_params(3), _params(4)], [0.5, 0.5])

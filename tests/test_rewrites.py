@@ -1,0 +1,138 @@
+"""Rewrites keep every logit: LayerNorm -> RMSNorm, orthogonal maps, wider embeddings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import Tensor
+from torch.func import functional_call
+
+from lmckit.models import ZooModel, create_model
+from lmckit.params import Params
+from lmckit.rewrites import embed_in_wider, layernorm_to_rmsnorm
+from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply, random_transform
+
+CONFIGS = {
+    "gpt2": {"vocab_size": 13, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 7},
+    "vit": {
+        "image_size": 8,
+        "patch_size": 4,
+        "in_channels": 1,
+        "num_classes": 3,
+        "width": 8,
+        "depth": 2,
+        "heads": 2,
+        "mlp_dim": 12,
+    },
+}
+VARIANTS = [
+    ("gpt2", {}),
+    ("gpt2", {"tie_embeddings": False}),
+    ("vit", {}),
+    ("vit", {"class_token": False}),
+]
+
+
+def _model(name: str, extra: dict, seed: int = 0) -> tuple[ZooModel, Params, Tensor]:
+    module, params = create_model(name, seed=seed, **CONFIGS[name], **extra)
+    module.eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    # non-trivial norms: scales around 1, biases around 0
+    for key, value in list(params.items()):
+        if ".ln" in key or "layernorm" in key:
+            base = 1.0 if key.endswith("weight") else 0.0
+            params[key] = base + 0.5 * torch.randn(value.shape, generator=gen)
+        elif key.endswith("bias") or "cls_token" in key:
+            params[key] = 0.1 * torch.randn(value.shape, generator=gen)
+    if name == "gpt2":
+        x = torch.randint(0, 13, (4, 7), generator=gen)
+    else:
+        x = torch.randn(4, 1, 8, 8, generator=gen)
+    return module, params, x
+
+
+def _logits(module: ZooModel, params: Params, x: Tensor) -> Tensor:
+    with torch.no_grad():
+        return functional_call(module, params, (x,))
+
+
+def _rel_err(a: Tensor, b: Tensor) -> float:
+    return float((a - b).abs().max() / a.abs().max())
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS)
+def test_layernorm_to_rmsnorm_keeps_logits(name: str, extra: dict) -> None:
+    module, params, x = _model(name, extra)
+    before = {k: v.clone() for k, v in params.items()}
+    rms, rms_params = layernorm_to_rmsnorm(module, params)
+    assert type(rms) is type(module) and rms.norm == "rms"
+    assert isinstance(rms.symmetry_spec()["residual"].group, Orthogonal)
+    rms.symmetry_spec().validate(rms_params)
+    assert not any("ln_" in k or "layernorm" in k for k in rms_params)
+    assert _rel_err(_logits(module, params, x), _logits(rms, rms_params, x)) <= 1e-4
+    assert all(torch.equal(before[k], params[k]) for k in params)  # inputs untouched
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS)
+def test_orthogonal_residual_maps_keep_logits_after_the_rewrite(name: str, extra: dict) -> None:
+    module, params, x = _model(name, extra)
+    rms, rms_params = layernorm_to_rmsnorm(module, params)
+    spec = rms.symmetry_spec()
+    want = _logits(module, params, x)
+    for seed in range(3):
+        moved = apply(spec, rms_params, random_transform(spec, seed))
+        assert _rel_err(want, _logits(rms, moved, x)) <= 1e-4
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS)
+def test_orthogonal_map_breaks_layernorm(name: str, extra: dict) -> None:
+    """Negative control: without the rewrite, a rotation of the residual stream is not exact."""
+    module, params, x = _model(name, extra)
+    spec = module.symmetry_spec()
+    rotation = random_transform(spec.with_groups(residual=Orthogonal()), 0)["residual"]
+    residual = spec["residual"]
+    uses = tuple(u for u in residual.uses if u.role != "elementwise")
+    rotate = SymmetrySpec((Space("residual", residual.n, Orthogonal(), uses),))
+    moved = apply(rotate, params, Transform(rotate, {"residual": rotation}))
+    assert _rel_err(_logits(module, params, x), _logits(module, moved, x)) > 1e-3
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS)
+@pytest.mark.parametrize("width", [8, 12, 16])
+def test_embed_in_wider_keeps_logits(name: str, extra: dict, width: int) -> None:
+    module, params, x = _model(name, extra)
+    rms, rms_params = layernorm_to_rmsnorm(module, params)
+    wide, wide_params = embed_in_wider(rms, rms_params, width, rotation=3)
+    spec = wide.symmetry_spec()
+    spec.validate(wide_params)
+    assert spec["residual"].n == width
+    assert spec["heads.0"].n == width and spec["ffn.0"].n == 12 * width // 8
+    assert _rel_err(_logits(module, params, x), _logits(wide, wide_params, x)) <= 1e-4
+
+
+def test_embed_in_wider_takes_a_given_rotation_and_checks_it() -> None:
+    module, params, x = _model("gpt2", {"tie_embeddings": False})
+    rms, rms_params = layernorm_to_rmsnorm(module, params)
+    rotation = Orthogonal().random(8, torch.Generator().manual_seed(0), m=10)
+    wide, wide_params = embed_in_wider(rms, rms_params, 10, inner=20, rotation=rotation)
+    emb = wide_params["transformer.wte.weight"]
+    torch.testing.assert_close(emb, rms_params["transformer.wte.weight"] @ rotation.T)
+    assert _rel_err(_logits(module, params, x), _logits(wide, wide_params, x)) <= 1e-4
+    with pytest.raises(ValueError, match="orthonormal"):
+        embed_in_wider(rms, rms_params, 10, rotation=2 * rotation)
+    with pytest.raises(ValueError, match="rotation must be"):
+        embed_in_wider(rms, rms_params, 12, rotation=rotation)
+    with pytest.raises(ValueError, match="heads"):
+        embed_in_wider(rms, rms_params, 9)
+
+
+def test_rewrites_reject_the_wrong_norm() -> None:
+    module, params, _ = _model("gpt2", {})
+    with pytest.raises(ValueError, match="norm='rms'"):
+        embed_in_wider(module, params, 16)
+    rms, rms_params = layernorm_to_rmsnorm(module, params)
+    with pytest.raises(ValueError, match="norm='layer'"):
+        layernorm_to_rmsnorm(rms, rms_params)
+    tied_rms, tied_params = create_model("gpt2", norm="rms", **CONFIGS["gpt2"])
+    with pytest.raises(ValueError, match="untie"):
+        embed_in_wider(tied_rms, tied_params, 16)
