@@ -22,10 +22,16 @@ from lmckit.models import build_module, create_model
 from lmckit.params import interpolate
 
 CASES = {
-    "MLP 784-512x3-10": ("mlp", dict(in_features=784, hidden=[512] * 3, out_features=10),
-                         (1, 28, 28)),
-    "ResNet20x1 (BN), 28x28": ("resnet20", dict(in_channels=1, num_classes=10, width_mult=1),
-                               (1, 28, 28)),
+    "MLP 784-512x3-10": (
+        "mlp",
+        dict(in_features=784, hidden=[512] * 3, out_features=10),
+        (1, 28, 28),
+    ),
+    "ResNet20x1 (BN), 28x28": (
+        "resnet20",
+        dict(in_channels=1, num_classes=10, width_mult=1),
+        (1, 28, 28),
+    ),
 }
 
 
@@ -48,8 +54,10 @@ def naive(name: str, kwargs: dict, pa, pb, x, y) -> list[float]:
 
 def main() -> None:
     gen = torch.Generator().manual_seed(0)
-    print(f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}")
+    print(
+        f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}"
+    )
     print(f"{'model':<26}{'lmckit (s)':>12}{'naive (s)':>12}{'ratio':>8}")
     for label, (name, kwargs, shape) in CASES.items():
         model, pa = create_model(name, seed=0, **kwargs)
@@ -61,7 +69,7 @@ def main() -> None:
         # machine do not favour either side
         for _ in range(REPEATS):
             start = time.perf_counter()
-            res = evaluate_path(model, pa, pb, lambda: batches(x, y, 500), points=11)
+            res = evaluate_path(model, pa, pb, lambda x=x, y=y: batches(x, y, 500), points=11)
             ours_times.append(time.perf_counter() - start)
             start = time.perf_counter()
             ref = naive(name, kwargs, pa, pb, x, y)

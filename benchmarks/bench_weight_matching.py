@@ -78,15 +78,19 @@ def main() -> None:
     _, naive_total = naive_weight_matching(wa, wb, ba, bb, args.sweeps)
     naive = (time.perf_counter() - start) / args.sweeps
 
-    print(f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
-          f"torch {torch.__version__}, numpy {np.__version__}")
+    print(
+        f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, numpy {np.__version__}"
+    )
     print(f"MLP 784-{args.width}x3-10, {args.sweeps} sweeps each")
     print(f"{'implementation':<28}{'s / sweep':>12}")
     print(f"{'lmckit weight_matching':<28}{ours:>12.2f}")
     print(f"{'naive per-layer loop':<28}{naive:>12.2f}")
     print(f"speed-up: {naive / ours:.2f}x")
-    print(f"(objective after matching — lmckit, per-space sums: {ours_total:.6g}; "
-          f"naive, whole network: {naive_total:.6g})")
+    print(
+        f"(objective after matching — lmckit, per-space sums: {ours_total:.6g}; "
+        f"naive, whole network: {naive_total:.6g})"
+    )
 
 
 if __name__ == "__main__":

@@ -115,7 +115,7 @@ def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
         arch = {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 32}
         config = TrainConfig(epochs=1, batch_size=64, optimizer="adamw", lr=2e-3)
     else:
-        arch = {"patch_size": 4, "width": 64, "depth": 4, "heads": 4, "mlp_dim": 128}
+        arch = {"width": 64, "depth": 2, "heads": 4, "mlp_dim": 128}
         config = TrainConfig(
             epochs=8, batch_size=128, optimizer="adamw", lr=1e-3, weight_decay=0.01, warmup=0.05
         )
