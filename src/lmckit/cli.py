@@ -89,7 +89,19 @@ threads_option = click.option(
 quiet_option = click.option("--quiet", is_flag=True, help="No progress bars.")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """Reports failures to write outputs (disk full, permissions) as clean errors."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except CheckpointError as err:
+            raise _fail(str(err)) from None
+        except OSError as err:
+            raise _fail(f"could not write output: {err}") from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lmckit")
 def main() -> None:
     """Align, merge and measure linear mode connectivity between neural networks."""

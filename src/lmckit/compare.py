@@ -107,7 +107,9 @@ def measure_path(
     if fix == "auto":
         fix = "reset_bn" if has_batchnorm(model) else "none"
     if fix == "reset_bn" and not has_batchnorm(model):
-        raise ValueError("--reset-bn needs a network with BatchNorm")
+        raise ValueError(
+            "fix 'reset_bn' needs a network with BatchNorm layers; use 'none' or 'repair'"
+        )
     inputs = train_inputs(data, settings)
     prepare = None
     if fix == "reset_bn":

@@ -388,6 +388,7 @@ def learned_matching(
         transform=best,
         spaces=diagnostics,
         iterations=step,
+        iteration_unit="steps",
         converged=stale >= config.patience,
         seconds=time.perf_counter() - start,
         history=history,

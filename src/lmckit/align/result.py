@@ -24,7 +24,8 @@ class AlignmentResult:
     Attributes:
         transform: apply it to the second model's params (``lmckit.apply``).
         spaces: per-space objective before/after.
-        iterations: sweeps over all spaces (1 for one-shot methods).
+        iterations: sweeps over all spaces (1 for one-shot methods), or optimisation
+            steps for learned matching (see ``iteration_unit``).
         converged: whether the method met its stopping rule.
         seconds: wall time.
     """
@@ -35,6 +36,7 @@ class AlignmentResult:
     converged: bool = True
     seconds: float = 0.0
     history: list[float] = field(default_factory=list)
+    iteration_unit: str = "sweeps"
 
     def summary(self) -> str:
         before = sum(d.objective_before for d in self.spaces.values())
@@ -42,5 +44,5 @@ class AlignmentResult:
         state = "converged" if self.converged else "stopped"
         return (
             f"{len(self.spaces)} spaces, objective {before:.4g} -> {after:.4g}, "
-            f"{self.iterations} sweeps ({state}), {self.seconds:.2f} s"
+            f"{self.iterations} {self.iteration_unit} ({state}), {self.seconds:.2f} s"
         )
