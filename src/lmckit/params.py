@@ -41,7 +41,13 @@ def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:
 def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> None:
     """Raise ``ValueError`` naming the first parameter with a NaN or infinity."""
     for name, value in params.items():
-        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        # one reduction first (NaN and inf propagate through a sum); the elementwise
+        # check only runs to rule out an overflow of the sum itself
+        if (
+            value.is_floating_point()
+            and not bool(torch.isfinite(value.sum()))
+            and not bool(torch.isfinite(value).all())
+        ):
             raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
 
 

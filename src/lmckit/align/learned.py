@@ -212,7 +212,7 @@ def _forward_matrix(group: Group, cont: Tensor, config: LearnedMatchingConfig) -
     # block-structured (GroupNorm) space would mix units across heads or groups
     if config.permutations == "sinkhorn" and isinstance(group, Permutation) and group.blocks == 1:
         return sinkhorn(cont / config.temperature, config.sinkhorn_iters)
-    hard = group.matrix(_project(group, cont)).to(cont.dtype)
+    hard = group.matrix(_project(group, cont)).to(cont)
     # straight-through: the value is the hard element, the gradient goes to S as is
     return cont + (hard - cont).detach()
 

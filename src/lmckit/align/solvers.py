@@ -58,7 +58,13 @@ def solve(group: Group, sim: Tensor, *, gram: Tensor | None = None) -> object:
         sim: ``(m, n)`` similarity between reference units (rows) and other units.
         gram: ``(n, n)`` Gram matrix of the other model's writers; needed only by
             :class:`Invertible`, solved as least squares ``T = sim gram^{-1}``.
+
+    Returns:
+        The element, on the CPU (assignment runs in SciPy), whatever ``sim``'s device.
     """
+    # assignment needs NumPy; the small SVDs are as fast on the CPU
+    sim = sim.detach().cpu()
+    gram = None if gram is None else gram.detach().cpu()
     if isinstance(group, HeadPermutation):
         d = group.head_dim
         # head similarity: the within-head diagonal of each (head, head) block

@@ -171,6 +171,30 @@ def _coordinate_descent(
     return transform, config.max_iter, False, history
 
 
+def _space_objective(
+    spec: SymmetrySpec, space: Space, ref: Params, other: Params, transform: Transform
+) -> float:
+    """``<T_s, C_s>`` of one space under ``transform`` (NaN if the widths differ).
+
+    For unit-moving and orthogonal groups this is ``sum_u <A_u, T(B)_u>`` over the
+    space's uses, an elementwise inner product that needs no ``n x n`` product; head
+    spaces compared by circuits and least-squares spaces go through the similarity.
+    """
+    if space.circuits is not None or isinstance(space.group, Invertible):
+        sim, _ = space_similarity(spec, space, ref, other, transform)
+        element = transform[space.name]
+        if space.group.dims(element) != tuple(sim.shape):
+            return float("nan")
+        return objective(space.group, element, sim)
+    total = 0.0
+    for use in space.uses:
+        b = apply_to_param(spec, use.param, other[use.param], transform)
+        if b.shape != ref[use.param].shape:
+            return float("nan")
+        total += float((ref[use.param].double() * b.double()).sum())
+    return total
+
+
 def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
     total = 0.0
     for name in {u.param for s in spec for u in s.uses}:
@@ -246,7 +270,7 @@ def weight_matching(
         best, sweeps, converged, history = _coordinate_descent(
             spec, names, ref, other, base, config, generator, bar
         )
-        best_total = _total(spec, ref, other, best)
+        best_total = _total(spec, ref, other, best) if config.restarts else 0.0
         for _ in range(config.restarts):
             draw = random_transform(spec, generator)
             init_r = base.replace(**{name: draw[name] for name in names})
@@ -259,17 +283,13 @@ def weight_matching(
     finally:
         bar.close()
 
-    diagnostics = {}
-    identity = Transform.identity(spec)
-    for space in (spec[name] for name in names):
-        sim0, _ = space_similarity(spec, space, ref, other, identity)
-        sim1, _ = space_similarity(spec, space, ref, other, best)
-        diagnostics[space.name] = SpaceDiagnostics(
-            objective(space.group, identity[space.name], sim0)
-            if sim0.shape[0] == sim0.shape[1]
-            else float("nan"),
-            objective(space.group, best[space.name], sim1),
+    diagnostics = {
+        name: SpaceDiagnostics(
+            _space_objective(spec, spec[name], ref, other, Transform.identity(spec)),
+            _space_objective(spec, spec[name], ref, other, best),
         )
+        for name in names
+    }
     return AlignmentResult(
         transform=best,
         spaces=diagnostics,
