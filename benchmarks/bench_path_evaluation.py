@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from lmckit.data import batches
 from lmckit.evaluate import evaluate_path, linear_grid
-from lmckit.models import build_module, create_model
+from lmckit.models import ModelConfig, build_module, create_model
 from lmckit.params import interpolate
 
 CASES = {
@@ -41,7 +41,7 @@ REPEATS = 3
 def naive(name: str, kwargs: dict, pa, pb, x, y) -> list[float]:
     losses = []
     for t in linear_grid(11):
-        module = build_module(create_model(name, seed=0, **kwargs)[0].config)
+        module = build_module(ModelConfig(name, kwargs))
         module.load_state_dict(interpolate(pa, pb, t))
         module.eval()
         total = 0.0

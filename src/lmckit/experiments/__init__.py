@@ -3,6 +3,7 @@
 Modules listed here register themselves with :func:`register_experiment`.
 """
 
+from lmckit.experiments import gpt2_shakespeare as _gpt2_shakespeare  # noqa: F401
 from lmckit.experiments import identifiability as _identifiability  # noqa: F401
 from lmckit.experiments import lmc_mnist as _lmc_mnist  # noqa: F401
 from lmckit.experiments import transformers as _transformers  # noqa: F401

@@ -1,14 +1,21 @@
 """Transformers under generalized symmetries (Generalized LMC for Transformers, 2025).
 
-Two independently trained transformers are aligned by data-free weight matching in
-three ways and the linear path between them is measured (test split, 11 points):
+Two independently trained transformers are aligned by data-free weight matching and
+by activation matching, and the linear path between them is measured (test split,
+11 points):
 
 * ``vanilla``: no alignment, the LayerNorm models as trained;
 * ``WM permutation``: residual stream, heads (by QK/OV circuits) and MLP units
   permuted, on the LayerNorm models (their norm parameters move with the units);
 * ``WM orthogonal``: both models rewritten to RMSNorm form
   (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, exact), the residual stream
-  aligned by an orthogonal map, heads and MLP units by permutations.
+  aligned by an orthogonal map, heads and MLP units by permutations;
+* ``AM permutation``: activation matching of the LayerNorm models (Pearson
+  correlation of residual-stream, per-head-unit and MLP activations; permutations);
+* ``AM permutation (units in heads)``: the same with the units inside each head also
+  permuted (:func:`units_in_heads`);
+* ``AM orthogonal``: activation matching of the RMSNorm forms, the residual stream by
+  Procrustes on its cross-covariance, heads and MLP units by correlation.
 
 For reference the RMSNorm forms are also measured unaligned and with permutations
 only (interpolating folded norm scales is not the same path as interpolating them).
@@ -20,18 +27,23 @@ from pathlib import Path
 
 import torch
 
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.compare import EvalSettings, format_table, measure_path
+from lmckit.align import WeightMatchingConfig, activation_matching, weight_matching
+from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
 from lmckit.data import Dataset, load_mnist
 from lmckit.evaluate import PathResult
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.rewrites import layernorm_to_rmsnorm
-from lmckit.symmetry import Permutation, apply
+from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, Transform, apply
 from lmckit.train import TrainConfig, train
 
-__all__ = ["char_dataset", "compare_transformer_alignments"]
+__all__ = [
+    "char_dataset",
+    "compare_transformer_alignments",
+    "orthogonal_activation_matching",
+    "units_in_heads",
+]
 
 PAPER = "Generalized linear mode connectivity for transformers (2025)"
 
@@ -45,14 +57,17 @@ def compare_transformer_alignments(
     *,
     row_masks: dict[str, torch.Tensor] | None = None,
     seed: int = 0,
+    activations: bool = True,
 ) -> dict[str, PathResult]:
-    """Paths between two LayerNorm transformers: vanilla, permutation and orthogonal WM.
+    """Paths between two LayerNorm transformers: vanilla, permutation/orthogonal WM and AM.
 
     Args:
         module: a ``norm="layer"`` GPT-2 or ViT.
         params_a, params_b: the two trained models.
         data: evaluated on ``settings.split``.
         row_masks: passed to weight matching (e.g. embedding rows of seen tokens).
+        activations: also run activation matching on the first ``settings.stat_batches``
+            training batches (the three ``AM ...`` rows).
 
     Returns:
         Path results keyed by method (see the module docstring).
@@ -79,7 +94,60 @@ def compare_transformer_alignments(
         result = weight_matching(use_spec, rms_a, rms_b, config, seed=seed, row_masks=rms_masks)
         moved = apply(use_spec, rms_b, result.transform)
         out[label] = measure_path(rms, rms_a, moved, data, settings)
+    if activations:
+        inputs = train_inputs(data, settings)()
+        for label, use_spec in (
+            ("AM permutation", spec),
+            ("AM permutation (units in heads)", units_in_heads(spec)),
+        ):
+            am = activation_matching(module, use_spec, params_a, params_b, inputs)
+            moved = apply(use_spec, params_b, am.transform)
+            out[label] = measure_path(module, params_a, moved, data, settings)
+        am_orth = orthogonal_activation_matching(rms, rms_spec, rms_a, rms_b, inputs)
+        out["AM orthogonal"] = measure_path(
+            rms, rms_a, apply(rms_spec, rms_b, am_orth), data, settings
+        )
     return out
+
+
+def units_in_heads(spec: SymmetrySpec) -> SymmetrySpec:
+    """``spec`` with each head space's group widened to ``Permutation(blocks=heads)``.
+
+    Heads are permuted *and* the ``head_dim`` units inside each head are permuted (the
+    same permutation for its query, key and value rows and output columns), a subgroup
+    of the within-head symmetry that the head circuits cannot see but interpolation
+    does. Only activation matching (or plain-weight matching) can solve it.
+    """
+    groups = {
+        s.name: Permutation(blocks=s.group.heads)
+        for s in spec
+        if isinstance(s.group, HeadPermutation)
+    }
+    return spec.with_groups(**groups)
+
+
+def orthogonal_activation_matching(
+    module: ZooModel,
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    inputs: list[torch.Tensor],
+) -> Transform:
+    """Activation matching of RMSNorm transformers: residual by Procrustes, rest by correlation.
+
+    The residual stream's orthogonal map maximises ``tr(O^T C)`` for the cross-covariance
+    ``C`` of the two streams (Pearson normalisation is not orthogonally equivariant);
+    heads and MLP units are permuted by their Pearson correlations. (Two passes over
+    ``inputs``, one per statistic.)
+    """
+    if "residual" not in spec.names:
+        raise ValueError("orthogonal activation matching needs a 'residual' space")
+    residual = activation_matching(
+        module, spec, params_a, params_b, inputs, statistic="covariance", spaces=["residual"]
+    )
+    others = [n for n in spec.names if n != "residual"]
+    rest = activation_matching(module, spec, params_a, params_b, inputs, spaces=others)
+    return Transform(spec, {**rest.transform.elements, **residual.transform.elements})
 
 
 def _masks_for(

@@ -1,0 +1,701 @@
+"""GPT-2 on Tiny Shakespeare (BPE): the full barrier table of issue 3, item 2, in one run.
+
+Generalized LMC for Transformers (2025), GPT-2 table. Models are trained (and cached
+as checkpoints under ``out_dir``), then the linear path between two of them is measured
+on the *test* split (``t`` in steps of 0.1, token cross-entropy) after each alignment:
+
+* ``vanilla``: no alignment (the LayerNorm models as trained); every other row
+  interpolates both models rewritten to RMSNorm form
+  (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, exact), so ``vanilla (RMS form)`` is
+  their unaligned baseline;
+* ``activation matching``: permutations of residual stream, heads and MLP units from
+  activation correlations;
+* ``WM (permutations only)`` / ``learned (permutations only)``: the residual stream
+  permuted (``spec.with_groups(residual=Permutation())``), heads by QK/OV circuits;
+* ``WM (orthogonal)`` / ``learned (orthogonal)``: the residual stream aligned by an
+  orthogonal map;
+* width-heterogeneous: the narrow model embedded exactly into the wide one's shape
+  (:func:`lmckit.rewrites.embed_in_wider`), then orthogonal WM (and learned matching)
+  with the wide model as reference;
+* three models: the multi-model barrier over the simplex, unaligned vs universe
+  matching (RMSNorm forms, orthogonal residual maps), with the triangle figure.
+
+Weight matching ignores embedding/LM-head rows of tokens absent from the training split
+(as the reference code does). Alignment runs on the CPU (the solvers are SciPy/NumPy);
+training and path evaluation run on ``cuda`` when it is available. Every stage's result
+is cached beside the checkpoints, so an interrupted run continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lmckit import checkpoint
+from lmckit.align import (
+    LearnedMatchingConfig,
+    UniverseConfig,
+    WeightMatchingConfig,
+    activation_matching,
+    learned_matching,
+    universe_matching,
+    weight_matching,
+)
+from lmckit.atomic import write_json
+from lmckit.data import Dataset, batches
+from lmckit.data.text import load_text, make_blocks, split_tokens, tokenize_file
+from lmckit.evaluate import PathResult, evaluate_path, linear_grid
+from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
+from lmckit.models import ZooModel, create_model
+from lmckit.params import Params
+from lmckit.paths import SimplexResult, evaluate_simplex
+from lmckit.plot import plot_paths, plot_simplex
+from lmckit.rewrites import embed_in_wider, layernorm_to_rmsnorm
+from lmckit.symmetry import Permutation, SymmetrySpec, apply
+from lmckit.train import TrainConfig, fit
+
+__all__ = [
+    "GPT2ShakespeareConfig",
+    "PAPER_NUMBERS",
+    "REFERENCE_NUMBERS",
+    "TARGETS",
+    "paper_config",
+    "quick_config",
+    "run_gpt2_shakespeare",
+    "shakespeare_tokens",
+]
+
+PAPER = "Generalized linear mode connectivity for transformers (2025), GPT-2 table"
+
+# Loss barriers reported by the paper (summaries) and by its own code run with its
+# defaults on two seed pairs (DESIGN.md, "Numbers we know"); "-": not reported.
+PAPER_NUMBERS: dict[str, str] = {
+    "vanilla": "2.02",
+    "activation matching": "1.43",
+    "WM (permutations only)": "0.34",
+    "learned (permutations only)": "0.63",
+    "learned (orthogonal)": "0.02",
+}
+REFERENCE_NUMBERS: dict[str, str] = {
+    "vanilla": "1.56 / 1.65",
+    "WM (permutations only)": "0.27 / 0.37",
+    "WM (orthogonal)": "0.107 / 0.091",
+    "learned (permutations only)": "0.27",
+    "learned (orthogonal)": "0.00 / 0.00",
+    "width 512 vs 256: WM (orthogonal)": "0.064",
+    "width 512 vs 256: learned (orthogonal)": "0.00",
+}
+TARGETS: dict[str, str] = {
+    "WM (orthogonal)": "<= 0.10",
+    "learned (orthogonal)": "<= 0.02",
+    "width 512 vs 256: WM (orthogonal)": "<= 0.07",
+}
+
+
+@dataclass(frozen=True)
+class GPT2ShakespeareConfig:
+    """What the experiment computes (the paper setting by default).
+
+    Attributes:
+        n_layer, n_head, n_embd, n_inner, context: the GPT-2 pair's architecture.
+        wide_embd, wide_inner: residual and MLP width of the width-heterogeneous partner.
+        dropout: GPT-2 dropout while training.
+        train: optimisation and early stopping (on the validation split).
+        tokens: use only the first ``tokens`` BPE tokens of the text, with the vocabulary
+            compacted to the ids that occur in them; ``None``: the whole text, full
+            GPT-2 vocabulary (50,257).
+        eval_batch_size: blocks per evaluation batch (logits are ``(B, context, vocab)``).
+        stat_batches: training batches (of ``eval_batch_size``) for activation matching.
+        points: path grid (11: ``t`` in steps of 0.1).
+        weight: weight matching settings.
+        learned: learned matching settings; ``None`` skips the learned rows.
+        learned_width: also learn the width-heterogeneous alignment (off in the paper
+            setting: on the CPU it costs about twice a narrow learned stage).
+        universe_sweeps: maximum sweeps of universe matching.
+        simplex_resolution: simplex grid step ``1 / resolution``.
+    """
+
+    n_layer: int = 6
+    n_head: int = 4
+    n_embd: int = 256
+    n_inner: int = 1024
+    context: int = 256
+    wide_embd: int = 512
+    wide_inner: int = 2048
+    dropout: float = 0.0
+    train: TrainConfig = field(
+        default_factory=lambda: TrainConfig(
+            epochs=60,
+            batch_size=32,
+            optimizer="adamw",
+            lr=3e-4,
+            weight_decay=0.01,
+            schedule="cosine",
+            warmup=0.05,
+            patience=3,
+            eval_batch_size=16,
+        )
+    )
+    tokens: int | None = None
+    eval_batch_size: int = 16
+    stat_batches: int = 20
+    points: int = 11
+    weight: WeightMatchingConfig = field(default_factory=lambda: WeightMatchingConfig(max_iter=30))
+    # learned matching runs on the CPU (see the module docstring): 3 epochs of 37 steps
+    # keep one stage within ~10 minutes on a 16-core host; the reference ran 10 epochs
+    learned: LearnedMatchingConfig | None = field(
+        default_factory=lambda: LearnedMatchingConfig(
+            steps=111, lr=0.01, batch_size=32, eval_every=37, patience=2, val_batches=4
+        )
+    )
+    learned_width: bool = False
+    universe_sweeps: int = 8
+    simplex_resolution: int = 10
+
+    def __post_init__(self) -> None:
+        if min(self.n_layer, self.n_head, self.n_embd, self.n_inner, self.context) < 1:
+            raise ValueError(f"GPT-2 sizes must be positive in {self}")
+        if self.wide_embd < self.n_embd or self.wide_inner < self.n_inner:
+            raise ValueError("the wide model must be at least as wide as the pair")
+        if self.wide_embd % self.n_head or self.n_embd % self.n_head:
+            raise ValueError("widths must be multiples of n_head")
+        if self.tokens is not None and self.tokens < 20 * (self.context + 1):
+            raise ValueError(f"tokens={self.tokens} is too few for blocks of {self.context}")
+        if min(self.eval_batch_size, self.stat_batches, self.universe_sweeps) < 1:
+            raise ValueError(f"batch sizes and sweeps must be >= 1 in {self}")
+        if self.points < 2 or self.simplex_resolution < 1:
+            raise ValueError("a path needs >= 2 points and a simplex a resolution >= 1")
+
+    def fingerprint(self) -> str:
+        """Short hash of the config: cached checkpoints and stages belong to one config."""
+        text = json.dumps(asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def paper_config() -> GPT2ShakespeareConfig:
+    """The paper's setting: 6 layers, 4 heads, width 256, MLP 1024, context 256."""
+    return GPT2ShakespeareConfig()
+
+
+def quick_config() -> GPT2ShakespeareConfig:
+    """A CPU-seconds version: 1 layer, width 32, context 32, 30k tokens, ~80 steps."""
+    return GPT2ShakespeareConfig(
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        n_inner=128,
+        context=32,
+        wide_embd=64,
+        wide_inner=256,
+        train=TrainConfig(
+            epochs=3,
+            batch_size=32,
+            optimizer="adamw",
+            lr=3e-3,
+            weight_decay=0.01,
+            warmup=0.05,
+            patience=2,
+            eval_batch_size=64,
+        ),
+        tokens=30_000,
+        eval_batch_size=64,
+        stat_batches=4,
+        weight=WeightMatchingConfig(max_iter=30),
+        learned=LearnedMatchingConfig(
+            steps=30, lr=0.01, batch_size=32, eval_every=10, patience=2, val_batches=2
+        ),
+        learned_width=True,
+        universe_sweeps=5,
+        simplex_resolution=4,
+    )
+
+
+# --------------------------------------------------------------------------- data
+
+
+def shakespeare_tokens(
+    text: str | Path, tokenizer: str | Path, *, block: int, tokens: int | None = None
+) -> Dataset:
+    """Tiny Shakespeare in GPT-2 BPE blocks, contiguous 90/5/5 train/val/test split.
+
+    Args:
+        text, tokenizer: ``tinyshakespeare/input.txt`` and ``gpt2_tokenizer/``.
+        block: tokens per block (the context).
+        tokens: keep only the first ``tokens`` ids and renumber the ids that occur in
+            them ``0..V'-1`` (in id order), so a tiny model needs no 50,257-row
+            embedding; ``None``: the whole text with the tokenizer's vocabulary.
+    """
+    if tokens is None:
+        return load_text(text, tokenizer, block=block, name="tinyshakespeare")
+    if tokens < 1:
+        raise ValueError(f"tokens must be >= 1 or None, got {tokens}")
+    ids, _ = tokenize_file(text, tokenizer)
+    ids = ids[:tokens]
+    vocab, compact = torch.unique(ids, return_inverse=True)
+    (x_tr, y_tr), (x_va, y_va), (x_te, y_te) = (
+        make_blocks(p, block) for p in split_tokens(compact)
+    )
+    if min(len(x_tr), len(x_va), len(x_te)) == 0:
+        raise ValueError(f"{tokens} tokens do not make a block of {block} in every split")
+    return Dataset(
+        "tinyshakespeare", x_tr, y_tr, x_te, y_te, num_classes=len(vocab), x_val=x_va, y_val=y_va
+    )
+
+
+def _seen_token_masks(data: Dataset) -> dict[str, Tensor]:
+    """Rows of the embedding and LM head whose tokens occur in the training split."""
+    seen = torch.zeros(data.num_classes, dtype=torch.bool)
+    seen[data.x_train.unique()] = True
+    seen[data.y_train.unique()] = True
+    return {"transformer.wte.weight": seen, "lm_head.weight": seen}
+
+
+def _masks_for(params: Params, masks: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v for k, v in masks.items() if k in params}
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class _Run:
+    """Checkpoint and stage cache of one config under ``ctx.out_dir``, plus timings."""
+
+    def __init__(self, ctx: ExperimentContext, config: GPT2ShakespeareConfig) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.root = ctx.out_dir / f"{'quick' if ctx.quick else 'paper'}-{config.fingerprint()}"
+        self.device = _device()
+        self.seconds: dict[str, float] = {}
+        self.root.mkdir(parents=True, exist_ok=True)
+        resolved = json.loads(json.dumps(asdict(config), default=str))
+        write_json(self.root / "config.json", resolved | {"seed": ctx.seed, "quick": ctx.quick})
+
+    def stage(self, name: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """``compute()`` (JSON-able), cached as ``stages/NAME.json``; time logged."""
+        path = self.root / "stages" / f"{name}.json"
+        if path.exists():
+            self.ctx.log(f"[{name}] cached ({path})")
+            return json.loads(path.read_text())
+        start = time.perf_counter()
+        self.ctx.log(f"[{name}] running")
+        out = compute()
+        seconds = time.perf_counter() - start
+        out["stage_seconds"] = seconds
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json(path, out)
+        self.ctx.log(f"[{name}] done in {seconds:.1f} s")
+        self.seconds[name] = seconds
+        return out
+
+    def model(
+        self, name: str, data: Dataset, seed: int, **arch: int | float
+    ) -> tuple[ZooModel, Params]:
+        """Train (or load the cached checkpoint of) one LayerNorm GPT-2."""
+        where = self.root / "models" / name
+        if (where / checkpoint.CONFIG_FILE).exists():
+            loaded = checkpoint.load(where)
+            self.ctx.log(f"[train {name}] loaded {where}")
+            return loaded.model, loaded.params
+        module, init = create_model("gpt2", seed=seed, **arch)
+        start = time.perf_counter()
+        self.ctx.log(f"[train {name}] seed {seed}, {arch}, on {self.device}")
+        result = fit(
+            module,
+            init,
+            data,
+            self.config.train,
+            seed=seed,
+            device=self.device,
+            progress=self.ctx.progress,
+        )
+        seconds = time.perf_counter() - start
+        meta = {
+            "seed": seed,
+            "steps": result.steps,
+            "epochs": result.epochs,
+            "stopped_early": result.stopped_early,
+            "best_val_loss": None if result.best is None else result.best.loss,
+            "train_seconds": seconds,
+            "device": str(self.device),
+        }
+        checkpoint.save(where, module, result.params, metadata=meta)
+        self.seconds[f"train {name}"] = seconds
+        self.ctx.log(f"[train {name}] {result.steps} steps in {seconds:.1f} s, {meta}")
+        return module, result.params
+
+    # evaluation on the device, alignment on the CPU
+    def path(self, module: ZooModel, a: Params, b: Params, data: Dataset) -> PathResult:
+        work = copy.deepcopy(module).to(self.device)
+        x, y = (t.to(self.device) for t in data.split("test"))
+        return evaluate_path(
+            work,
+            _to(a, self.device),
+            _to(b, self.device),
+            lambda: batches(x, y, self.config.eval_batch_size),
+            ts=linear_grid(self.config.points),
+        )
+
+    def simplex(self, module: ZooModel, models: list[Params], data: Dataset) -> SimplexResult:
+        work = copy.deepcopy(module).to(self.device)
+        x, y = (t.to(self.device) for t in data.split("test"))
+        return evaluate_simplex(
+            work,
+            [_to(p, self.device) for p in models],
+            lambda: batches(x, y, self.config.eval_batch_size),
+            resolution=self.config.simplex_resolution,
+        )
+
+
+def _to(params: Params, device: torch.device) -> Params:
+    return {k: v.to(device) for k, v in params.items()}
+
+
+def _path_entry(result: PathResult, **extra: Any) -> dict[str, Any]:
+    return {"path": result.to_dict(), **extra}
+
+
+# --------------------------------------------------------------------------- stages
+
+
+def _pair_stages(
+    run: _Run,
+    data: Dataset,
+    ln: ZooModel,
+    a: Params,
+    b: Params,
+    masks: dict[str, Tensor],
+) -> dict[str, dict[str, Any]]:
+    """Every two-model row: vanilla, activation, weight and learned matching."""
+    cfg = run.config
+    rms, rms_a = layernorm_to_rmsnorm(ln, a)
+    _, rms_b = layernorm_to_rmsnorm(ln, b)
+    orth_spec = rms.symmetry_spec()  # residual: Orthogonal (RMSNorm commutes with it)
+    perm_spec = orth_spec.with_groups(residual=Permutation())  # the ablation
+    out: dict[str, dict[str, Any]] = {}
+
+    out["vanilla"] = run.stage("vanilla", lambda: _path_entry(run.path(ln, a, b, data)))
+    out["vanilla (RMS form)"] = run.stage(
+        "vanilla-rms", lambda: _path_entry(run.path(rms, rms_a, rms_b, data))
+    )
+
+    def activation() -> dict[str, Any]:
+        inputs = [
+            x
+            for x, _ in batches(
+                data.x_train, data.y_train, cfg.eval_batch_size, limit=cfg.stat_batches
+            )
+        ]
+        try:
+            res = activation_matching(rms, perm_spec, rms_a, rms_b, inputs)
+        except ValueError as err:
+            if "probe" not in str(err):
+                raise
+            return {"na": "n/a (no probes)", "error": str(err)}
+        moved = apply(perm_spec, rms_b, res.transform)
+        return _path_entry(run.path(rms, rms_a, moved, data), align_seconds=res.seconds)
+
+    out["activation matching"] = run.stage("activation", activation)
+
+    def wm(spec: SymmetrySpec, module: ZooModel, pa: Params, pb: Params) -> dict[str, Any]:
+        res = weight_matching(
+            spec, pa, pb, cfg.weight, seed=run.ctx.seed, row_masks=_masks_for(pa, masks)
+        )
+        moved = apply(spec, pb, res.transform)
+        return _path_entry(
+            run.path(module, pa, moved, data),
+            align_seconds=res.seconds,
+            sweeps=res.iterations,
+            converged=res.converged,
+        )
+
+    out["WM (permutations only)"] = run.stage("wm-perm", lambda: wm(perm_spec, rms, rms_a, rms_b))
+    out["WM (orthogonal)"] = run.stage("wm-orth", lambda: wm(orth_spec, rms, rms_a, rms_b))
+
+    if cfg.learned is not None:
+        learned_cfg = cfg.learned
+
+        def learned(spec: SymmetrySpec, module: ZooModel, pa: Params, pb: Params) -> dict:
+            # learned matching starts from weight matching (without token masks: its
+            # own initialisation); the solvers need CPU tensors, so it runs on the CPU
+            res = learned_matching(module, spec, pa, pb, data, learned_cfg, seed=run.ctx.seed)
+            moved = apply(spec, pb, res.transform)
+            return _path_entry(
+                run.path(module, pa, moved, data),
+                align_seconds=res.seconds,
+                steps=res.iterations,
+                val_mid_loss=[res.history[0], min(res.history)],
+            )
+
+        out["learned (permutations only)"] = run.stage(
+            "learned-perm", lambda: learned(perm_spec, rms, rms_a, rms_b)
+        )
+        out["learned (orthogonal)"] = run.stage(
+            "learned-orth", lambda: learned(orth_spec, rms, rms_a, rms_b)
+        )
+    return out
+
+
+def _width_stages(
+    run: _Run,
+    data: Dataset,
+    ln: ZooModel,
+    a: Params,
+    wide_ln: ZooModel,
+    wide: Params,
+    masks: dict[str, Tensor],
+) -> dict[str, dict[str, Any]]:
+    """The narrow model (``a``) embedded into the wide one's shape, then aligned to it."""
+    cfg = run.config
+    rms, rms_a = layernorm_to_rmsnorm(ln, a)
+    wide_rms, rms_wide = layernorm_to_rmsnorm(wide_ln, wide)
+    # the first n columns of the identity: an exact embedding; alignment finds the rotation
+    emb_module, emb = embed_in_wider(
+        rms,
+        rms_a,
+        cfg.wide_embd,
+        inner=cfg.wide_inner,
+        rotation=torch.eye(cfg.wide_embd, cfg.n_embd),
+    )
+    if emb_module.config.kwargs != wide_rms.config.kwargs:
+        raise ValueError(
+            "the embedded narrow model and the wide model differ in architecture: "
+            f"{emb_module.config.kwargs} vs {wide_rms.config.kwargs}"
+        )
+    x = data.x_test[: min(4, len(data.x_test))]
+    with torch.no_grad():
+        exact = float(
+            (
+                torch.func.functional_call(emb_module, emb, (x,))
+                - torch.func.functional_call(rms, rms_a, (x,))
+            )
+            .abs()
+            .max()
+        )
+    spec = wide_rms.symmetry_spec()
+    out: dict[str, dict[str, Any]] = {}
+    out["width 512 vs 256: vanilla (embedded)"] = run.stage(
+        "width-vanilla",
+        lambda: _path_entry(run.path(wide_rms, rms_wide, emb, data), embed_max_logit_diff=exact),
+    )
+
+    def wm() -> dict[str, Any]:
+        res = weight_matching(
+            spec, rms_wide, emb, cfg.weight, seed=run.ctx.seed, row_masks=_masks_for(emb, masks)
+        )
+        moved = apply(spec, emb, res.transform)
+        return _path_entry(
+            run.path(wide_rms, rms_wide, moved, data),
+            align_seconds=res.seconds,
+            sweeps=res.iterations,
+            converged=res.converged,
+        )
+
+    out["width 512 vs 256: WM (orthogonal)"] = run.stage("width-wm-orth", wm)
+    if cfg.learned is not None and cfg.learned_width:
+        learned_cfg = cfg.learned
+
+        def learned() -> dict[str, Any]:
+            res = learned_matching(
+                wide_rms, spec, rms_wide, emb, data, learned_cfg, seed=run.ctx.seed
+            )
+            moved = apply(spec, emb, res.transform)
+            return _path_entry(
+                run.path(wide_rms, rms_wide, moved, data),
+                align_seconds=res.seconds,
+                steps=res.iterations,
+            )
+
+        out["width 512 vs 256: learned (orthogonal)"] = run.stage("width-learned-orth", learned)
+    return out
+
+
+def _simplex_stage(
+    run: _Run, data: Dataset, ln: ZooModel, models: list[Params]
+) -> dict[str, dict[str, Any]]:
+    """Three models over their simplex (RMSNorm forms): unaligned vs universe matching."""
+    rms_models = []
+    rms = ln
+    for p in models:
+        rms, q = layernorm_to_rmsnorm(ln, p)
+        rms_models.append(q)
+    spec = rms.symmetry_spec()
+
+    def unaligned() -> dict[str, Any]:
+        return {"simplex": run.simplex(rms, rms_models, data).to_dict()}
+
+    def universe() -> dict[str, Any]:
+        res = universe_matching(
+            spec,
+            rms_models,
+            UniverseConfig(max_iter=run.config.universe_sweeps, inner=run.config.weight),
+            seed=run.ctx.seed,
+        )
+        aligned = res.aligned(spec, rms_models)
+        return {
+            "simplex": run.simplex(rms, aligned, data).to_dict(),
+            "align_seconds": res.seconds,
+            "sweeps": res.iterations,
+            "converged": res.converged,
+        }
+
+    return {
+        "3 models: unaligned": run.stage("simplex-unaligned", unaligned),
+        "3 models: universe matching": run.stage("simplex-universe", universe),
+    }
+
+
+# --------------------------------------------------------------------------- table
+
+
+def _label(name: str, width: int, narrow: int) -> str:
+    return name.replace("512 vs 256", f"{width} vs {narrow}")
+
+
+def _row(name: str, entry: dict[str, Any], label: str) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "method": label,
+        "paper": PAPER_NUMBERS.get(name, "-"),
+        "reference": REFERENCE_NUMBERS.get(name, "-"),
+        "target": TARGETS.get(name, "-"),
+        "stage_seconds": entry.get("stage_seconds"),
+        "align_seconds": entry.get("align_seconds"),
+    }
+    if "na" in entry:
+        return row | {"barrier_loss": None, "barrier_acc": None, "note": entry["na"]}
+    if "simplex" in entry:
+        res = SimplexResult.from_dict(entry["simplex"])
+        return row | {
+            "barrier_loss": res.barrier_loss,
+            "barrier_acc": res.barrier_acc,
+            "end_losses": res.vertex_loss,
+            "centroid_loss": res.centroid_loss,
+        }
+    path = PathResult.from_dict(entry["path"])
+    extra = {k: entry[k] for k in ("sweeps", "steps", "embed_max_logit_diff") if k in entry}
+    return row | {
+        "barrier_loss": path.barrier_loss,
+        "barrier_acc": path.barrier_acc,
+        "mid_loss": path.midpoint_loss,
+        "end_losses": [path.loss[0], path.loss[-1]],
+        "loss": path.loss,
+        **extra,
+    }
+
+
+def _format(rows: list[dict[str, Any]]) -> str:
+    head = (
+        f"{'method':<40}{'loss barrier':>13}{'acc barrier':>12}{'paper':>7}"
+        f"{'reference code':>16}{'target':>9}{'align s':>9}{'stage s':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        barrier = "n/a" if r["barrier_loss"] is None else f"{r['barrier_loss']:.4f}"
+        acc = "n/a" if r["barrier_acc"] is None else f"{100 * r['barrier_acc']:.2f}%"
+        align = "-" if r["align_seconds"] is None else f"{r['align_seconds']:.1f}"
+        stage = "-" if r["stage_seconds"] is None else f"{r['stage_seconds']:.1f}"
+        lines.append(
+            f"{r['method']:<40}{barrier:>13}{acc:>12}{r['paper']:>7}{r['reference']:>16}"
+            f"{r['target']:>9}{align:>9}{stage:>9}"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- experiment
+
+
+def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) -> ExperimentResult:
+    """The whole pipeline for ``config`` (see the module docstring)."""
+    start = time.perf_counter()
+    run = _Run(ctx, config)
+    data = shakespeare_tokens(
+        ctx.data("tinyshakespeare") / "input.txt",
+        ctx.data("gpt2_tokenizer"),
+        block=config.context,
+        tokens=config.tokens,
+    )
+    ctx.log(
+        f"data: {len(data.x_train)}/{len(data.split('val')[0])}/{len(data.x_test)} blocks of "
+        f"{config.context}, vocabulary {data.num_classes}; device {run.device}"
+    )
+    arch: dict[str, int | float] = {
+        "vocab_size": data.num_classes,
+        "n_layer": config.n_layer,
+        "n_head": config.n_head,
+        "n_embd": config.n_embd,
+        "n_inner": config.n_inner,
+        "context": config.context,
+        "dropout": config.dropout,
+    }
+    s = ctx.seed
+    ln, a = run.model(f"gpt2-{config.n_embd}-seed{s}", data, s, **arch)
+    _, b = run.model(f"gpt2-{config.n_embd}-seed{s + 1}", data, s + 1, **arch)
+    _, c = run.model(f"gpt2-{config.n_embd}-seed{s + 2}", data, s + 2, **arch)
+    # the wide model's eps is the narrow one's times n/m: embed_in_wider rescales eps so,
+    # and the embedded and wide models must be one architecture to be interpolated
+    wide_arch = arch | {
+        "n_embd": config.wide_embd,
+        "n_inner": config.wide_inner,
+        "layer_norm_epsilon": 1e-5 * config.n_embd / config.wide_embd,
+    }
+    wide_ln, wide = run.model(f"gpt2-{config.wide_embd}-seed{s + 1}", data, s + 1, **wide_arch)
+
+    masks = _seen_token_masks(data)
+    entries = _pair_stages(run, data, ln, a, b, masks)
+    entries |= _width_stages(run, data, ln, a, wide_ln, wide, masks)
+    entries |= _simplex_stage(run, data, ln, [a, b, c])
+
+    rows = [
+        _row(name, e, _label(name, config.wide_embd, config.n_embd)) for name, e in entries.items()
+    ]
+    figures = [
+        plot_paths(
+            {
+                k: PathResult.from_dict(e["path"])
+                for k, e in entries.items()
+                if "path" in e and not k.startswith("width")
+            },
+            ctx.out_dir / "gpt2_shakespeare_paths.png",
+            title="GPT-2 on Tiny Shakespeare: test loss along the linear path",
+        ),
+        plot_simplex(
+            {
+                k.removeprefix("3 models: "): SimplexResult.from_dict(e["simplex"])
+                for k, e in entries.items()
+                if "simplex" in e
+            },
+            ctx.out_dir / "gpt2_shakespeare_simplex.png",
+            labels=(f"seed {s}", f"seed {s + 1}", f"seed {s + 2}"),
+            title="3 GPT-2s: test loss over the simplex (RMSNorm forms)",
+        ),
+    ]
+    models = {}
+    for name in sorted((run.root / "models").iterdir()):
+        models[name.name] = checkpoint.load_metadata(name)
+    wall = time.perf_counter() - start
+    notes = (
+        f"config {config.fingerprint()} ({'quick' if ctx.quick else 'paper'}), device "
+        f"{run.device}, cache {run.root}; wall {wall:.1f} s this run; "
+        f"stage seconds this run: {json.dumps({k: round(v, 1) for k, v in run.seconds.items()})}"
+        f"; models: {json.dumps(models)}"
+    )
+    return ExperimentResult(_format(rows), rows, figures, notes)
+
+
+@register_experiment("gpt2-shakespeare", paper=PAPER)
+def gpt2_shakespeare(ctx: ExperimentContext) -> ExperimentResult:
+    """GPT-2 on Tiny Shakespeare (BPE): vanilla / AM / WM / learned / width / simplex barriers."""
+    config = quick_config() if ctx.quick else paper_config()
+    return run_gpt2_shakespeare(ctx, config)

@@ -1,0 +1,107 @@
+"""The GPT-2 / Tiny Shakespeare pipeline in its quick (CPU) form."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from lmckit.data.text import tokenize_file
+from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
+from lmckit.experiments.gpt2_shakespeare import (
+    GPT2ShakespeareConfig,
+    paper_config,
+    quick_config,
+    shakespeare_tokens,
+)
+
+DATA_ROOT = Path(__file__).resolve().parents[3] / "shared" / "data"
+TEXT = DATA_ROOT / "tinyshakespeare" / "input.txt"
+TOKENIZER = DATA_ROOT / "gpt2_tokenizer"
+needs_text = pytest.mark.skipif(
+    not (TEXT.exists() and TOKENIZER.exists()), reason="needs ../shared/data (Tiny Shakespeare)"
+)
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory):
+    if not (TEXT.exists() and TOKENIZER.exists()):
+        pytest.skip("needs ../shared/data (Tiny Shakespeare)")
+    out = tmp_path_factory.mktemp("gpt2_shakespeare")
+    ctx = ExperimentContext(out_dir=out, data_root=DATA_ROOT, quick=True, progress=False)
+    return ctx, run_experiment("gpt2-shakespeare", ctx)
+
+
+def test_registered() -> None:
+    assert "gpt2-shakespeare" in list_experiments()
+
+
+def test_paper_config_is_the_paper_setting() -> None:
+    c = paper_config()
+    assert (c.n_layer, c.n_head, c.n_embd, c.n_inner, c.context) == (6, 4, 256, 1024, 256)
+    assert (c.train.optimizer, c.train.lr, c.train.weight_decay) == ("adamw", 3e-4, 0.01)
+    assert (c.train.schedule, c.train.warmup, c.train.batch_size) == ("cosine", 0.05, 32)
+    assert c.train.patience is not None  # early stopping on validation
+    assert c.tokens is None and c.points == 11 and c.wide_embd == 512
+    assert paper_config().fingerprint() == c.fingerprint() != quick_config().fingerprint()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"n_embd": 0}, {"wide_embd": 16}, {"n_embd": 30}, {"tokens": 100}, {"points": 1}],
+)
+def test_config_rejects_bad_values(changes: dict) -> None:
+    with pytest.raises(ValueError):
+        GPT2ShakespeareConfig(**changes)
+
+
+@needs_text
+def test_token_slice_renumbers_without_changing_the_stream() -> None:
+    data = shakespeare_tokens(TEXT, TOKENIZER, block=16, tokens=2000)
+    ids, _ = tokenize_file(TEXT, TOKENIZER)
+    vocab = torch.unique(ids[:2000])
+    assert data.num_classes == len(vocab)
+    # block 0 of train is the first 16 tokens; targets are the inputs shifted by one
+    assert torch.equal(vocab[data.x_train[0]], ids[:16])
+    assert torch.equal(data.x_train[0, 1:], data.y_train[0, :-1])
+    assert len(data.split("val")[0]) > 0 and len(data.x_test) > 0
+    with pytest.raises(ValueError):
+        shakespeare_tokens(TEXT, TOKENIZER, block=16, tokens=0)
+
+
+def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:
+    _, result = quick_run
+    rows = {r["method"]: r for r in result.rows}
+    for name, row in rows.items():
+        if row.get("note") == "n/a (no probes)":
+            continue
+        assert math.isfinite(row["barrier_loss"]), name
+        assert row["barrier_loss"] >= -1e-6, name
+    assert rows["WM (orthogonal)"]["barrier_loss"] <= rows["vanilla"]["barrier_loss"]
+    assert rows["WM (orthogonal)"]["barrier_loss"] <= rows["vanilla (RMS form)"]["barrier_loss"]
+    width = [r for name, r in rows.items() if name.startswith("width")]
+    assert width[1]["barrier_loss"] <= width[0]["barrier_loss"]  # WM vs embedded unaligned
+    # the narrow model is embedded exactly into the wide one's shape
+    assert width[0]["embed_max_logit_diff"] < 1e-3
+    simplex = [r for name, r in rows.items() if name.startswith("3 models")]
+    assert simplex[1]["barrier_loss"] <= simplex[0]["barrier_loss"]
+    # t in steps of 0.1
+    assert len(rows["vanilla"]["loss"]) == 11
+    assert "paper" in result.table and "2.02" in result.table
+
+
+def test_quick_writes_figures_and_reuses_its_cache(quick_run) -> None:
+    ctx, result = quick_run
+    assert len(result.figures) == 2
+    for fig in result.figures:
+        assert fig.exists() and fig.stat().st_size > 1000
+    saved = json.loads((ctx.out_dir / "results.json").read_text())
+    assert [r["method"] for r in saved["rows"]] == [r["method"] for r in result.rows]
+    (root,) = [p for p in ctx.out_dir.iterdir() if p.name.startswith("quick-")]
+    assert len(list((root / "models").iterdir())) == 4
+    # a second run loads the checkpoints and stages: the same numbers
+    again = run_experiment("gpt2-shakespeare", ctx)
+    assert [r["barrier_loss"] for r in again.rows] == [r["barrier_loss"] for r in result.rows]
