@@ -26,7 +26,12 @@ the linear path between the asymmetric ones: unaligned barriers agree in both vi
 
 The models are built by :func:`create_asym_model`, not the zoo registry: the zoo's
 tests assert that each registered spec is function-preserving, which an asymmetric
-model must violate. An asymmetric ViT is not provided (the ViT is not in the zoo yet).
+model must violate.
+
+Which layers: every Linear/Conv2d of the MLP and ResNet20 (head included); in the ViT the
+attention projections (query, key, value, output) and the MLP (intermediate, output
+dense) of every block, so the head, FFN and residual symmetries are all broken while the
+patch embedding and classifier stay plain.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from torch import Tensor, nn
 from lmckit.models.mlp import MLP
 from lmckit.models.registry import ModelConfig, ZooModel, create_model
 from lmckit.models.resnet import ResNet20
+from lmckit.models.vit import ViT
 from lmckit.params import Params
 from lmckit.symmetry import SymmetrySpec
 
@@ -52,6 +58,7 @@ __all__ = [
     "AsymLinear",
     "AsymMLP",
     "AsymResNet20",
+    "AsymViT",
     "AsymmetricModel",
     "asym_parts",
     "create_asym_model",
@@ -177,14 +184,18 @@ def _asymmetrize(
     mode: str,
     mask_seed: int,
     fixed_seed: int,
+    select: Callable[[str], bool] | None = None,
 ) -> list[str]:
-    """Replace every Linear/Conv2d of ``model`` in place; return their names in order.
+    """Replace the Linear/Conv2d layers of ``model`` in place; return their names in order.
 
     ``num_fixed``: one count for all layers, one per layer, or ``None`` for an eighth
-    of each row's entries (at least one).
+    of each row's entries (at least one). ``select(name)`` picks the layers by module
+    name (default: all); layer ``k`` of the selection draws stream ``k`` of each seed.
     """
     targets = [
-        (name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear | nn.Conv2d)
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear | nn.Conv2d) and (select is None or select(name))
     ]
     if isinstance(num_fixed, Sequence):
         counts = [int(c) for c in num_fixed]
@@ -335,9 +346,90 @@ class AsymResNet20(AsymmetricModel, ResNet20):
         )
 
 
+def _in_vit_block(name: str) -> bool:
+    # the six projections of each encoder block (module names as in lmckit.models.vit);
+    # the patch embedding (Conv2d) and the classifier are outside the encoder
+    return name.startswith("vit.encoder.layer.")
+
+
+class AsymViT(AsymmetricModel, ViT):
+    """The zoo ViT with the attention and MLP Linears of every block made asymmetric.
+
+    Asymmetric: ``attention.attention.{query,key,value}``, ``attention.output.dense``,
+    ``intermediate.dense`` and ``output.dense`` of each ``vit.encoder.layer.{i}`` (six per
+    block, in that module order). The patch embedding, position embeddings, class token,
+    norms and classifier stay plain.
+    ``(batch, in_channels, image_size, image_size) -> (batch, num_classes)``; plain
+    form: ``"vit"`` (same parameter names after folding).
+    """
+
+    __doc__ = (__doc__ or "") + _ASYM_DOC
+
+    def __init__(
+        self,
+        image_size: int,
+        patch_size: int,
+        in_channels: int,
+        num_classes: int,
+        width: int = 64,
+        depth: int = 4,
+        heads: int = 4,
+        mlp_ratio: float = 4.0,
+        mlp_dim: int | None = None,
+        *,
+        class_token: bool = True,
+        norm: str = "layer",
+        layer_norm_eps: float = 1e-6,
+        kappa: float = 1.0,
+        num_fixed: int | Sequence[int] | None = None,
+        mask_seed: int = 0,
+        fixed_seed: int = 0,
+        mode: str = "wasym",
+    ) -> None:
+        super().__init__(
+            image_size,
+            patch_size,
+            in_channels,
+            num_classes,
+            width=width,
+            depth=depth,
+            heads=heads,
+            mlp_ratio=mlp_ratio,
+            mlp_dim=mlp_dim,
+            class_token=class_token,
+            norm=norm,
+            layer_norm_eps=layer_norm_eps,
+        )
+        self.plain_name = "vit"
+        self.plain_kwargs = {
+            "image_size": image_size,
+            "patch_size": patch_size,
+            "in_channels": in_channels,
+            "num_classes": num_classes,
+            "width": width,
+            "depth": depth,
+            "heads": heads,
+            "mlp_ratio": mlp_ratio,
+            "mlp_dim": mlp_dim,
+            "class_token": class_token,
+            "norm": norm,
+            "layer_norm_eps": layer_norm_eps,
+        }
+        self.asym_layers = _asymmetrize(
+            self,
+            kappa=kappa,
+            num_fixed=num_fixed,
+            mode=mode,
+            mask_seed=mask_seed,
+            fixed_seed=fixed_seed,
+            select=_in_vit_block,
+        )
+
+
 _ASYM_MODELS: dict[str, Callable[..., AsymmetricModel]] = {
     "asym_mlp": AsymMLP,
     "asym_resnet20": AsymResNet20,
+    "asym_vit": AsymViT,
 }
 
 
