@@ -1,7 +1,8 @@
-"""Quick modes of the width-sweep, weight-decay and bezier experiments on MNIST."""
+"""Quick modes of the width-sweep (MLP, VGG, ResNet20), weight-decay and bezier experiments."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,52 @@ def test_bezier_quick(tmp_path):
     # the curve shares the line's ends: same curvature there, CKA 1 with itself at t=0
     lin, bez = rows["linear"]["diagnostics"], rows["bezier"]["diagnostics"]
     assert bez["top_eigenvalue"]["t=0"] == pytest.approx(lin["top_eigenvalue"]["t=0"], rel=1e-3)
+
+
+def _check_cnn_sweep(result, multipliers):
+    assert {(r["weight_decay"], r["multiplier"]) for r in result.rows} == {
+        (wd, m) for wd in (3e-3, 1e-4) for m in multipliers
+    }
+    numbers = (
+        "acc_a",
+        "acc_b",
+        "naive_acc_barrier",
+        "naive_loss_barrier",
+        "wm_acc_barrier",
+        "wm_loss_barrier",
+        "naive_mid_acc",
+        "naive_mid_acc_no_reset",
+    )
+    for r in result.rows:
+        assert all(math.isfinite(r[k]) for k in numbers)
+        naive, wm = r["paths"]["naive"], r["paths"]["weight_matching"]
+        assert naive["meta"]["fix"] == wm["meta"]["fix"] == "reset_bn"
+        # B's BatchNorm statistics are recomputed at t = 1 too: the permuted B gives the
+        # same function after the reset, so both paths end at the same accuracy
+        assert wm["acc"][-1] == pytest.approx(naive["acc"][-1], abs=1e-9)
+        # resetting the statistics undoes the variance collapse of the averaged network:
+        # with the endpoints' averaged running statistics the midpoint is no better
+        assert r["naive_mid_acc"] >= r["naive_mid_acc_no_reset"]
+    for r in result.rows:
+        if r["multiplier"] == multipliers[-1]:
+            assert r["wm_loss_barrier"] <= r["naive_loss_barrier"]
+            assert r["wm_acc_barrier"] <= r["naive_acc_barrier"]
+
+
+def test_cnn_sweeps_registered():
+    assert {"width-sweep-vgg", "width-sweep-resnet20"} <= set(list_experiments())
+
+
+def test_width_sweep_vgg_quick(tmp_path):
+    result = _run("width-sweep-vgg", tmp_path)
+    _check_cnn_sweep(result, (0.125, 0.5))
+    # the wider net merges better with or without permutations
+    for wd in (3e-3, 1e-4):
+        narrow, wide = (r for r in result.rows if r["weight_decay"] == wd)
+        assert wide["acc_a"] > narrow["acc_a"]
+    assert len(result.figures) == 2
+
+
+@pytest.mark.slow
+def test_width_sweep_resnet20_quick(tmp_path):
+    _check_cnn_sweep(_run("width-sweep-resnet20", tmp_path), (1,))
