@@ -177,8 +177,9 @@ def trained_pair(
     return model, a, b, time.perf_counter() - start
 
 
-def _row(name: str, result: PathResult, **extra: Any) -> dict[str, Any]:
-    return {"path": name, **result.to_dict(), **extra}
+def _row(name: str, result: PathResult) -> dict[str, Any]:
+    """One JSON row: the path's name, its points, barriers, midpoints and meta."""
+    return {"path": name, **result.to_dict()}
 
 
 def _notes(setup: ModelSetup, data: Dataset, train_seconds: float) -> str:
@@ -226,7 +227,8 @@ def _fixed_paths(
     spec = model.symmetry_spec()
     ctx.log("weight matching")
     wm = align_pair("weight_matching", model, spec, a, b, data, seed=ctx.seed)
-    assert wm is not None  # only "naive" returns no alignment
+    if wm is None:  # only "naive" returns no alignment
+        raise RuntimeError("weight matching returned no transform")
     ends = {"naive": b, "weight_matching": apply(spec, b, wm.transform)}
     results: dict[str, PathResult] = {}
     for method, b_aligned in ends.items():
