@@ -376,6 +376,10 @@ class Use:
             shifts each unit separately (norm parameters and statistics), which only
             unit-moving groups (permutations) preserve.
         outer, inner: block layout of the axis around the space's ``n`` units.
+        compare: whether weight matching compares the two models on this use. False
+            for statistics (BatchNorm running mean and variance): they move with the
+            space but measure the data, not the learned function, and their large
+            positive values would swamp the similarity.
     """
 
     param: str
@@ -383,6 +387,7 @@ class Use:
     role: Role
     outer: int = 1
     inner: int = 1
+    compare: bool = True
 
     def __post_init__(self) -> None:
         if self.role not in ("write", "read", "elementwise"):

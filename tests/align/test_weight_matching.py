@@ -227,3 +227,30 @@ def test_space_similarity_is_sum_of_use_products() -> None:
     torch.testing.assert_close(sim, expected)
     assert gram is not None
     torch.testing.assert_close(gram, w_b @ w_b.T)
+
+
+def test_batchnorm_statistics_do_not_steer_the_matching() -> None:
+    # Running statistics move with their space but are not compared: blowing up the
+    # other model's running variance by 1e6 must not change the permutation found.
+    model, a = create_model(
+        "mlp", seed=0, in_features=12, hidden=[16, 16], out_features=3, norm="batch"
+    )
+    _, b = create_model(
+        "mlp", seed=1, in_features=12, hidden=[16, 16], out_features=3, norm="batch"
+    )
+    gen = torch.Generator().manual_seed(0)
+    for p in (a, b):
+        for k in p:
+            if k.endswith(("running_mean", "running_var")):
+                p[k] = torch.rand(p[k].shape, generator=gen) + 0.5
+    spec = model.symmetry_spec()
+    stats = [u for s in spec for u in s.uses if u.param.endswith("running_var")]
+    assert stats and not any(u.compare for u in stats)
+    base = weight_matching(spec, a, b)
+    loud = dict(b)
+    for k in loud:
+        if k.endswith("running_var"):
+            loud[k] = loud[k] * 1e6 * torch.rand(loud[k].shape, generator=gen)
+    again = weight_matching(spec, a, loud)
+    for name in spec.names:
+        assert torch.equal(base.transform[name], again.transform[name])

@@ -86,6 +86,8 @@ def space_similarity(
     sim: Tensor | None = None
     gram: Tensor | None = None
     for use in space.uses:
+        if not use.compare:
+            continue
         b = apply_to_param(spec, use.param, other[use.param], transform, skip=space.name)
         b_mat = _unit_major(b, use, space.n)
         a = ref[use.param]
@@ -187,7 +189,7 @@ def _space_objective(
             return float("nan")
         return objective(space.group, element, sim)
     total = 0.0
-    for use in space.uses:
+    for use in (u for u in space.uses if u.compare):
         b = apply_to_param(spec, use.param, other[use.param], transform)
         if b.shape != ref[use.param].shape:
             return float("nan")
@@ -197,7 +199,7 @@ def _space_objective(
 
 def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
     total = 0.0
-    for name in {u.param for s in spec for u in s.uses}:
+    for name in {u.param for s in spec for u in s.uses if u.compare}:
         b = apply_to_param(spec, name, other[name], transform)
         if b.shape == ref[name].shape:
             total += float((ref[name].double() * b.double()).sum())

@@ -209,7 +209,7 @@ def _features(
     model, so both models' features have the wide shape along the other axes).
     """
     parts = []
-    for use in space.uses:
+    for use in (u for u in space.uses if u.compare):
         x = params[use.param]
         if transform is not None:
             x = apply_to_param(spec, use.param, x, transform, skip=space.name)

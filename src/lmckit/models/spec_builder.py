@@ -25,7 +25,7 @@ def writes(name: str, module: nn.Module) -> list[Use]:
         ]
         for bname, b in module.named_buffers(recurse=False):
             if b is not None and b.is_floating_point():
-                uses.append(Use(f"{name}.{bname}", 0, "elementwise"))
+                uses.append(Use(f"{name}.{bname}", 0, "elementwise", compare=False))
         return uses
     return [Use(f"{name}.{p}", 0, "write") for p, _ in module.named_parameters(recurse=False)]
 
