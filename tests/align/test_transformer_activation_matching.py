@@ -129,6 +129,7 @@ def test_orthogonal_activation_matching_recovers_a_rotated_rms_copy(name: str) -
     assert float((off - want).abs().max()) > 1e-2  # negative control: unaligned midpoint
 
 
+@pytest.mark.skipif(not SHAKESPEARE.exists(), reason="needs ../shared/data/tinyshakespeare")
 def test_tiny_trained_gpt2_pair_activation_matching_beats_vanilla() -> None:
     data = char_dataset(SHAKESPEARE, chars=30_000, block=32)
     kwargs = {"vocab_size": data.num_classes, "n_layer": 1, "n_head": 2, "n_embd": 16}
