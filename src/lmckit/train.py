@@ -119,7 +119,8 @@ class TrainResult:
     best: ValidationPoint | None = None
 
 
-def _optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    """The optimiser ``config`` names, over ``params`` (tensors or parameter groups)."""
     if config.optimizer == "sgd":
         return torch.optim.SGD(
             params,
@@ -133,7 +134,8 @@ def _optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
-def _lr_factor(config: TrainConfig, step: int, total: int) -> float:
+def lr_factor(config: TrainConfig, step: int, total: int) -> float:
+    """Multiplier of ``config.lr`` at ``step`` of ``total``: linear warm-up, then cosine."""
     warm = int(config.warmup * total)
     if step < warm:
         return (step + 1) / warm
@@ -210,7 +212,7 @@ def fit(
     work.load_state_dict(params)
     work.to(device)
     work.train()
-    opt = _optimizer(config, work.parameters())
+    opt = make_optimizer(config, work.parameters())
     x, y = data.x_train, data.y_train
     steps_per_epoch = math.ceil(len(x) / config.batch_size)
     total = config.epochs * steps_per_epoch
@@ -248,7 +250,7 @@ def fit(
                 for xb, yb in batches(x, y, config.batch_size, shuffle=True, generator=generator):
                     xb, yb = xb.to(device), yb.to(device)
                     for group in opt.param_groups:
-                        group["lr"] = config.lr * _lr_factor(config, step, total)
+                        group["lr"] = config.lr * lr_factor(config, step, total)
                     logits = work(xb)
                     if logits.ndim == 3:
                         logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)

@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import PathResult, evaluate, linear_grid
 from lmckit.params import Params, check_compatible, check_finite
-from lmckit.train import TrainConfig
+from lmckit.train import TrainConfig, lr_factor, make_optimizer
 
 __all__ = [
     "CURVE_KINDS",
@@ -149,30 +149,6 @@ def linear_init(start: Params, end: Params, bends: int = 1) -> tuple[Params, ...
     return tuple(out)
 
 
-def _optimizer(config: TrainConfig, leaves: list[Tensor]) -> torch.optim.Optimizer:
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(
-            leaves,
-            lr=config.lr,
-            momentum=config.momentum,
-            nesterov=True,
-            weight_decay=config.weight_decay,
-        )
-    if config.optimizer == "adam":
-        return torch.optim.Adam(leaves, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.AdamW(leaves, lr=config.lr, weight_decay=config.weight_decay)
-
-
-def _lr_factor(config: TrainConfig, step: int, total: int) -> float:
-    # the schedule of lmckit.train: linear warm-up, then cosine to zero or constant
-    warm = int(config.warmup * total)
-    if step < warm:
-        return (step + 1) / warm
-    if config.schedule == "constant":
-        return 1.0
-    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
-
-
 def fit_curve(
     model: nn.Module,
     params_a: Params,
@@ -224,7 +200,7 @@ def fit_curve(
             point[n].requires_grad_(True)
             leaves.append(point[n])
         controls.append(point)
-    opt = _optimizer(config, leaves)
+    opt = make_optimizer(config, leaves)
     steps_per_epoch = math.ceil(len(data.x_train) / config.batch_size)
     total = config.epochs * steps_per_epoch
     generator = torch.Generator().manual_seed(seed)
@@ -243,7 +219,7 @@ def fit_curve(
                     data.x_train, data.y_train, config.batch_size, shuffle=True, generator=generator
                 ):
                     for group in opt.param_groups:
-                        group["lr"] = config.lr * _lr_factor(config, step, total)
+                        group["lr"] = config.lr * lr_factor(config, step, total)
                     t = float(torch.rand((), generator=t_generator))
                     theta = curve_point(kind, start, controls, end, t)
                     logits = functional_call(model, theta, (xb,))
