@@ -252,3 +252,62 @@ def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map() -> None:
     back = apply(spec, moved, result.transform)
     for k in params:  # weight matching's start recovers the copy; learning keeps it
         torch.testing.assert_close(back[k], params[k], atol=1e-2, rtol=0)
+
+
+_CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@_CUDA
+def test_learned_on_cuda_matches_the_cpu_run(bn_mlp_pair) -> None:
+    model, a, b, data = bn_mlp_pair
+    spec = model.symmetry_spec()
+    config = LearnedMatchingConfig(steps=20, eval_every=10, weight_matching_init=False, lr=0.05)
+    on_cpu = learned_matching(model, spec, a, b, data, config, seed=0)
+    on_gpu = learned_matching(model, spec, a, b, data, config, seed=0, device="cuda")
+    assert next(model.parameters()).device.type == "cpu"  # the caller's model is not moved
+    for s in spec:  # the transform comes back on the CPU, a hard permutation
+        element = on_gpu.transform[s.name]
+        assert element.device.type == "cpu"
+        assert torch.equal(torch.sort(element).values, torch.arange(s.n))
+    # same batches and lambdas: the two runs see the same objective (float noise aside)
+    assert on_gpu.history[0] == pytest.approx(on_cpu.history[0], rel=1e-4)
+    assert min(on_gpu.history) <= on_gpu.history[0]
+
+
+@_CUDA
+def test_tiny_gpt2_orthogonal_map_is_learned_on_cuda() -> None:
+    from lmckit.rewrites import layernorm_to_rmsnorm
+
+    kwargs = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+    module, params = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
+    spec = module.symmetry_spec()
+    moved = apply(spec, params, random_transform(spec, 1))
+    x = torch.randint(0, 40, (32, 8), generator=torch.Generator().manual_seed(0))
+    data = Dataset("toy", x, torch.roll(x, -1, 1), x[:8], torch.roll(x[:8], -1, 1), 40)
+    config = LearnedMatchingConfig(steps=10, eval_every=5, batch_size=8)
+    result = learned_matching(module, spec, params, moved, data, config, seed=0, device="cuda")
+    back = apply(spec, moved, result.transform)
+    for k in params:
+        torch.testing.assert_close(back[k], params[k], atol=1e-2, rtol=0)
+
+
+def test_learned_with_an_explicit_cpu_device_is_the_default_run(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec()
+    config = LearnedMatchingConfig(steps=10, eval_every=5)
+    default = learned_matching(model, spec, a, b, data, config, seed=0)
+    explicit = learned_matching(model, spec, a, b, data, config, seed=0, device="cpu")
+    assert default.history == explicit.history
+    for s in spec:
+        assert torch.equal(default.transform[s.name], explicit.transform[s.name])
+
+
+def test_time_limit_stops_early_and_still_validates(mlp_pair) -> None:
+    model, a, b, data = mlp_pair
+    spec = model.symmetry_spec()
+    config = LearnedMatchingConfig(steps=10_000, eval_every=10_000, max_seconds=1e-9)
+    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    assert result.iterations == 1  # one step, then out of time
+    assert len(result.history) == 2  # the start and the transform at the stop
+    with pytest.raises(ValueError, match="max_seconds"):
+        LearnedMatchingConfig(max_seconds=0)

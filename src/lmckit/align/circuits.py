@@ -14,6 +14,15 @@ squared circuit distances: each head's own norm does not depend on the assignmen
 All pairs cost ``O(heads^2 head_dim^2 d)`` without forming a circuit, using
 ``<Qa^T Ka, Qb^T Kb>_F = sum((Qa Qb^T) * (Ka Kb^T))`` and
 ``<Oa Va, Ob Vb>_F = sum((Oa^T Ob) * (Va Vb^T))``.
+
+The same circuits tell the *residual stream* how to move. The raw ``W_q``, ``W_k``,
+``W_v`` and ``W_o`` of two independently trained models sit in unrelated within-head
+bases, so comparing them row by row (as for an MLP) is noise even after the heads are
+matched; their circuits are comparable. With the residual map ``T`` acting on both
+sides (``T~ = diag(T, 1)`` on the bias-augmented inputs), the matched heads contribute
+``sum_h <QK^a_h, T~ QK^b_h T~^T> + <OV^a_h, T OV^b_h T~^T>``, quadratic in ``T``;
+:func:`residual_circuit_similarity` is its gradient at the current ``T``, the linear
+model that coordinate descent solves in place of the raw weights' term.
 """
 
 from __future__ import annotations
@@ -25,7 +34,13 @@ from torch import Tensor
 
 from lmckit.symmetry import CircuitPart, HeadCircuits, HeadPermutation, Space
 
-__all__ = ["head_circuits", "head_similarity", "head_similarity_matrix", "projection"]
+__all__ = [
+    "head_circuits",
+    "head_similarity",
+    "head_similarity_matrix",
+    "projection",
+    "residual_circuit_similarity",
+]
 
 
 def projection(
@@ -102,3 +117,64 @@ def head_similarity_matrix(
     sim = head_similarity(space, ref, other) / group.head_dim
     eye = torch.eye(group.head_dim, dtype=sim.dtype)
     return torch.kron(sim, eye).float()
+
+
+def residual_circuit_similarity(
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    current: Tensor,
+    *,
+    inputs: bool = True,
+    outputs: bool = True,
+) -> Tensor:
+    """Similarity ``(m, n)`` for the residual map from matched heads' circuits.
+
+    The gradient at ``T = current`` of
+    ``f(T) = sum_h <QK^a_h, Ti QK^b_h Ti^T>_F + <OV^a_h, To OV^b_h Ti^T>_F``, where
+    ``Ti = diag(T, 1)`` acts on the (bias-augmented) inputs the heads read and ``To = T``
+    on the outputs they write; a side the residual does not touch (``inputs`` or
+    ``outputs`` false) is held at the identity. Head ``h`` of ``ref`` is compared with
+    head ``h`` of ``other``, so ``other`` must have the head permutation (and every map
+    but the residual's) applied. Costs ``O(heads head_dim d^2)``: no circuit is formed.
+
+    Args:
+        space: the head space (with circuits).
+        ref, other: the two models' parameters.
+        current: the residual map's matrix ``(m, n)`` (reference x other units).
+        inputs, outputs: whether the residual is the heads' input and/or output space.
+    """
+    circuits, group = _check(space)
+    h = group.heads
+    qa, qb = (projection(p, circuits.query, circuits.query_bias, h) for p in (ref, other))
+    ka, kb = (projection(p, circuits.key, circuits.key_bias, h) for p in (ref, other))
+    va, vb = (projection(p, circuits.value, circuits.value_bias, h) for p in (ref, other))
+    oa, ob = _output(ref, circuits, h), _output(other, circuits, h)
+    t = current.float()
+    m, n = t.shape
+    grad = torch.zeros(m, n)
+
+    def augmented(mat: Tensor) -> Tensor:
+        out = torch.zeros(mat.shape[0] + 1, mat.shape[1] + 1)
+        out[:-1, :-1] = mat
+        out[-1, -1] = 1.0
+        return out
+
+    t_in = augmented(t) if inputs else torch.eye(qa.shape[-1])
+    t_out = t if outputs else torch.eye(oa.shape[1])
+
+    def sandwich(x: Tensor, mid: Tensor, y: Tensor) -> Tensor:
+        # sum_h X_h^T Mid_h Y_h, ``X, Y: (h, k, e)``, ``Mid: (h, k, k)``
+        return torch.einsum("hae,hab,hbf->ef", x, mid, y)
+
+    if inputs:
+        # d/dTi of <QK^a, Ti QK^b Ti^T> = QK^a Ti QK^b^T + QK^a^T Ti QK^b, in low rank
+        kk = torch.einsum("hae,ef,hbf->hab", ka, t_in, kb)
+        qq = torch.einsum("hae,ef,hbf->hab", qa, t_in, qb)
+        oo = torch.einsum("hda,de,heb->hab", oa, t_out, ob)
+        g_in = sandwich(qa, kk, qb) + sandwich(ka, qq, kb) + sandwich(va, oo, vb)
+        grad += g_in[:m, :n]
+    if outputs:
+        vv = torch.einsum("hae,ef,hbf->hab", va, t_in, vb)
+        grad += torch.einsum("hda,hab,heb->de", oa, vv, ob)
+    return grad

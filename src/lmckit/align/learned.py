@@ -29,6 +29,7 @@ throughout (no dropout), so the objective is deterministic given the batches.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Mapping, Sequence
@@ -91,6 +92,8 @@ class LearnedMatchingConfig:
         val_batches: at most this many validation batches per evaluation.
         weight_matching_init: start from weight matching (else from the identity or
             the ``init`` given to :func:`learned_matching`).
+        max_seconds: stop after this much wall time (the current transform is
+            validated once more); ``None``: no time limit.
     """
 
     steps: int = 500
@@ -107,6 +110,7 @@ class LearnedMatchingConfig:
     val_fraction: float = 0.1
     val_batches: int = 10
     weight_matching_init: bool = True
+    max_seconds: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0 or self.batch_size < 1 or self.eval_every < 1 or self.patience < 1:
@@ -123,6 +127,8 @@ class LearnedMatchingConfig:
             )
         if self.temperature <= 0 or self.sinkhorn_iters < 1:
             raise ValueError("Sinkhorn needs temperature > 0 and at least one iteration")
+        if self.max_seconds is not None and self.max_seconds <= 0:
+            raise ValueError(f"max_seconds must be positive or None, got {self.max_seconds}")
         if not 0.0 < self.val_fraction < 1.0 or self.val_batches < 1:
             raise ValueError(f"val_fraction must lie in (0, 1) and val_batches >= 1 in {self}")
 
@@ -203,8 +209,11 @@ def _initial_matrix(group: Group, element: object) -> Tensor:
 
 
 def _project(group: Group, cont: Tensor) -> object:
-    """Nearest group element to the continuous matrix: ``argmax_T <T, S>``."""
-    return solve(group, cont.detach())
+    """Nearest group element to the continuous matrix: ``argmax_T <T, S>``.
+
+    The solvers are SciPy/NumPy: ``S`` is copied to the CPU, and the element lives there.
+    """
+    return solve(group, cont.detach().float().cpu())
 
 
 def _forward_matrix(group: Group, cont: Tensor, config: LearnedMatchingConfig) -> Tensor:
@@ -232,11 +241,15 @@ def _midpoint_loss(
     val: tuple[Tensor, Tensor],
     train_x: Tensor,
     config: LearnedMatchingConfig,
+    device: torch.device,
 ) -> float:
-    mid = interpolate(a, apply(spec, b, transform), 0.5)
+    # the transform's elements live on the CPU (the solvers' side): apply there, then move
+    mid = _to(interpolate(a, apply(spec, b, transform), 0.5), device)
     if has_batchnorm(model):
         stop = min(train_x.shape[0], 20 * config.batch_size)
-        inputs = [train_x[i : i + config.batch_size] for i in range(0, stop, config.batch_size)]
+        inputs = [
+            train_x[i : i + config.batch_size].to(device) for i in range(0, stop, config.batch_size)
+        ]
         mid = reset_batchnorm(model, mid, inputs)
     total, count = 0.0, 0
     was_training = model.training
@@ -245,11 +258,16 @@ def _midpoint_loss(
         with torch.no_grad():
             # training-sized batches: a language model's logits are (batch, time, vocab)
             for x, y in batches(val[0], val[1], config.batch_size, limit=config.val_batches):
+                x, y = x.to(device), y.to(device)
                 total += float(_cross_entropy(functional_call(model, mid, (x,)), y)) * len(x)
                 count += len(x)
     finally:
         model.train(was_training)
     return total / count
+
+
+def _to(params: Params, device: torch.device) -> Params:
+    return {k: v.to(device) for k, v in params.items()}
 
 
 def learned_matching(
@@ -264,6 +282,7 @@ def learned_matching(
     spaces: Sequence[str] | None = None,
     seed: int = 0,
     progress: bool = False,
+    device: str | torch.device | None = None,
 ) -> AlignmentResult:
     """Align ``params_b`` to ``params_a`` by learning the transform on ``data``.
 
@@ -280,6 +299,9 @@ def learned_matching(
         spaces: learn only these spaces (the others stay at the start transform).
         seed: batch order, lambda draws and weight matching's sweep order.
         progress: progress bar over steps.
+        device: where the forward and backward passes run (default CPU). The
+            projections onto the groups run on the CPU either way; the inputs and the
+            returned transform stay on the CPU, and ``model`` is not moved (a copy is).
 
     Returns:
         An :class:`AlignmentResult` with the best hard transform on validation;
@@ -301,27 +323,34 @@ def learned_matching(
                 f"{type(group).__name__}; pass spaces=... to leave it out"
             )
     start = time.perf_counter()
+    device = torch.device(device or "cpu")
     base = init or Transform.identity(spec)
     if config.weight_matching_init:
         base = weight_matching(
             spec, params_a, params_b, init=base, spaces=names, seed=seed
         ).transform
-    a = {k: v.detach() for k, v in params_a.items()}
+    a = {k: v.detach().to(device) for k, v in params_a.items()}
     # the spaces not learned are applied once, non-differentiably
     fixed = base.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
-    b = apply(spec, {k: v.detach() for k, v in params_b.items()}, fixed)
-    conts = {n: torch.nn.Parameter(_initial_matrix(spec[n].group, base[n]).clone()) for n in names}
+    b = _to(apply(spec, {k: v.detach() for k, v in params_b.items()}, fixed), device)
+    conts = {
+        n: torch.nn.Parameter(_initial_matrix(spec[n].group, base[n]).to(device, copy=True))
+        for n in names
+    }
     opt = torch.optim.AdamW(conts.values(), lr=config.lr, weight_decay=config.weight_decay)
     (train_x, train_y), val = validation_split(data, config.val_fraction)
     generator = torch.Generator().manual_seed(seed)
     buffers = {k for k, _ in model.named_buffers()}
     batchnorm = has_batchnorm(model)
+    # buffers outside ``params`` (masks, say) must be on the device too
+    if device.type != "cpu":
+        model = copy.deepcopy(model).to(device)
 
     def hard_transform() -> Transform:
         return base.replace(**{n: _project(spec[n].group, conts[n]) for n in names})
 
     best = base
-    best_loss = _midpoint_loss(model, spec, params_a, params_b, best, val, train_x, config)
+    best_loss = _midpoint_loss(model, spec, params_a, params_b, best, val, train_x, config, device)
     history = [best_loss]
     stale = 0
     step = 0
@@ -329,10 +358,12 @@ def learned_matching(
     was_training = model.training
     model.train(batchnorm)
     try:
+        out_of_time = False
         while step < config.steps and stale < config.patience:
             for xb, yb in batches(
                 train_x, train_y, config.batch_size, shuffle=True, generator=generator
             ):
+                xb, yb = xb.to(device), yb.to(device)
                 lam = config.lam_low + (config.lam_high - config.lam_low) * float(
                     torch.rand((), generator=generator)
                 )
@@ -357,18 +388,24 @@ def learned_matching(
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss.item():.4f}", best=f"{best_loss:.4f}")
-                if step % config.eval_every == 0 or step == config.steps:
+                out_of_time = (
+                    config.max_seconds is not None
+                    and time.perf_counter() - start > config.max_seconds
+                )
+                if step % config.eval_every == 0 or step == config.steps or out_of_time:
                     candidate = hard_transform()
                     val_loss = _midpoint_loss(
-                        model, spec, params_a, params_b, candidate, val, train_x, config
+                        model, spec, params_a, params_b, candidate, val, train_x, config, device
                     )
                     history.append(val_loss)
                     if val_loss < best_loss:
                         best, best_loss, stale = candidate, val_loss, 0
                     else:
                         stale += 1
-                if step >= config.steps or stale >= config.patience:
+                if step >= config.steps or stale >= config.patience or out_of_time:
                     break
+            if out_of_time:
+                break
     finally:
         bar.close()
         model.train(was_training)

@@ -5,6 +5,13 @@ descent: one space at a time, holding the others fixed, the objective is linear 
 that space's element, ``<T_s, C_s>`` with ``C_s = sum_{uses u} A_u B_u^T`` where
 ``B_u`` is the other model's parameter with the *other* spaces' elements applied.
 Each group's solver (assignment, Procrustes, least squares) maximises it exactly.
+
+Transformers: heads are compared by their QK/OV circuits, and a space the heads read
+from or write to (the residual stream) sees them through those circuits too, not
+through the raw projections, whose within-head bases differ between models
+(:func:`lmckit.align.circuits.residual_circuit_similarity`; the circuit terms are
+quadratic in the residual map, so each update solves their linearisation at the
+current map).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from lmckit.align.circuits import head_similarity_matrix
+from lmckit.align.circuits import head_similarity_matrix, residual_circuit_similarity
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.solvers import objective, solve
 from lmckit.params import Params, check_compatible, check_finite
@@ -43,11 +50,14 @@ class WeightMatchingConfig:
         tol: a space "improves" when its objective grows by more than
             ``tol * |objective|``.
         restarts: extra runs from random initial transforms; the best total wins.
+        residual_circuits: spaces that attention heads read or write (the residual
+            stream) compare those heads by circuits instead of raw projection weights.
     """
 
     max_iter: int = 100
     tol: float = 1e-9
     restarts: int = 0
+    residual_circuits: bool = True
 
     def __post_init__(self) -> None:
         if self.max_iter < 1 or self.restarts < 0 or self.tol < 0:
@@ -69,8 +79,13 @@ def space_similarity(
     transform: Transform,
     *,
     with_gram: bool = False,
+    circuits: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """``C_s = sum_u A_u B_u^T`` with the other spaces' elements applied to B.
+
+    With ``circuits``, the uses of attention projections by a space that is not a head
+    space (see the module docstring) are replaced by the heads' circuit terms,
+    linearised at the space's element in ``transform``.
 
     Returns:
         ``(C, G)``: ``C`` is ``(m, n)`` (reference units x other units); ``G`` is the
@@ -85,8 +100,11 @@ def space_similarity(
         return head_similarity_matrix(space, ref, moved), None
     sim: Tensor | None = None
     gram: Tensor | None = None
+    replaced: set[str] = set()
+    if circuits and not isinstance(space.group, Invertible):
+        sim, replaced = _circuit_terms(spec, space, ref, other, transform)
     for use in space.uses:
-        if not use.compare:
+        if not use.compare or use.param in replaced:
             continue
         b = apply_to_param(spec, use.param, other[use.param], transform, skip=space.name)
         b_mat = _unit_major(b, use, space.n)
@@ -100,6 +118,46 @@ def space_similarity(
             gram = g if gram is None else gram + g
     assert sim is not None  # a spec's spaces always have uses
     return sim, gram
+
+
+def _circuit_terms(
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+) -> tuple[Tensor | None, set[str]]:
+    """Circuit similarity of every head space that ``space`` feeds or is fed by.
+
+    Returns the summed ``(m, n)`` term (``None`` if no head space touches ``space``) and
+    the parameters whose raw uses it replaces.
+    """
+    reads = {u.param for u in space.uses if u.role == "read"}
+    writes = {u.param for u in space.uses if u.role == "write"}
+    total: Tensor | None = None
+    replaced: set[str] = set()
+    current = space.group.matrix(transform[space.name])
+    for heads in spec:
+        c = heads.circuits
+        if c is None or heads.name == space.name:
+            continue
+        projections = {c.query.param, c.key.param, c.value.param}
+        inputs, outputs = bool(projections & reads), c.output in writes
+        if not (inputs or outputs):
+            continue
+        replaced |= (projections if inputs else set()) | ({c.output} if outputs else set())
+        a_width = ref[c.output].shape[0] if outputs else ref[c.query.param].shape[1]
+        b_width = other[c.output].shape[0] if outputs else other[c.query.param].shape[1]
+        if tuple(current.shape) != (a_width, b_width):
+            continue  # a rectangular space's square start: raw-free linear terms first
+        moved = {
+            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in heads.params
+        }
+        term = residual_circuit_similarity(
+            heads, ref, moved, current, inputs=inputs, outputs=outputs
+        )
+        total = term if total is None else total + term
+    return total, replaced
 
 
 def _fold_single_use_params(
@@ -152,7 +210,13 @@ def _coordinate_descent(
             # least squares is not a maximiser of <T, C>: accept its answer as is
             least_squares = isinstance(space.group, Invertible)
             sim, gram = space_similarity(
-                spec, space, ref, other, transform, with_gram=least_squares
+                spec,
+                space,
+                ref,
+                other,
+                transform,
+                with_gram=least_squares,
+                circuits=config.residual_circuits,
             )
             element = solve(space.group, sim, gram=gram)
             new = objective(space.group, element, sim)
