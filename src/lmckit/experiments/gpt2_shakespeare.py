@@ -527,6 +527,8 @@ def _width_stages(
             f"{emb_module.config.kwargs} vs {wide_rms.config.kwargs}"
         )
     x = data.x_test[: min(4, len(data.x_test))]
+    emb_module.eval()  # dropout off: the check compares functions
+    rms.eval()
     with torch.no_grad():
         exact = float(
             (
