@@ -169,3 +169,15 @@ def test_barrier_model_count_errors(checkpoints) -> None:
         main, ["barrier", *checkpoints[:2], "--align", "weight", "--data", "digits"]
     )
     assert result.exit_code == 1
+
+
+def test_align_bad_device_is_a_clear_error(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    args = ["align", a, b, "--method", "learned", "--data", "digits", "--out", str(tmp_path / "x")]
+    result = CliRunner().invoke(main, [*args, "--device", "nonsense"])
+    assert result.exit_code == 1
+    assert "--device" in result.output
+    if not torch.cuda.is_available():
+        result = CliRunner().invoke(main, [*args, "--device", "cuda"])
+        assert result.exit_code == 1
+        assert "no CUDA device" in result.output

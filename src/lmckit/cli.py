@@ -563,6 +563,12 @@ def _with_symmetry(
 @click.option(
     "--lr", type=float, default=0.01, show_default=True, help="Learned matching: AdamW rate."
 )
+@click.option(
+    "--device",
+    default="cpu",
+    show_default=True,
+    help="Learned matching: torch device for its forward and backward passes, e.g. cuda.",
+)
 @data_option
 @click.option(
     "--out", type=click.Path(file_okay=False), required=True, help="Directory for B aligned to A."
@@ -577,6 +583,7 @@ def align_cmd(
     symmetry: str | None,
     steps: int,
     lr: float,
+    device: str,
     data_spec: str | None,
     out: str,
     seed: int,
@@ -587,6 +594,7 @@ def align_cmd(
     from lmckit.align import LearnedMatchingConfig, learned_matching
 
     _threads(threads)
+    torch_device = _device(device)
     a, b = _load_pair(model_a, model_b)
     a, b, spec, rewritten = _with_symmetry(a, b, symmetry)
     data = _data(data_spec) if method in ("activation", "learned") else None
@@ -607,6 +615,7 @@ def align_cmd(
             config,
             seed=seed,
             progress=not quiet,
+            device=torch_device,
         )
     else:
         result = _run(

@@ -105,3 +105,23 @@ def test_quick_writes_figures_and_reuses_its_cache(quick_run) -> None:
     # a second run loads the checkpoints and stages: the same numbers
     again = run_experiment("gpt2-shakespeare", ctx)
     assert [r["barrier_loss"] for r in again.rows] == [r["barrier_loss"] for r in result.rows]
+
+
+@needs_text
+def test_dropout_models_embed_exactly_and_stages_run_data_free_first(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from lmckit.experiments.gpt2_shakespeare import run_gpt2_shakespeare
+
+    config = replace(quick_config(), dropout=0.1, simplex_resolution=1, universe_sweeps=1)
+    config = replace(config, learned=replace(config.learned, steps=2, eval_every=1))
+    logged: list[str] = []
+    ctx = ExperimentContext(
+        out_dir=tmp_path, data_root=DATA_ROOT, quick=True, progress=False, log=logged.append
+    )
+    rows = {r["method"]: r for r in run_gpt2_shakespeare(ctx, config).rows}
+    # the exactness check runs in eval mode: dropout must not make it read a difference
+    assert rows["width 64 vs 32: vanilla (embedded)"]["embed_max_logit_diff"] < 1e-3
+    ran = [line.split("]")[0][1:] for line in logged if line.endswith("running")]
+    first_learned = min(i for i, name in enumerate(ran) if name.startswith("learned"))
+    assert "simplex-universe" in ran[:first_learned] and "width-wm-orth" in ran[:first_learned]
