@@ -311,3 +311,25 @@ def test_time_limit_stops_early_and_still_validates(mlp_pair) -> None:
     assert len(result.history) == 2  # the start and the transform at the stop
     with pytest.raises(ValueError, match="max_seconds"):
         LearnedMatchingConfig(max_seconds=0)
+
+
+def test_row_masks_reach_the_weight_matching_start() -> None:
+    from lmckit.rewrites import layernorm_to_rmsnorm
+
+    kwargs = {"vocab_size": 17, "n_layer": 1, "n_head": 2, "n_embd": 8, "context": 4}
+    module, a = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
+    _, b = layernorm_to_rmsnorm(*create_model("gpt2", seed=1, **kwargs))
+    spec = module.symmetry_spec()
+    seen = torch.arange(17) < 9
+    masks = {"transformer.wte.weight": seen, "lm_head.weight": seen}
+    noisy = dict(b)
+    gen = torch.Generator().manual_seed(0)
+    for key in masks:
+        noisy[key] = b[key].clone()
+        noisy[key][~seen] = 100 * torch.randn(8, 8, generator=gen)
+    x = torch.randint(0, 9, (16, 4), generator=gen)  # only seen tokens in the data
+    data = Dataset("toy", x, torch.roll(x, -1, 1), x[:4], torch.roll(x[:4], -1, 1), 17)
+    config = LearnedMatchingConfig(steps=0)  # the start only
+    start = weight_matching(spec, a, b, row_masks=masks).transform
+    learned = learned_matching(module, spec, a, noisy, data, config, row_masks=masks)
+    torch.testing.assert_close(learned.transform["residual"], start["residual"], atol=1e-4, rtol=0)

@@ -94,3 +94,40 @@ def test_errors(mlp_pair) -> None:
         universe_matching(spec, [a, b, wide])
     with pytest.raises(ValueError):
         UniverseConfig(max_iter=0)
+
+
+def _noisy_unseen_rows(params: dict, seen: torch.Tensor, seed: int) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    out = dict(params)
+    for key in ("transformer.wte.weight", "lm_head.weight"):
+        out[key] = params[key].clone()
+        out[key][~seen] = 100 * torch.randn(int((~seen).sum()), params[key].shape[1], generator=gen)
+    return out
+
+
+def test_universe_row_masks_ignore_unseen_token_rows() -> None:
+    from lmckit.rewrites import layernorm_to_rmsnorm
+
+    kwargs = {"vocab_size": 17, "n_layer": 1, "n_head": 2, "n_embd": 8, "n_inner": 16}
+    models = []
+    for seed in range(3):
+        module, params = layernorm_to_rmsnorm(*create_model("gpt2", seed=seed, context=4, **kwargs))
+        models.append(params)
+    spec = module.symmetry_spec()
+    seen = torch.arange(17) < 9
+    masks = {"transformer.wte.weight": seen, "lm_head.weight": seen}
+    noisy = [_noisy_unseen_rows(p, seen, k) for k, p in enumerate(models)]
+    config = UniverseConfig(max_iter=3)
+    clean = universe_matching(spec, models, config, row_masks=masks)
+    dirty = universe_matching(spec, noisy, config, row_masks=masks)
+    unmasked = universe_matching(spec, noisy, config)
+    for k in range(3):
+        torch.testing.assert_close(
+            clean.transforms[k]["residual"], dirty.transforms[k]["residual"], atol=1e-4, rtol=0
+        )
+    assert not all(
+        torch.allclose(
+            clean.transforms[k]["residual"], unmasked.transforms[k]["residual"], atol=1e-2
+        )
+        for k in range(1, 3)
+    )

@@ -283,6 +283,7 @@ def learned_matching(
     seed: int = 0,
     progress: bool = False,
     device: str | torch.device | None = None,
+    row_masks: Mapping[str, Tensor] | None = None,
 ) -> AlignmentResult:
     """Align ``params_b`` to ``params_a`` by learning the transform on ``data``.
 
@@ -302,6 +303,8 @@ def learned_matching(
         device: where the forward and backward passes run (default CPU). The
             projections onto the groups run on the CPU either way; the inputs and the
             returned transform stay on the CPU, and ``model`` is not moved (a copy is).
+        row_masks: passed to the weight-matching initialisation (rows left out of its
+            similarities, e.g. embedding rows of tokens never seen in training).
 
     Returns:
         An :class:`AlignmentResult` with the best hard transform on validation;
@@ -327,7 +330,7 @@ def learned_matching(
     base = init or Transform.identity(spec)
     if config.weight_matching_init:
         base = weight_matching(
-            spec, params_a, params_b, init=base, spaces=names, seed=seed
+            spec, params_a, params_b, init=base, spaces=names, seed=seed, row_masks=row_masks
         ).transform
     a = {k: v.detach().to(device) for k, v in params_a.items()}
     # the spaces not learned are applied once, non-differentiably

@@ -18,10 +18,11 @@ Because every model has a single map into the universe, the pairwise maps
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from lmckit.align.weight import WeightMatchingConfig, weight_matching
@@ -103,6 +104,7 @@ def universe_matching(
     *,
     seed: int = 0,
     progress: bool = False,
+    row_masks: Mapping[str, Tensor] | None = None,
 ) -> UniverseResult:
     """Align ``K >= 2`` models of one architecture into a common frame.
 
@@ -113,6 +115,8 @@ def universe_matching(
         config: sweeps and the inner weight-matching settings.
         seed: model order per sweep and weight matching's space order.
         progress: progress bar over sweeps.
+        row_masks: rows left out of every similarity, as in :func:`weight_matching`
+            (e.g. embedding rows of tokens absent from the training data).
     """
     config = config or UniverseConfig()
     if len(models) < 2:
@@ -148,6 +152,7 @@ def universe_matching(
                     config.inner,
                     init=transforms[k],
                     seed=int(torch.randint(0, 2**31 - 1, (), generator=generator)),
+                    row_masks=row_masks,
                 )
                 if not _same(spec, result.transform, transforms[k]):
                     changed = True

@@ -20,7 +20,8 @@ on the *test* split (``t`` in steps of 0.1, token cross-entropy) after each alig
 * three models: the multi-model barrier over the simplex, unaligned vs universe
   matching (RMSNorm forms, orthogonal residual maps), with the triangle figure.
 
-Weight matching ignores embedding/LM-head rows of tokens absent from the training split
+Weight matching (also as learned matching's start and inside universe matching) ignores
+embedding/LM-head rows of tokens absent from the training split
 (as the reference code does). Weight and activation matching run on the CPU (the solvers
 are SciPy/NumPy); training, learned matching's forward and backward passes and path
 evaluation run on ``cuda`` when it is available (training with TF32 matrix products,
@@ -467,8 +468,6 @@ def _pair_stages(
         learned_cfg = cfg.learned
 
         def learn(spec: SymmetrySpec, module: ZooModel, pa: Params, pb: Params) -> dict:
-            # learned matching starts from weight matching (without token masks: its
-            # own initialisation)
             res = learned_matching(
                 module,
                 spec,
@@ -479,6 +478,7 @@ def _pair_stages(
                 seed=run.ctx.seed,
                 device=run.device,
                 progress=run.ctx.progress,
+                row_masks=_masks_for(pa, masks),
             )
             moved = apply(spec, pb, res.transform)
             return _path_entry(
@@ -572,6 +572,7 @@ def _width_stages(
                 seed=run.ctx.seed,
                 device=run.device,
                 progress=run.ctx.progress,
+                row_masks=_masks_for(emb, masks),
             )
             moved = apply(spec, emb, res.transform)
             return _path_entry(
@@ -585,7 +586,7 @@ def _width_stages(
 
 
 def _simplex_stage(
-    run: _Run, data: Dataset, ln: ZooModel, models: list[Params]
+    run: _Run, data: Dataset, ln: ZooModel, models: list[Params], masks: dict[str, Tensor]
 ) -> dict[str, dict[str, Any]]:
     """Three models over their simplex (RMSNorm forms): unaligned vs universe matching."""
     rms_models = []
@@ -604,6 +605,7 @@ def _simplex_stage(
             rms_models,
             UniverseConfig(max_iter=run.config.universe_sweeps, inner=run.config.weight),
             seed=run.ctx.seed,
+            row_masks=_masks_for(rms_models[0], masks),
         )
         aligned = res.aligned(spec, rms_models)
         return {
@@ -720,7 +722,7 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
     for learned in (False, True):
         entries = _pair_stages(run, data, ln, a, b, masks, learned=learned)
         entries |= _width_stages(run, data, ln, a, wide_ln, wide, masks, learned=learned)
-        entries |= _simplex_stage(run, data, ln, [a, b, c])
+        entries |= _simplex_stage(run, data, ln, [a, b, c], masks)
 
     rows = [
         _row(name, e, _label(name, config.wide_embd, config.n_embd)) for name, e in entries.items()
