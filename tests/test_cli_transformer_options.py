@@ -181,3 +181,12 @@ def test_align_bad_device_is_a_clear_error(checkpoints, tmp_path: Path) -> None:
         result = CliRunner().invoke(main, [*args, "--device", "cuda"])
         assert result.exit_code == 1
         assert "no CUDA device" in result.output
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_align_learned_on_cuda(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    out = tmp_path / "learned-cuda"
+    args = ["align", a, b, "--method", "learned", "--data", "digits", "--steps", "30"]
+    _invoke(*args, "--device", "cuda", "--out", str(out), "--quiet")
+    assert _barrier(a, str(out), tmp_path, "l.json") < 0.5 * _barrier(a, b, tmp_path, "n.json")
