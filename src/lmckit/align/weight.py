@@ -136,7 +136,7 @@ def _circuit_terms(
     writes = {u.param for u in space.uses if u.role == "write"}
     total: Tensor | None = None
     replaced: set[str] = set()
-    current = space.group.matrix(transform[space.name])
+    current: Tensor | None = None  # built only if a head space touches this space
     for heads in spec:
         c = heads.circuits
         if c is None or heads.name == space.name:
@@ -146,6 +146,8 @@ def _circuit_terms(
         if not (inputs or outputs):
             continue
         replaced |= (projections if inputs else set()) | ({c.output} if outputs else set())
+        if current is None:
+            current = space.group.matrix(transform[space.name])
         a_width = ref[c.output].shape[0] if outputs else ref[c.query.param].shape[1]
         b_width = other[c.output].shape[0] if outputs else other[c.query.param].shape[1]
         if tuple(current.shape) != (a_width, b_width):
