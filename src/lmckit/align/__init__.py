@@ -1,6 +1,7 @@
 """Aligners: each returns an :class:`AlignmentResult` whose transform aligns B to A."""
 
 from lmckit.align.activation import activation_matching, collect_cross_statistics
+from lmckit.align.head_bases import HeadBases, apply_head_bases, match_head_bases
 from lmckit.align.learned import LearnedMatchingConfig, learned_matching
 from lmckit.align.multi import UniverseConfig, UniverseResult, universe_matching
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
@@ -15,6 +16,7 @@ from lmckit.align.width import (
 
 __all__ = [
     "AlignmentResult",
+    "HeadBases",
     "LearnedMatchingConfig",
     "PaddedPermutation",
     "SpaceDiagnostics",
@@ -23,8 +25,10 @@ __all__ = [
     "WeightMatchingConfig",
     "WidthMatchingConfig",
     "activation_matching",
+    "apply_head_bases",
     "collect_cross_statistics",
     "learned_matching",
+    "match_head_bases",
     "naive_embedding",
     "solve",
     "universe_matching",

@@ -13,7 +13,8 @@ on the *test* split (``t`` in steps of 0.1, token cross-entropy) after each alig
 * ``WM (permutations only)`` / ``learned (permutations only)``: the residual stream
   permuted (``spec.with_groups(residual=Permutation())``), heads by QK/OV circuits;
 * ``WM (orthogonal)`` / ``learned (orthogonal)``: the residual stream aligned by an
-  orthogonal map;
+  orthogonal map; ``+ head bases``: then each matched head's query/key and value/output
+  bases aligned by orthogonal maps (:func:`lmckit.align.match_head_bases`, data-free);
 * width-heterogeneous: the narrow model embedded exactly into the wide one's shape
   (:func:`lmckit.rewrites.embed_in_wider`), then orthogonal WM (and learned matching)
   with the wide model as reference;
@@ -50,7 +51,9 @@ from lmckit.align import (
     UniverseConfig,
     WeightMatchingConfig,
     activation_matching,
+    apply_head_bases,
     learned_matching,
+    match_head_bases,
     universe_matching,
     weight_matching,
 )
@@ -444,11 +447,14 @@ def _pair_stages(
         pa: Params,
         pb: Params,
         config: WeightMatchingConfig = cfg.weight,
+        head_bases: bool = False,
     ) -> dict[str, Any]:
         res = weight_matching(
             spec, pa, pb, config, seed=run.ctx.seed, row_masks=_masks_for(pa, masks)
         )
         moved = apply(spec, pb, res.transform)
+        if head_bases:
+            moved = apply_head_bases(spec, moved, match_head_bases(spec, pa, moved))
         return _path_entry(
             run.path(module, pa, moved, data),
             align_seconds=res.seconds,
@@ -458,6 +464,9 @@ def _pair_stages(
 
     out["WM (permutations only)"] = run.stage("wm-perm", lambda: wm(perm_spec, rms, rms_a, rms_b))
     out["WM (orthogonal)"] = run.stage("wm-orth", lambda: wm(orth_spec, rms, rms_a, rms_b))
+    out["WM (orthogonal) + head bases"] = run.stage(
+        "wm-orth-bases", lambda: wm(orth_spec, rms, rms_a, rms_b, head_bases=True)
+    )
     # the ablation of circuit-aware residual matching: heads' raw Q/K/V/O weights
     raw = replace(cfg.weight, residual_circuits=False)
     out["WM (orthogonal, raw head weights)"] = run.stage(
@@ -545,11 +554,13 @@ def _width_stages(
         lambda: _path_entry(run.path(wide_rms, rms_wide, emb, data), embed_max_logit_diff=exact),
     )
 
-    def wm() -> dict[str, Any]:
+    def wm(head_bases: bool = False) -> dict[str, Any]:
         res = weight_matching(
             spec, rms_wide, emb, cfg.weight, seed=run.ctx.seed, row_masks=_masks_for(emb, masks)
         )
         moved = apply(spec, emb, res.transform)
+        if head_bases:
+            moved = apply_head_bases(spec, moved, match_head_bases(spec, rms_wide, moved))
         return _path_entry(
             run.path(wide_rms, rms_wide, moved, data),
             align_seconds=res.seconds,
@@ -558,6 +569,9 @@ def _width_stages(
         )
 
     out["width 512 vs 256: WM (orthogonal)"] = run.stage("width-wm-orth", wm)
+    out["width 512 vs 256: WM (orthogonal) + head bases"] = run.stage(
+        "width-wm-orth-bases", lambda: wm(head_bases=True)
+    )
     if cfg.learned is not None and cfg.learned_width and learned:
         learned_cfg = cfg.learned
 

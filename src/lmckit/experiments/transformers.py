@@ -10,6 +10,9 @@ by activation matching, and the linear path between them is measured (test split
 * ``WM orthogonal``: both models rewritten to RMSNorm form
   (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, exact), the residual stream
   aligned by an orthogonal map, heads and MLP units by permutations;
+* ``WM orthogonal + head bases``: that solution, then each matched head's query/key
+  and value/output bases aligned by orthogonal maps
+  (:func:`lmckit.align.match_head_bases`; still data-free, same function);
 * ``AM permutation``: activation matching of the LayerNorm models (Pearson
   correlation of residual-stream, per-head-unit and MLP activations; permutations);
 * ``AM permutation (units in heads)``: the same with the units inside each head also
@@ -27,7 +30,13 @@ from pathlib import Path
 
 import torch
 
-from lmckit.align import WeightMatchingConfig, activation_matching, weight_matching
+from lmckit.align import (
+    WeightMatchingConfig,
+    activation_matching,
+    apply_head_bases,
+    match_head_bases,
+    weight_matching,
+)
 from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
 from lmckit.data import Dataset, load_mnist
 from lmckit.evaluate import PathResult
@@ -94,6 +103,9 @@ def compare_transformer_alignments(
         result = weight_matching(use_spec, rms_a, rms_b, config, seed=seed, row_masks=rms_masks)
         moved = apply(use_spec, rms_b, result.transform)
         out[label] = measure_path(rms, rms_a, moved, data, settings)
+    # the same orthogonal solution, then each matched head's bases aligned too
+    based = apply_head_bases(rms_spec, moved, match_head_bases(rms_spec, rms_a, moved))
+    out["WM orthogonal + head bases"] = measure_path(rms, rms_a, based, data, settings)
     if activations:
         inputs = train_inputs(data, settings)()
         for label, use_spec in (

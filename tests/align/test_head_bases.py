@@ -1,0 +1,124 @@
+"""Within-head orthogonal bases: function-preserving, and recovered exactly."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from lmckit.align import (
+    HeadBases,
+    WeightMatchingConfig,
+    apply_head_bases,
+    match_head_bases,
+    weight_matching,
+)
+from lmckit.models import create_model
+from lmckit.rewrites import layernorm_to_rmsnorm
+from lmckit.symmetry import Orthogonal, apply, random_transform
+
+GPT2 = {"vocab_size": 30, "n_layer": 2, "n_head": 2, "n_embd": 16, "n_inner": 32, "context": 8}
+VIT = {
+    "image_size": 8,
+    "patch_size": 4,
+    "in_channels": 1,
+    "num_classes": 3,
+    "width": 16,
+    "depth": 2,
+    "heads": 4,
+    "mlp_dim": 32,
+}
+
+
+def _model(name: str, seed: int = 0):
+    module, params = create_model(name, seed=seed, **(GPT2 if name == "gpt2" else VIT))
+    gen = torch.Generator().manual_seed(seed)
+    # non-zero biases, so that rotating them is tested too
+    params = {
+        k: v + 0.1 * torch.randn(v.shape, generator=gen) if k.endswith("bias") else v
+        for k, v in params.items()
+    }
+    if name == "gpt2":
+        x = torch.randint(0, 30, (3, 8), generator=gen)
+    else:
+        x = torch.randn(3, 1, 8, 8, generator=gen)
+    return module.eval(), params, x
+
+
+def _random_bases(spec, seed: int) -> HeadBases:
+    gen = torch.Generator().manual_seed(seed)
+    maps = {}
+    for space in spec:
+        if space.circuits is None:
+            continue
+        heads, hd = space.group.heads, space.group.head_dim
+        draw = [torch.stack([Orthogonal().random(hd, gen) for _ in range(heads)]) for _ in "ab"]
+        maps[space.name] = (draw[0], draw[1])
+    return HeadBases(maps)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit"])
+@pytest.mark.parametrize("rms", [False, True])
+def test_random_head_bases_keep_the_function(name: str, rms: bool) -> None:
+    module, params, x = _model(name)
+    if rms:
+        module, params = layernorm_to_rmsnorm(module, params)
+    spec = module.symmetry_spec()
+    moved = apply_head_bases(spec, params, _random_bases(spec, 1))
+    changed = [k for k in params if not torch.equal(params[k], moved[k])]
+    assert changed and all("attn" in k or "attention" in k for k in changed)
+    torch.testing.assert_close(
+        functional_call(module, moved, (x,)),
+        functional_call(module, params, (x,)),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit"])
+def test_matching_recovers_random_bases_after_weight_matching(name: str) -> None:
+    module, params, x = _model(name)
+    module, params = layernorm_to_rmsnorm(module, params)
+    spec = module.symmetry_spec()
+    # a copy with heads, residual and MLP moved, and the heads' bases rotated
+    copy = apply_head_bases(
+        spec, apply(spec, params, random_transform(spec, 3)), _random_bases(spec, 4)
+    )
+    moved = apply(spec, copy, weight_matching(spec, params, copy).transform)
+    back = apply_head_bases(spec, moved, match_head_bases(spec, params, moved))
+    for k in params:
+        torch.testing.assert_close(back[k], params[k], atol=1e-4, rtol=0)
+
+
+def test_identical_models_get_identity_bases() -> None:
+    module, params, _ = _model("gpt2")
+    spec = module.symmetry_spec()
+    bases = match_head_bases(spec, params, params)
+    for qk, ov in bases.maps.values():
+        eye = torch.eye(qk.shape[-1]).expand_as(qk)
+        torch.testing.assert_close(qk, eye, atol=1e-5, rtol=0)
+        torch.testing.assert_close(ov, eye, atol=1e-5, rtol=0)
+
+
+def test_a_spec_without_heads_is_a_clear_error() -> None:
+    module, params = create_model("mlp", seed=0, in_features=4, hidden=[8], out_features=3)
+    with pytest.raises(ValueError, match="head"):
+        match_head_bases(module.symmetry_spec(), params, params)
+
+
+def test_head_bases_raise_the_attention_weights_inner_product() -> None:
+    """Two independently initialised GPT-2s: the Procrustes steps can only raise the
+    inner product of the attention weights (each maximises its own part of it)."""
+    ln, a, _ = _model("gpt2", 0)
+    _, b, _ = _model("gpt2", 1)
+    module, a = layernorm_to_rmsnorm(ln, a)
+    _, b = layernorm_to_rmsnorm(ln, b)
+    spec = module.symmetry_spec()
+    moved = apply(spec, b, weight_matching(spec, a, b, WeightMatchingConfig()).transform)
+    based = apply_head_bases(spec, moved, match_head_bases(spec, a, moved))
+    attn = [k for k in a if ".attn." in k]
+
+    def inner(p: dict) -> float:
+        return sum(float((a[k] * p[k]).sum()) for k in attn)
+
+    assert inner(based) > inner(moved)
