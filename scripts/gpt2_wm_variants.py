@@ -1,14 +1,19 @@
 """Ablations of orthogonal weight matching on a trained GPT-2 pair (a study, not the API).
 
-Loads two checkpoints written by ``lmckit reproduce gpt2-shakespeare`` and measures the
-test loss barrier (11 points) after orthogonal weight matching in four variants:
-the default (heads seen by the residual through QK/OV circuits), raw head weights,
-the residual matched on the embeddings and LM head alone, and embedding/LM-head rows
-weighted by the square root of each token's training frequency.
+Measures the test loss barrier (11 points) between two GPT-2s on Tiny Shakespeare after
+orthogonal weight matching in several variants: the default (heads seen by the residual
+through QK/OV circuits), the default followed by within-head basis alignment
+(``match_head_bases``), raw head weights, the residual matched on the embeddings and LM
+head alone, and embedding/LM-head rows weighted by sqrt(token frequency); with
+``--learned``, also learned matching (orthogonal).
+
+``--config paper`` / ``quick`` read the models that ``lmckit reproduce gpt2-shakespeare
+[--quick] --out OUT`` trained; ``--config proxy`` trains (and caches under OUT) a
+CPU-sized pair: 2 layers, 4 heads, width 128, MLP 512, context 64, the first 120,000
+BPE tokens, AdamW 1e-3, 6 epochs.
 
     python scripts/gpt2_wm_variants.py runs/gpt2 --data-root ../shared/data --seed 1
-
-(``--quick`` for the models of ``reproduce gpt2-shakespeare --quick``.)
+    python scripts/gpt2_wm_variants.py /tmp/proxy --config proxy --learned
 """
 
 from __future__ import annotations
@@ -21,14 +26,51 @@ from pathlib import Path
 import torch
 
 from lmckit import checkpoint
-from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.align import (
+    LearnedMatchingConfig,
+    WeightMatchingConfig,
+    apply_head_bases,
+    learned_matching,
+    match_head_bases,
+    weight_matching,
+)
 from lmckit.data import batches
 from lmckit.evaluate import evaluate_path, linear_grid
-from lmckit.experiments.gpt2_shakespeare import paper_config, quick_config, shakespeare_tokens
+from lmckit.experiments.gpt2_shakespeare import (
+    GPT2ShakespeareConfig,
+    paper_config,
+    quick_config,
+    shakespeare_tokens,
+)
+from lmckit.models import create_model
 from lmckit.rewrites import layernorm_to_rmsnorm
 from lmckit.symmetry import SymmetrySpec, apply
+from lmckit.train import TrainConfig, fit
 
 EMBEDDINGS = ("transformer.wte", "transformer.wpe", "lm_head")
+PROXY = GPT2ShakespeareConfig(
+    n_layer=2,
+    n_head=4,
+    n_embd=128,
+    n_inner=512,
+    context=64,
+    wide_embd=256,
+    wide_inner=1024,
+    dropout=0.0,
+    train=TrainConfig(
+        epochs=6,
+        batch_size=32,
+        optimizer="adamw",
+        lr=1e-3,
+        weight_decay=0.01,
+        schedule="cosine",
+        warmup=0.05,
+        patience=2,
+        eval_batch_size=64,
+    ),
+    tokens=120_000,
+    learned=LearnedMatchingConfig(steps=150, batch_size=32, eval_every=25, patience=3),
+)
 
 
 def _residual_only_from(spec: SymmetrySpec, prefixes: tuple[str, ...]) -> SymmetrySpec:
@@ -44,28 +86,49 @@ def _residual_only_from(spec: SymmetrySpec, prefixes: tuple[str, ...]) -> Symmet
     return SymmetrySpec(tuple(spaces))
 
 
+def _pair(root: Path, config: GPT2ShakespeareConfig, data, seeds: tuple[int, int], train: bool):
+    """The two LayerNorm checkpoints, trained first when ``train`` and missing."""
+    out = []
+    for seed in seeds:
+        where = root / "models" / f"gpt2-{config.n_embd}-seed{seed}"
+        if not (where / checkpoint.CONFIG_FILE).exists():
+            if not train:
+                raise SystemExit(f"{where} does not exist: run `lmckit reproduce` first")
+            module, init = create_model(
+                "gpt2",
+                seed=seed,
+                vocab_size=data.num_classes,
+                n_layer=config.n_layer,
+                n_head=config.n_head,
+                n_embd=config.n_embd,
+                n_inner=config.n_inner,
+                context=config.context,
+                dropout=config.dropout,
+            )
+            result = fit(module, init, data, config.train, seed=seed, progress=False)
+            checkpoint.save(where, module, result.params)
+        out.append(checkpoint.load(where))
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the --out folder of gpt2-shakespeare")
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"))
     parser.add_argument("--seed", type=int, default=0, help="the pair is seeds s and s + 1")
-    parser.add_argument("--quick", action="store_true", help="the --quick run's models")
+    parser.add_argument("--config", choices=["paper", "quick", "proxy"], default="paper")
+    parser.add_argument("--learned", action="store_true", help="also learned matching")
     args = parser.parse_args()
-    config = quick_config() if args.quick else paper_config()
-    mode = "quick" if args.quick else "paper"
-    root = args.out / f"{mode}-{config.fingerprint()}"
-    if not root.is_dir():
-        parser.error(f"{root} does not exist: run `lmckit reproduce gpt2-shakespeare` first")
+    config = {"paper": paper_config, "quick": quick_config, "proxy": lambda: PROXY}[args.config]()
+    root = args.out / f"{args.config}-{config.fingerprint()}"
     data = shakespeare_tokens(
         args.data_root / "tinyshakespeare" / "input.txt",
         args.data_root / "gpt2_tokenizer",
         block=config.context,
         tokens=config.tokens,
     )
-    la, lb = (
-        checkpoint.load(root / "models" / f"gpt2-{config.n_embd}-seed{s}")
-        for s in (args.seed, args.seed + 1)
-    )
+    seeds = (args.seed, args.seed + 1)
+    la, lb = _pair(root, config, data, seeds, train=args.config == "proxy")
     rms, a = layernorm_to_rmsnorm(la.model, la.params)
     _, b = layernorm_to_rmsnorm(la.model, lb.params)
     seen = torch.zeros(data.num_classes, dtype=torch.bool)
@@ -95,14 +158,27 @@ def main() -> None:
         "embeddings and LM head only": (_residual_only_from(spec, EMBEDDINGS), a, b, wm),
         "sqrt-frequency token rows": (spec, a_freq, b_freq, wm),
     }
-    print(f"seeds {args.seed},{args.seed + 1}: vanilla (RMS form) {barrier(b):.4f}")
+    pair = f"{args.config} seeds {seeds[0]},{seeds[1]}"
+    print(f"{pair}: vanilla (RMS form) {barrier(b):.4f}", flush=True)
     for name, (s, pa, pb, cfg) in variants.items():
         start = time.perf_counter()
         res = weight_matching(s, pa, pb, cfg, row_masks=masks)
+        moved = apply(s, b, res.transform)
+        seconds = time.perf_counter() - start
+        print(f"{pair}: WM orthogonal, {name}: barrier {barrier(moved):.4f}, {seconds:.1f} s")
+        if name.startswith("default"):
+            based = apply_head_bases(spec, moved, match_head_bases(spec, a, moved))
+            print(f"{pair}: WM orthogonal, default + head bases: barrier {barrier(based):.4f}")
+    if args.learned and config.learned is not None:
+        start = time.perf_counter()
+        res = learned_matching(
+            rms, spec, a, b, data, config.learned, row_masks=masks, device=device
+        )
+        moved = apply(spec, b, res.transform)
+        seconds = time.perf_counter() - start
         print(
-            f"seeds {args.seed},{args.seed + 1}: WM orthogonal, {name}: "
-            f"barrier {barrier(apply(s, b, res.transform)):.4f}, {res.iterations} sweeps, "
-            f"{time.perf_counter() - start:.1f} s"
+            f"{pair}: learned orthogonal ({res.iterations} steps): "
+            f"barrier {barrier(moved):.4f}, {seconds:.1f} s"
         )
 
 
