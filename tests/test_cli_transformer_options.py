@@ -190,3 +190,32 @@ def test_align_learned_on_cuda(checkpoints, tmp_path: Path) -> None:
     args = ["align", a, b, "--method", "learned", "--data", "digits", "--steps", "30"]
     _invoke(*args, "--device", "cuda", "--out", str(out), "--quiet")
     assert _barrier(a, str(out), tmp_path, "l.json") < 0.5 * _barrier(a, b, tmp_path, "n.json")
+
+
+def test_head_bases_flag_keeps_the_function_and_is_recorded(tmp_path: Path) -> None:
+    kwargs = {"vocab_size": 50, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+    paths = []
+    for seed in (0, 1):
+        module, params = create_model("gpt2", seed=seed, **kwargs)
+        save(tmp_path / f"g{seed}", module, params)
+        paths.append(str(tmp_path / f"g{seed}"))
+    plain, based = tmp_path / "plain", tmp_path / "based"
+    _invoke("align", *paths, "--symmetry", "orthogonal", "--out", str(plain), "--quiet")
+    args = ["--symmetry", "orthogonal", "--head-bases", "--out", str(based), "--quiet"]
+    _invoke("align", *paths, *args)
+    x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
+    a, b = load(plain), load(based)
+    torch.testing.assert_close(b.model(x), a.model(x), atol=1e-4, rtol=0)
+    assert not torch.equal(
+        a.params["transformer.h.0.attn.c_attn.weight"],
+        b.params["transformer.h.0.attn.c_attn.weight"],
+    )
+    meta = json.loads((based / "config.json").read_text())
+    assert '"head_bases": true' in json.dumps(meta)
+
+
+def test_head_bases_on_an_mlp_is_a_clear_error(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    result = CliRunner().invoke(main, ["align", a, b, "--head-bases", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 1
+    assert "head" in result.output

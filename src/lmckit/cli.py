@@ -569,6 +569,12 @@ def _with_symmetry(
     show_default=True,
     help="Learned matching: torch device for its forward and backward passes, e.g. cuda.",
 )
+@click.option(
+    "--head-bases",
+    is_flag=True,
+    help="Transformers: after the transform, align each matched head's query/key and "
+    "value/output bases by orthogonal maps (data-free; the function is unchanged).",
+)
 @data_option
 @click.option(
     "--out", type=click.Path(file_okay=False), required=True, help="Directory for B aligned to A."
@@ -584,6 +590,7 @@ def align_cmd(
     steps: int,
     lr: float,
     device: str,
+    head_bases: bool,
     data_spec: str | None,
     out: str,
     seed: int,
@@ -591,7 +598,12 @@ def align_cmd(
     quiet: bool,
 ) -> None:
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
-    from lmckit.align import LearnedMatchingConfig, learned_matching
+    from lmckit.align import (
+        LearnedMatchingConfig,
+        apply_head_bases,
+        learned_matching,
+        match_head_bases,
+    )
 
     _threads(threads)
     torch_device = _device(device)
@@ -622,6 +634,9 @@ def align_cmd(
             align_pair, full, a.model, spec, a.params, b.params, data, seed=seed, progress=not quiet
         )
     aligned = apply(spec, b.params, result.transform)
+    if head_bases:
+        bases = _run(match_head_bases, spec, a.params, aligned)
+        aligned = apply_head_bases(spec, aligned, bases)
     metadata: dict[str, Any] = {
         "aligned_to": str(model_a),
         "source": str(model_b),
@@ -629,6 +644,7 @@ def align_cmd(
         "symmetry": symmetry,
         "seed": seed,
         "data": data_spec,
+        "head_bases": head_bases,
         "spaces": {k: vars(v) for k, v in result.spaces.items()},
     }
     if method == "learned":
