@@ -158,14 +158,15 @@ def compare_alignments(
 
 def format_table(results: dict[str, PathResult]) -> str:
     """Plain-text table of barriers and midpoints, one row per path."""
+    w = max(len("method"), *(len(name) for name in results)) + 2
     header = (
-        f"{'method':<22}{'loss barrier':>14}{'acc barrier':>13}"
+        f"{'method':<{w}}{'loss barrier':>14}{'acc barrier':>13}"
         f"{'mid loss':>10}{'mid acc':>9}{'end losses':>16}"
     )
     rows = [header, "-" * len(header)]
     for name, r in results.items():
         rows.append(
-            f"{name:<22}{r.barrier_loss:>14.4f}{100 * r.barrier_acc:>12.2f}%"
+            f"{name:<{w}}{r.barrier_loss:>14.4f}{100 * r.barrier_acc:>12.2f}%"
             f"{r.midpoint_loss:>10.4f}{100 * r.midpoint_acc:>8.2f}%"
             f"{r.loss[0]:>8.4f}/{r.loss[-1]:.4f}"
         )

@@ -490,11 +490,15 @@ def _pair_stages(
                 row_masks=_masks_for(pa, masks),
             )
             moved = apply(spec, pb, res.transform)
+            # the heads' inner bases are outside the spec, so learning cannot move them:
+            # aligned afterwards, the same path with them matched is a second row
+            based = apply_head_bases(spec, moved, match_head_bases(spec, pa, moved))
             return _path_entry(
                 run.path(module, pa, moved, data),
                 align_seconds=res.seconds,
                 steps=res.iterations,
                 val_mid_loss=[res.history[0], min(res.history)],
+                head_bases_path=run.path(module, pa, based, data).to_dict(),
             )
 
         out["learned (permutations only)"] = run.stage(
@@ -503,6 +507,13 @@ def _pair_stages(
         out["learned (orthogonal)"] = run.stage(
             "learned-orth", lambda: learn(orth_spec, rms, rms_a, rms_b)
         )
+        if "head_bases_path" in out["learned (orthogonal)"]:  # absent from older caches
+            entry = out["learned (orthogonal)"]
+            out["learned (orthogonal) + head bases"] = {
+                "path": entry["head_bases_path"],
+                "align_seconds": entry["align_seconds"],
+                "stage_seconds": entry["stage_seconds"],
+            }
     return out
 
 
@@ -674,8 +685,9 @@ def _row(name: str, entry: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def _format(rows: list[dict[str, Any]]) -> str:
+    w = max(len("method"), *(len(r["method"]) for r in rows)) + 2
     head = (
-        f"{'method':<40}{'loss barrier':>13}{'acc barrier':>12}{'paper':>7}"
+        f"{'method':<{w}}{'loss barrier':>13}{'acc barrier':>12}{'paper':>7}"
         f"{'reference code':>16}{'target':>9}{'align s':>9}{'stage s':>9}"
     )
     lines = [head, "-" * len(head)]
@@ -685,7 +697,7 @@ def _format(rows: list[dict[str, Any]]) -> str:
         align = "-" if r["align_seconds"] is None else f"{r['align_seconds']:.1f}"
         stage = "-" if r["stage_seconds"] is None else f"{r['stage_seconds']:.1f}"
         lines.append(
-            f"{r['method']:<40}{barrier:>13}{acc:>12}{r['paper']:>7}{r['reference']:>16}"
+            f"{r['method']:<{w}}{barrier:>13}{acc:>12}{r['paper']:>7}{r['reference']:>16}"
             f"{r['target']:>9}{align:>9}{stage:>9}"
         )
     return "\n".join(lines)
