@@ -88,6 +88,10 @@ def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:
     assert width[0]["embed_max_logit_diff"] < 1e-3
     simplex = [r for name, r in rows.items() if name.startswith("3 models")]
     assert simplex[1]["barrier_loss"] <= simplex[0]["barrier_loss"]
+    # aligning the bases inside matched heads (data-free) lowers the barriers further
+    for base in ("WM (orthogonal)", "learned (orthogonal)", "3 models: universe matching"):
+        with_bases = rows[f"{base} + head bases"]["barrier_loss"]
+        assert with_bases < 0.8 * rows[base]["barrier_loss"], base
     # t in steps of 0.1
     assert len(rows["vanilla"]["loss"]) == 11
     assert "paper" in result.table and "2.02" in result.table

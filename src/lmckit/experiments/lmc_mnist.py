@@ -106,12 +106,17 @@ RESNET_FULL = ModelSetup(
     _RESNET_TRAIN,
     _RESNET_EVAL,
 )
+# LayerNorm ResNets do not train with the BatchNorm schedule (2 epochs of SGD 0.05 left
+# them at 38 % / 34 % test accuracy): Adam with a warm-up instead
+_RESNET_LN_TRAIN = TrainConfig(
+    epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=5e-4, warmup=0.1
+)
 RESNET_LN_FULL = ModelSetup(
     "resnet20",
     {**_RESNET_KWARGS, "width_mult": 4, "norm": "layer"},
     None,
     1000,
-    _RESNET_TRAIN,
+    _RESNET_LN_TRAIN,
     _RESNET_EVAL,
 )
 
