@@ -204,6 +204,7 @@ def test_tiny_trained_gpt2_pair_orthogonal_beats_permutation_beats_vanilla() -> 
     # way); the orthogonal residual map does
     assert orth <= perm and perm <= vanilla + 0.01, (vanilla, perm, orth)
     assert orth < 0.5 * vanilla
+    assert results["WM orthogonal + head bases"].barrier_loss < orth
 
 
 def _change_head_bases(params: dict, n_layer: int, d: int, heads: int, seed: int) -> dict:
