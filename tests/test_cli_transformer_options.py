@@ -219,3 +219,27 @@ def test_head_bases_on_an_mlp_is_a_clear_error(checkpoints, tmp_path: Path) -> N
     result = CliRunner().invoke(main, ["align", a, b, "--head-bases", "--out", str(tmp_path / "x")])
     assert result.exit_code == 1
     assert "head" in result.output
+
+
+def test_simplex_with_head_bases_keeps_every_vertex(tmp_path: Path) -> None:
+    kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
+    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16, "norm": "rms"}
+    paths = []
+    for seed in range(3):
+        module, params = create_model("vit", seed=seed, **kwargs)
+        save(tmp_path / f"v{seed}", module, params)
+        paths.append(str(tmp_path / f"v{seed}"))
+    results = {}
+    for flags in ([], ["--head-bases"]):
+        out = tmp_path / f"s{len(flags)}.json"
+        args = ["--simplex", "--resolution", "2", "--align", "weight", "--data", "digits"]
+        _invoke("barrier", *paths, *args, *flags, "--json", str(out), "--quiet")
+        results[len(flags)] = json.loads(out.read_text())
+    # aligning head bases changes no model's function: the vertices' losses are the same
+    for plain, based in zip(results[0]["vertex_loss"], results[1]["vertex_loss"], strict=True):
+        assert based == pytest.approx(plain, abs=1e-5)
+    assert results[1]["meta"]["head_bases"] is True
+    result = CliRunner().invoke(
+        main, ["barrier", *paths, "--simplex", "--head-bases", "--data", "digits"]
+    )
+    assert result.exit_code == 1 and "--align weight" in result.output

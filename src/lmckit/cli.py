@@ -683,12 +683,13 @@ def _simplex(
     resolution: int,
     align: str,
     seed: int,
+    head_bases: bool,
     json_path: str | None,
     plot_path: str | None,
     quiet: bool,
 ) -> None:
     """The multi-model barrier over the simplex spanned by ``paths``."""
-    from lmckit.align import universe_matching
+    from lmckit.align import apply_head_bases, match_head_bases, universe_matching
     from lmckit.data import batches
     from lmckit.paths import evaluate_simplex
 
@@ -703,6 +704,13 @@ def _simplex(
         universe = _run(universe_matching, spec, models, seed=seed, progress=not quiet)
         models = universe.aligned(spec, models)
         meta.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))
+        if head_bases:
+            first = models[0]
+            models = [first] + [
+                apply_head_bases(spec, p, _run(match_head_bases, spec, first, p))
+                for p in models[1:]
+            ]
+            meta["head_bases"] = True
     fix = settings.fix
     if fix == "auto":
         fix = "reset_bn" if has_batchnorm(model) else "none"
@@ -783,6 +791,12 @@ def _simplex(
     help="With --simplex: weight: universe matching of all models into one frame first.",
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="With --align weight.")
+@click.option(
+    "--head-bases",
+    is_flag=True,
+    help="With --align weight, transformers: also align every model's attention-head bases "
+    "to the first model's.",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
 @threads_option
@@ -797,6 +811,7 @@ def barrier_cmd(
     resolution: int,
     align_method: str,
     seed: int,
+    head_bases: bool,
     json_path: str | None,
     plot_path: str | None,
     threads: int | None,
@@ -814,6 +829,8 @@ def barrier_cmd(
         raise _fail("--align is for --simplex; align a pair with `lmckit align` first")
     if simplex and len(models) < 2:
         raise _fail("--simplex needs at least two models")
+    if head_bases and align_method != "weight":
+        raise _fail("--head-bases goes with --simplex --align weight")
     data = _data(data_spec)
     settings = _settings(
         split=split, points=points, fix=fix, batch_size=_eval_batch_size(data, None)
@@ -827,6 +844,7 @@ def barrier_cmd(
             resolution=resolution,
             align=align_method,
             seed=seed,
+            head_bases=head_bases,
             json_path=json_path,
             plot_path=plot_path,
             quiet=quiet,
