@@ -29,9 +29,8 @@ from lmckit import checkpoint
 from lmckit.align import (
     LearnedMatchingConfig,
     WeightMatchingConfig,
-    apply_head_bases,
+    align_head_bases,
     learned_matching,
-    match_head_bases,
     weight_matching,
 )
 from lmckit.data import batches
@@ -167,7 +166,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         print(f"{pair}: WM orthogonal, {name}: barrier {barrier(moved):.4f}, {seconds:.1f} s")
         if name.startswith("default"):
-            based = apply_head_bases(spec, moved, match_head_bases(spec, a, moved))
+            based = align_head_bases(spec, a, moved)
             print(f"{pair}: WM orthogonal, default + head bases: barrier {barrier(based):.4f}")
     if args.learned and config.learned is not None:
         start = time.perf_counter()

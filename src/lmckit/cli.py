@@ -598,12 +598,7 @@ def align_cmd(
     quiet: bool,
 ) -> None:
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
-    from lmckit.align import (
-        LearnedMatchingConfig,
-        apply_head_bases,
-        learned_matching,
-        match_head_bases,
-    )
+    from lmckit.align import LearnedMatchingConfig, align_head_bases, learned_matching
 
     _threads(threads)
     torch_device = _device(device)
@@ -635,8 +630,7 @@ def align_cmd(
         )
     aligned = apply(spec, b.params, result.transform)
     if head_bases:
-        bases = _run(match_head_bases, spec, a.params, aligned)
-        aligned = apply_head_bases(spec, aligned, bases)
+        aligned = _run(align_head_bases, spec, a.params, aligned)
     metadata: dict[str, Any] = {
         "aligned_to": str(model_a),
         "source": str(model_b),
@@ -689,7 +683,7 @@ def _simplex(
     quiet: bool,
 ) -> None:
     """The multi-model barrier over the simplex spanned by ``paths``."""
-    from lmckit.align import apply_head_bases, match_head_bases, universe_matching
+    from lmckit.align import align_head_bases, universe_matching
     from lmckit.data import batches
     from lmckit.paths import evaluate_simplex
 
@@ -706,10 +700,7 @@ def _simplex(
         meta.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))
         if head_bases:
             first = models[0]
-            models = [first] + [
-                apply_head_bases(spec, p, _run(match_head_bases, spec, first, p))
-                for p in models[1:]
-            ]
+            models = [first] + [_run(align_head_bases, spec, first, p) for p in models[1:]]
             meta["head_bases"] = True
     fix = settings.fix
     if fix == "auto":

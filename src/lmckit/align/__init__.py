@@ -1,7 +1,12 @@
 """Aligners: each returns an :class:`AlignmentResult` whose transform aligns B to A."""
 
 from lmckit.align.activation import activation_matching, collect_cross_statistics
-from lmckit.align.head_bases import HeadBases, apply_head_bases, match_head_bases
+from lmckit.align.head_bases import (
+    HeadBases,
+    align_head_bases,
+    apply_head_bases,
+    match_head_bases,
+)
 from lmckit.align.learned import LearnedMatchingConfig, learned_matching
 from lmckit.align.multi import UniverseConfig, UniverseResult, universe_matching
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
@@ -25,6 +30,7 @@ __all__ = [
     "WeightMatchingConfig",
     "WidthMatchingConfig",
     "activation_matching",
+    "align_head_bases",
     "apply_head_bases",
     "collect_cross_statistics",
     "learned_matching",

@@ -10,11 +10,12 @@ whose projections sit in unrelated bases average to a head that computes neither
 
 :func:`match_head_bases` solves, per head, the two Procrustes problems
 ``max_R <[Q_a|K_a], R [Q_b|K_b]>`` and ``max_S <V_a, S V_b> + <O_a, O_b S^T>`` on the
-bias-augmented projections; :func:`apply_head_bases` applies them. Use them after a
-transform has matched heads and the residual stream (``params_b`` already aligned), e.g.
+bias-augmented projections; :func:`apply_head_bases` applies them, and
+:func:`align_head_bases` does both. Use them after a transform has matched heads and the
+residual stream (``params_b`` already aligned), e.g.
 
     moved = apply(spec, params_b, weight_matching(spec, params_a, params_b).transform)
-    moved = apply_head_bases(spec, moved, match_head_bases(spec, params_a, moved))
+    moved = align_head_bases(spec, params_a, moved)
 
 The result computes the same function as ``params_b`` (tested to 1e-5).
 """
@@ -31,7 +32,7 @@ from lmckit.align.circuits import projection
 from lmckit.params import Params, check_compatible
 from lmckit.symmetry import CircuitPart, HeadPermutation, Space, SymmetrySpec
 
-__all__ = ["HeadBases", "apply_head_bases", "match_head_bases"]
+__all__ = ["HeadBases", "align_head_bases", "apply_head_bases", "match_head_bases"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +126,8 @@ def apply_head_bases(spec: SymmetrySpec, params: Params, bases: HeadBases) -> Pa
         cols = o.reshape(o.shape[0], h, -1)
         out[c.output] = torch.einsum("dhj,hij->dhi", cols, ov.to(o.dtype)).reshape(o.shape)
     return out
+
+
+def align_head_bases(spec: SymmetrySpec, params_a: Params, params_b: Params) -> Params:
+    """``params_b`` with its heads' bases matched to ``params_a``'s (same function)."""
+    return apply_head_bases(spec, params_b, match_head_bases(spec, params_a, params_b))

@@ -47,13 +47,13 @@ from torch import Tensor
 
 from lmckit import checkpoint
 from lmckit.align import (
+    AlignmentResult,
     LearnedMatchingConfig,
     UniverseConfig,
     WeightMatchingConfig,
     activation_matching,
-    apply_head_bases,
+    align_head_bases,
     learned_matching,
-    match_head_bases,
     universe_matching,
     weight_matching,
 )
@@ -399,6 +399,64 @@ def _path_entry(result: PathResult, **extra: Any) -> dict[str, Any]:
 # --------------------------------------------------------------------------- stages
 
 
+def _wm_entry(
+    run: _Run,
+    data: Dataset,
+    masks: dict[str, Tensor],
+    spec: SymmetrySpec,
+    module: ZooModel,
+    pa: Params,
+    pb: Params,
+    *,
+    config: WeightMatchingConfig | None = None,
+    head_bases: bool = False,
+) -> dict[str, Any]:
+    """Path from ``pa`` to ``pb`` weight-matched to it (optionally with head bases)."""
+    res = weight_matching(
+        spec,
+        pa,
+        pb,
+        config or run.config.weight,
+        seed=run.ctx.seed,
+        row_masks=_masks_for(pa, masks),
+    )
+    moved = apply(spec, pb, res.transform)
+    if head_bases:
+        moved = align_head_bases(spec, pa, moved)
+    return _path_entry(
+        run.path(module, pa, moved, data),
+        align_seconds=res.seconds,
+        sweeps=res.iterations,
+        converged=res.converged,
+    )
+
+
+def _learn(
+    run: _Run,
+    data: Dataset,
+    masks: dict[str, Tensor],
+    spec: SymmetrySpec,
+    module: ZooModel,
+    pa: Params,
+    pb: Params,
+) -> tuple[AlignmentResult, Params]:
+    """Learned matching of ``pb`` to ``pa`` with the run's settings, and ``pb`` moved."""
+    assert run.config.learned is not None
+    res = learned_matching(
+        module,
+        spec,
+        pa,
+        pb,
+        data,
+        run.config.learned,
+        seed=run.ctx.seed,
+        device=run.device,
+        progress=run.ctx.progress,
+        row_masks=_masks_for(pa, masks),
+    )
+    return res, apply(spec, pb, res.transform)
+
+
 def _pair_stages(
     run: _Run,
     data: Dataset,
@@ -441,58 +499,27 @@ def _pair_stages(
 
     out["activation matching"] = run.stage("activation", activation)
 
-    def wm(
-        spec: SymmetrySpec,
-        module: ZooModel,
-        pa: Params,
-        pb: Params,
-        config: WeightMatchingConfig = cfg.weight,
-        head_bases: bool = False,
-    ) -> dict[str, Any]:
-        res = weight_matching(
-            spec, pa, pb, config, seed=run.ctx.seed, row_masks=_masks_for(pa, masks)
-        )
-        moved = apply(spec, pb, res.transform)
-        if head_bases:
-            moved = apply_head_bases(spec, moved, match_head_bases(spec, pa, moved))
-        return _path_entry(
-            run.path(module, pa, moved, data),
-            align_seconds=res.seconds,
-            sweeps=res.iterations,
-            converged=res.converged,
-        )
+    def wm(spec: SymmetrySpec, **options: Any) -> dict[str, Any]:
+        return _wm_entry(run, data, masks, spec, rms, rms_a, rms_b, **options)
 
-    out["WM (permutations only)"] = run.stage("wm-perm", lambda: wm(perm_spec, rms, rms_a, rms_b))
-    out["WM (orthogonal)"] = run.stage("wm-orth", lambda: wm(orth_spec, rms, rms_a, rms_b))
+    out["WM (permutations only)"] = run.stage("wm-perm", lambda: wm(perm_spec))
+    out["WM (orthogonal)"] = run.stage("wm-orth", lambda: wm(orth_spec))
     out["WM (orthogonal) + head bases"] = run.stage(
-        "wm-orth-bases", lambda: wm(orth_spec, rms, rms_a, rms_b, head_bases=True)
+        "wm-orth-bases", lambda: wm(orth_spec, head_bases=True)
     )
     # the ablation of circuit-aware residual matching: heads' raw Q/K/V/O weights
     raw = replace(cfg.weight, residual_circuits=False)
     out["WM (orthogonal, raw head weights)"] = run.stage(
-        "wm-orth-raw", lambda: wm(orth_spec, rms, rms_a, rms_b, raw)
+        "wm-orth-raw", lambda: wm(orth_spec, config=raw)
     )
 
     if cfg.learned is not None and learned:
-        learned_cfg = cfg.learned
 
         def learn(spec: SymmetrySpec, module: ZooModel, pa: Params, pb: Params) -> dict:
-            res = learned_matching(
-                module,
-                spec,
-                pa,
-                pb,
-                data,
-                learned_cfg,
-                seed=run.ctx.seed,
-                device=run.device,
-                progress=run.ctx.progress,
-                row_masks=_masks_for(pa, masks),
-            )
-            moved = apply(spec, pb, res.transform)
+            res, moved = _learn(run, data, masks, spec, module, pa, pb)
             # the heads' inner bases are outside the spec, so learning cannot move them:
             # aligned afterwards, the same path with them matched is a second row
-            based = apply_head_bases(spec, moved, match_head_bases(spec, pa, moved))
+            based = align_head_bases(spec, pa, moved)
             return _path_entry(
                 run.path(module, pa, moved, data),
                 align_seconds=res.seconds,
@@ -566,40 +593,16 @@ def _width_stages(
     )
 
     def wm(head_bases: bool = False) -> dict[str, Any]:
-        res = weight_matching(
-            spec, rms_wide, emb, cfg.weight, seed=run.ctx.seed, row_masks=_masks_for(emb, masks)
-        )
-        moved = apply(spec, emb, res.transform)
-        if head_bases:
-            moved = apply_head_bases(spec, moved, match_head_bases(spec, rms_wide, moved))
-        return _path_entry(
-            run.path(wide_rms, rms_wide, moved, data),
-            align_seconds=res.seconds,
-            sweeps=res.iterations,
-            converged=res.converged,
-        )
+        return _wm_entry(run, data, masks, spec, wide_rms, rms_wide, emb, head_bases=head_bases)
 
     out["width 512 vs 256: WM (orthogonal)"] = run.stage("width-wm-orth", wm)
     out["width 512 vs 256: WM (orthogonal) + head bases"] = run.stage(
         "width-wm-orth-bases", lambda: wm(head_bases=True)
     )
     if cfg.learned is not None and cfg.learned_width and learned:
-        learned_cfg = cfg.learned
 
         def learn() -> dict[str, Any]:
-            res = learned_matching(
-                wide_rms,
-                spec,
-                rms_wide,
-                emb,
-                data,
-                learned_cfg,
-                seed=run.ctx.seed,
-                device=run.device,
-                progress=run.ctx.progress,
-                row_masks=_masks_for(emb, masks),
-            )
-            moved = apply(spec, emb, res.transform)
+            res, moved = _learn(run, data, masks, spec, wide_rms, rms_wide, emb)
             return _path_entry(
                 run.path(wide_rms, rms_wide, moved, data),
                 align_seconds=res.seconds,
@@ -634,9 +637,7 @@ def _simplex_stage(
         )
         aligned = res.aligned(spec, rms_models)
         # every model's head bases aligned to the first model's (outside the spec)
-        based = [aligned[0]] + [
-            apply_head_bases(spec, p, match_head_bases(spec, aligned[0], p)) for p in aligned[1:]
-        ]
+        based = [aligned[0]] + [align_head_bases(spec, aligned[0], p) for p in aligned[1:]]
         return {
             "simplex": run.simplex(rms, aligned, data).to_dict(),
             "head_bases_simplex": run.simplex(rms, based, data).to_dict(),

@@ -33,8 +33,7 @@ import torch
 from lmckit.align import (
     WeightMatchingConfig,
     activation_matching,
-    apply_head_bases,
-    match_head_bases,
+    align_head_bases,
     weight_matching,
 )
 from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
@@ -104,7 +103,7 @@ def compare_transformer_alignments(
         moved = apply(use_spec, rms_b, result.transform)
         out[label] = measure_path(rms, rms_a, moved, data, settings)
     # the same orthogonal solution, then each matched head's bases aligned too
-    based = apply_head_bases(rms_spec, moved, match_head_bases(rms_spec, rms_a, moved))
+    based = align_head_bases(rms_spec, rms_a, moved)
     out["WM orthogonal + head bases"] = measure_path(rms, rms_a, based, data, settings)
     if activations:
         inputs = train_inputs(data, settings)()
