@@ -4,8 +4,10 @@ Measures the test loss barrier (11 points) between two GPT-2s on Tiny Shakespear
 orthogonal weight matching in several variants: the default (heads seen by the residual
 through QK/OV circuits), the default followed by within-head basis alignment
 (``match_head_bases``), raw head weights, the residual matched on the embeddings and LM
-head alone, and embedding/LM-head rows weighted by sqrt(token frequency); with
-``--learned``, also learned matching (orthogonal).
+head alone, embedding/LM-head rows weighted by sqrt(token frequency), and both models in
+circuit form (``heads_to_circuits``: heads interpolated as QK/OV circuits, as the paper's
+code does), orthogonal and permutations only; with ``--learned``, also learned matching
+(orthogonal).
 
 ``--config paper`` / ``quick`` read the models that ``lmckit reproduce gpt2-shakespeare
 [--quick] --out OUT`` trained; ``--config proxy`` trains (and caches under OUT) a
@@ -42,8 +44,8 @@ from lmckit.experiments.gpt2_shakespeare import (
     shakespeare_tokens,
 )
 from lmckit.models import create_model
-from lmckit.rewrites import layernorm_to_rmsnorm
-from lmckit.symmetry import SymmetrySpec, apply
+from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.symmetry import Permutation, SymmetrySpec, apply
 from lmckit.train import TrainConfig, fit
 
 EMBEDDINGS = ("transformer.wte", "transformer.wpe", "lm_head")
@@ -139,10 +141,10 @@ def main() -> None:
     work = rms.to(device)
     a_dev = {k: v.to(device) for k, v in a.items()}
 
-    def barrier(moved: dict) -> float:
+    def barrier(moved: dict, module=work, ref=a_dev) -> float:
         pb = {k: v.to(device) for k, v in moved.items()}
         return evaluate_path(
-            work, a_dev, pb, lambda: batches(x, y, 16), ts=linear_grid(11)
+            module, ref, pb, lambda: batches(x, y, 16), ts=linear_grid(11)
         ).barrier_loss
 
     spec = rms.symmetry_spec()
@@ -168,6 +170,24 @@ def main() -> None:
         if name.startswith("default"):
             based = align_head_bases(spec, a, moved)
             print(f"{pair}: WM orthogonal, default + head bases: barrier {barrier(based):.4f}")
+    circuits, ca = heads_to_circuits(rms, a)
+    _, cb = heads_to_circuits(rms, b)
+    circuit_spec = circuits.symmetry_spec()
+    circuit_work = circuits.to(device)
+    ca_dev = {k: v.to(device) for k, v in ca.items()}
+    print(f"{pair}: vanilla (circuit form) {barrier(cb, circuit_work, ca_dev):.4f}")
+    for name, s in (
+        ("orthogonal", circuit_spec),
+        ("permutations only", circuit_spec.with_groups(residual=Permutation())),
+    ):
+        start = time.perf_counter()
+        res = weight_matching(s, ca, cb, wm, row_masks=masks)
+        moved = apply(s, cb, res.transform)
+        seconds = time.perf_counter() - start
+        print(
+            f"{pair}: WM {name}, circuit form: "
+            f"barrier {barrier(moved, circuit_work, ca_dev):.4f}, {seconds:.1f} s"
+        )
     if args.learned and config.learned is not None:
         start = time.perf_counter()
         res = learned_matching(

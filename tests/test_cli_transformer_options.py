@@ -243,3 +243,79 @@ def test_simplex_with_head_bases_keeps_every_vertex(tmp_path: Path) -> None:
         main, ["barrier", *paths, "--simplex", "--head-bases", "--data", "digits"]
     )
     assert result.exit_code == 1 and "--align weight" in result.output
+
+
+def _vits(tmp_path: Path, count: int) -> list[str]:
+    kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
+    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16}
+    paths = []
+    for seed in range(count):
+        module, params = create_model("vit", seed=seed, **kwargs)
+        save(tmp_path / f"v{seed}", module, params)
+        paths.append(str(tmp_path / f"v{seed}"))
+    return paths
+
+
+def test_circuits_flag_aligns_and_measures_in_circuit_form(tmp_path: Path) -> None:
+    paths = _vits(tmp_path, 2)
+    out = tmp_path / "aligned"
+    args = ["--symmetry", "orthogonal", "--circuits", "--out", str(out), "--quiet"]
+    text = _invoke("align", *paths, *args)
+    assert "RMSNorm form and circuit form" in text
+    aligned, reference = load(out), load(out / "reference")
+    assert aligned.config.kwargs["attention"] == "circuits" == reference.config.kwargs["attention"]
+    assert isinstance(aligned.model.symmetry_spec()["residual"].group, Orthogonal)
+    x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
+    for rewritten, original in ((aligned, paths[1]), (reference, paths[0])):
+        torch.testing.assert_close(rewritten.model(x), load(original).model(x), atol=1e-4, rtol=0)
+    assert json.loads((out / "config.json").read_text())["metadata"]["circuits"] is True
+    # --circuits on a pair already in circuit form changes nothing
+    ref, moved = str(out / "reference"), str(out)
+    _invoke("barrier", ref, moved, "--data", "digits", "--circuits", "--json", str(tmp_path / "c"))
+    assert json.loads((tmp_path / "c").read_text())["barrier_loss"] == pytest.approx(
+        _barrier(ref, moved, tmp_path, "p.json"), abs=1e-6
+    )
+    # the unaligned pair in circuit form: same ends, another path
+    _invoke("barrier", *paths, "--data", "digits", "--circuits", "--json", str(tmp_path / "u"))
+    plain = json.loads(Path(_barrier_json(paths, tmp_path)).read_text())
+    circuit = json.loads((tmp_path / "u").read_text())
+    assert circuit["loss"][0] == pytest.approx(plain["loss"][0], abs=1e-5)
+    assert circuit["loss"][-1] == pytest.approx(plain["loss"][-1], abs=1e-5)
+    assert circuit["meta"]["circuits"] is True
+
+
+def _barrier_json(paths: list[str], tmp: Path) -> str:
+    out = tmp / "plain.json"
+    _invoke("barrier", *paths, "--data", "digits", "--json", str(out), "--quiet")
+    return str(out)
+
+
+def test_simplex_in_circuit_form_keeps_every_vertex(tmp_path: Path) -> None:
+    paths = _vits(tmp_path, 3)
+    results = {}
+    for flags in ([], ["--circuits"]):
+        out = tmp_path / f"s{len(flags)}.json"
+        args = ["--simplex", "--resolution", "2", "--align", "weight", "--data", "digits"]
+        _invoke("barrier", *paths, *args, *flags, "--json", str(out), "--quiet")
+        results[len(flags)] = json.loads(out.read_text())
+    for plain, circuit in zip(results[0]["vertex_loss"], results[1]["vertex_loss"], strict=True):
+        assert circuit == pytest.approx(plain, abs=1e-5)
+    assert results[1]["meta"]["circuits"] is True
+
+
+def test_circuits_flag_errors(checkpoints, tmp_path: Path) -> None:
+    a, b, _ = checkpoints
+    cases = [
+        (["align", a, b, "--circuits", "--out", str(tmp_path / "x")], "no attention heads"),
+        (["barrier", a, b, "--circuits", "--data", "digits"], "no attention heads"),
+    ]
+    vits = _vits(tmp_path, 2)
+    out = str(tmp_path / "y")
+    cases += [
+        (["align", *vits, "--circuits", "--head-bases", "--out", out], "--head-bases"),
+        (["align", *vits, "--circuits", "--method", "activation", "--out", out], "activation"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 1, args
+        assert message in result.output, (args, result.output)

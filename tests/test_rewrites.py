@@ -1,4 +1,5 @@
-"""Rewrites keep every logit: LayerNorm -> RMSNorm, orthogonal maps, wider embeddings."""
+"""Rewrites keep every logit: LayerNorm -> RMSNorm, orthogonal maps, wider embeddings,
+heads as QK/OV circuits."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from torch.func import functional_call
 
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
-from lmckit.rewrites import embed_in_wider, layernorm_to_rmsnorm
+from lmckit.rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply, random_transform
 
 CONFIGS = {
@@ -136,3 +137,68 @@ def test_rewrites_reject_the_wrong_norm() -> None:
     tied_rms, tied_params = create_model("gpt2", norm="rms", **CONFIGS["gpt2"])
     with pytest.raises(ValueError, match="untie"):
         embed_in_wider(tied_rms, tied_params, 16)
+
+
+@pytest.mark.parametrize(("name", "extra"), VARIANTS)
+@pytest.mark.parametrize("form", ["layer", "rms", "wider"])
+def test_heads_to_circuits_keeps_logits(name: str, extra: dict, form: str) -> None:
+    module, params, x = _model(name, extra)
+    want = _logits(module, params, x)
+    source, source_params = module, params
+    if form != "layer":
+        source, source_params = layernorm_to_rmsnorm(module, params)
+    if form == "wider":
+        source, source_params = embed_in_wider(source, source_params, 12, rotation=1)
+    before = {k: v.clone() for k, v in source_params.items()}
+    circuits, circuit_params = heads_to_circuits(source, source_params)
+    assert circuits.attention == "circuits" and circuits.norm == source.norm
+    spec = circuits.symmetry_spec()
+    spec.validate(circuit_params)
+    width = spec["residual"].n
+    qk = [k for k in circuit_params if k.endswith("qk_weight")]
+    assert len(qk) == 2 and all(circuit_params[k].shape == (2, width, width) for k in qk)
+    assert not any("c_attn" in k or ".query." in k for k in circuit_params)
+    assert _rel_err(want, _logits(circuits, circuit_params, x)) <= 1e-4
+    assert all(torch.equal(before[k], source_params[k]) for k in before)  # inputs untouched
+    # the residual group acts on both sides of every circuit: still exact
+    for seed in range(2):
+        moved = apply(spec, circuit_params, random_transform(spec, seed))
+        assert _rel_err(want, _logits(circuits, moved, x)) <= 1e-4
+
+
+def test_circuits_forget_the_bases_inside_heads() -> None:
+    """Two parameterisations of one GPT-2 that differ only inside heads: same circuits."""
+    module, params, _ = _model("gpt2", {})
+    gen = torch.Generator().manual_seed(5)
+    rebased = dict(params)
+    w = params["transformer.h.0.attn.c_attn.weight"].clone()
+    b = params["transformer.h.0.attn.c_attn.bias"].clone()
+    o = params["transformer.h.0.attn.c_proj.weight"].clone()
+    head = slice(0, 4)  # head 0 of 2 (head_dim 4): query rows, key rows + 8, value + 16
+    key, value = slice(8, 12), slice(16, 20)
+    m = torch.randn(4, 4, generator=gen) + 3 * torch.eye(4)
+    n = torch.randn(4, 4, generator=gen) + 3 * torch.eye(4)
+    w[head], b[head] = m @ w[head], m @ b[head]
+    inv_t = torch.linalg.inv(m).T
+    w[key], b[key] = inv_t @ w[key], inv_t @ b[key]
+    w[value], b[value] = n @ w[value], n @ b[value]
+    o[:, head] = o[:, head] @ torch.linalg.inv(n)
+    rebased["transformer.h.0.attn.c_attn.weight"] = w
+    rebased["transformer.h.0.attn.c_attn.bias"] = b
+    rebased["transformer.h.0.attn.c_proj.weight"] = o
+    assert not torch.allclose(w, params["transformer.h.0.attn.c_attn.weight"])
+    _, first = heads_to_circuits(module, params)
+    _, second = heads_to_circuits(module, rebased)
+    for key_name in first:
+        torch.testing.assert_close(first[key_name], second[key_name], rtol=1e-4, atol=1e-5)
+
+
+def test_rewrites_need_projected_heads() -> None:
+    module, params, _ = _model("gpt2", {})
+    circuits, circuit_params = heads_to_circuits(module, params)
+    for rewrite in (layernorm_to_rmsnorm, heads_to_circuits):
+        with pytest.raises(ValueError, match="projected heads"):
+            rewrite(circuits, circuit_params)
+    rms, rms_params = heads_to_circuits(*layernorm_to_rmsnorm(module, params))
+    with pytest.raises(ValueError, match="projected heads"):
+        embed_in_wider(rms, rms_params, 16)

@@ -20,7 +20,7 @@ from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.merge import has_batchnorm, repair, reset_batchnorm
 from lmckit.models import create_model
 from lmckit.params import IncompatibleModelsError, check_compatible, interpolate
-from lmckit.symmetry import Orthogonal, Permutation, SymmetrySpec, apply
+from lmckit.symmetry import HeadPermutation, Orthogonal, Permutation, SymmetrySpec, apply
 from lmckit.train import OPTIMIZERS, TrainConfig, fit
 
 MODEL_CHOICES = ("mlp", "vgg", "resnet20", "gpt2", "vit")
@@ -507,6 +507,39 @@ SYMMETRIES = ("permutation", "orthogonal")
 
 
 def _with_symmetry(
+    a: Checkpoint, b: Checkpoint, symmetry: str | None, *, circuits: bool = False
+) -> tuple[Checkpoint, Checkpoint, SymmetrySpec, bool]:
+    """The pair and spec under ``--symmetry`` (and ``--circuits``); ``True`` when the pair
+    was rewritten."""
+    a, b, spec, rewritten = _symmetry_pair(a, b, symmetry)
+    if not circuits:
+        return a, b, spec, rewritten
+    ca, cb = (_circuit_form(c) for c in (a, b))
+    full = ca.model.symmetry_spec()
+    # keep the groups --symmetry chose (the permutations-only ablation); circuit heads
+    # are plain permutations of whole circuits
+    kept = {
+        s.name: spec[s.name].group
+        for s in full
+        if s.name in spec.names and not isinstance(spec[s.name].group, HeadPermutation)
+    }
+    return ca, cb, full.with_groups(**kept), True
+
+
+def _circuit_form(ckpt: Checkpoint) -> Checkpoint:
+    """``ckpt`` with its attention heads rewritten as QK/OV circuits (``--circuits``);
+    a checkpoint already in circuit form is returned as is."""
+    from lmckit.rewrites import heads_to_circuits
+
+    if not hasattr(ckpt.model, "attention_modules"):
+        raise _fail(f"--circuits: {ckpt.config.name} has no attention heads")
+    if getattr(ckpt.model, "attention", None) == "circuits":
+        return ckpt
+    module, params = _run(heads_to_circuits, ckpt.model, ckpt.params)
+    return Checkpoint(module, params, module.config)
+
+
+def _symmetry_pair(
     a: Checkpoint, b: Checkpoint, symmetry: str | None
 ) -> tuple[Checkpoint, Checkpoint, SymmetrySpec, bool]:
     """The pair and spec under ``--symmetry``; ``True`` when the pair was rewritten.
@@ -575,6 +608,12 @@ def _with_symmetry(
     help="Transformers: after the transform, align each matched head's query/key and "
     "value/output bases by orthogonal maps (data-free; the function is unchanged).",
 )
+@click.option(
+    "--circuits",
+    is_flag=True,
+    help="Transformers: rewrite both models' heads as QK/OV circuits first (exact) and "
+    "align in that form, the form in which heads have no inner bases; writes both.",
+)
 @data_option
 @click.option(
     "--out", type=click.Path(file_okay=False), required=True, help="Directory for B aligned to A."
@@ -591,6 +630,7 @@ def align_cmd(
     lr: float,
     device: str,
     head_bases: bool,
+    circuits: bool,
     data_spec: str | None,
     out: str,
     seed: int,
@@ -601,9 +641,16 @@ def align_cmd(
     from lmckit.align import LearnedMatchingConfig, align_head_bases, learned_matching
 
     _threads(threads)
+    if circuits and head_bases:
+        raise _fail("--head-bases aligns bases inside heads; --circuits leaves none")
+    if circuits and method == "activation":
+        raise _fail(
+            "--circuits: activation matching cannot compare circuit heads (their inputs "
+            "live in each model's own residual frame); use --method weight or learned"
+        )
     torch_device = _device(device)
     a, b = _load_pair(model_a, model_b)
-    a, b, spec, rewritten = _with_symmetry(a, b, symmetry)
+    a, b, spec, rewritten = _with_symmetry(a, b, symmetry, circuits=circuits)
     data = _data(data_spec) if method in ("activation", "learned") else None
     full = {
         "weight": "weight_matching",
@@ -639,12 +686,13 @@ def align_cmd(
         "seed": seed,
         "data": data_spec,
         "head_bases": head_bases,
+        "circuits": circuits,
         "spaces": {k: vars(v) for k, v in result.spaces.items()},
     }
     if method == "learned":
         metadata["learned"] = {"steps": steps, "lr": lr, "validation_midpoint": result.history}
     if rewritten:
-        # orthogonal maps do not preserve LayerNorm: A's RMSNorm form is the reference
+        # B is saved rewritten (RMSNorm form, circuits): A's same form is the reference
         reference = str(Path(out) / "reference")
         metadata["reference"] = reference
     save(out, b.config, aligned, metadata=metadata)
@@ -653,7 +701,15 @@ def align_cmd(
     click.echo(result.summary())
     click.echo(f"wrote {out}")
     if rewritten:
-        click.echo(f"wrote {reference} (MODEL_A in RMSNorm form: measure barriers against it)")
+        form = " and ".join(
+            f
+            for f, on in (
+                ("RMSNorm form", getattr(a.model, "norm", None) == "rms"),
+                ("circuit form", circuits),
+            )
+            if on
+        )
+        click.echo(f"wrote {reference} (MODEL_A in {form}: measure barriers against it)")
 
 
 # --------------------------------------------------------------------------- barrier
@@ -678,6 +734,7 @@ def _simplex(
     align: str,
     seed: int,
     head_bases: bool,
+    circuits: bool,
     json_path: str | None,
     plot_path: str | None,
     quiet: bool,
@@ -690,9 +747,12 @@ def _simplex(
     if settings.fix == "repair":
         raise _fail("--fix repair is for two models; use reset_bn or none with --simplex")
     ckpts = _load_all(paths)
+    if circuits:
+        ckpts = [_circuit_form(c) for c in ckpts]
     model = ckpts[0].model
     models = [c.params for c in ckpts]
     meta: dict[str, Any] = {"models": list(paths), "data": data_spec, "align": align}
+    meta["circuits"] = circuits
     if align == "weight":
         spec = model.symmetry_spec()
         universe = _run(universe_matching, spec, models, seed=seed, progress=not quiet)
@@ -788,6 +848,12 @@ def _simplex(
     help="With --align weight, transformers: also align every model's attention-head bases "
     "to the first model's.",
 )
+@click.option(
+    "--circuits",
+    is_flag=True,
+    help="Transformers: interpolate (and align) the models with every head rewritten as its "
+    "QK/OV circuit (exact at the ends; the path is the paper's).",
+)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
 @threads_option
@@ -803,6 +869,7 @@ def barrier_cmd(
     align_method: str,
     seed: int,
     head_bases: bool,
+    circuits: bool,
     json_path: str | None,
     plot_path: str | None,
     threads: int | None,
@@ -822,6 +889,8 @@ def barrier_cmd(
         raise _fail("--simplex needs at least two models")
     if head_bases and align_method != "weight":
         raise _fail("--head-bases goes with --simplex --align weight")
+    if head_bases and circuits:
+        raise _fail("--head-bases aligns bases inside heads; --circuits leaves none")
     data = _data(data_spec)
     settings = _settings(
         split=split, points=points, fix=fix, batch_size=_eval_batch_size(data, None)
@@ -836,6 +905,7 @@ def barrier_cmd(
             align=align_method,
             seed=seed,
             head_bases=head_bases,
+            circuits=circuits,
             json_path=json_path,
             plot_path=plot_path,
             quiet=quiet,
@@ -843,6 +913,8 @@ def barrier_cmd(
         return
     model_a, model_b = models
     a, b = _load_pair(model_a, model_b)
+    if circuits:
+        a, b = _circuit_form(a), _circuit_form(b)
     result = _run(
         measure_path,
         a.model,
@@ -850,7 +922,7 @@ def barrier_cmd(
         b.params,
         data,
         settings,
-        meta={"a": model_a, "b": model_b, "data": data_spec},
+        meta={"a": model_a, "b": model_b, "data": data_spec, "circuits": circuits},
         progress=not quiet,
     )
     click.echo(format_table({"linear": result}))

@@ -13,8 +13,14 @@
   head and MLP units are padded with zero units (queries rescaled by
   ``sqrt(head_dim' / head_dim)`` to undo the wider attention scale), readers of the
   norms rescaled by ``sqrt(n / m)`` and ``eps`` by ``n / m``.
+* :func:`heads_to_circuits`: every attention head is replaced by its QK and OV circuit
+  (:class:`~lmckit.models.transformer_blocks.CircuitAttention`), "multiplying out" the
+  within-head bases. Interpolating two models in this form interpolates their circuits,
+  the form in which Generalized LMC for Transformers (2025) merges heads; the
+  interpolated model is a circuit-form model (heads of width ``d``, not ``d / heads``).
 
 Models that support these rewrites (GPT-2, ViT) implement :class:`NormRewritable`.
+The first two need projected heads: rewrite norms and widths before circuits.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from torch import Tensor
 from lmckit.models.registry import ModelConfig, ZooModel, build_module
 from lmckit.params import Params
 from lmckit.symmetry import (
+    CircuitPart,
     HeadPermutation,
     Orthogonal,
     SymmetrySpec,
@@ -36,7 +43,7 @@ from lmckit.symmetry import (
     random_transform,
 )
 
-__all__ = ["NormRewritable", "embed_in_wider", "layernorm_to_rmsnorm"]
+__all__ = ["NormRewritable", "embed_in_wider", "heads_to_circuits", "layernorm_to_rmsnorm"]
 
 
 class NormRewritable(Protocol):
@@ -63,6 +70,10 @@ class NormRewritable(Protocol):
         """Constructor changes of a wider model."""
         ...
 
+    def attention_modules(self) -> dict[str, str]:
+        """Head space -> the attention module that holds its heads."""
+        ...
+
 
 def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
     config = ModelConfig(module.config.name, {**module.config.kwargs, **changes})
@@ -79,6 +90,14 @@ def _check_keys(module: ZooModel, params: Params) -> None:
     if set(params) != want:
         raise ValueError(
             f"rewrite produced keys {sorted(set(params) ^ want)} that do not fit the new model"
+        )
+
+
+def _check_projected_heads(module: ZooModel, rewrite: str) -> None:
+    if getattr(module, "attention", "heads") != "heads":
+        raise ValueError(
+            f"{rewrite} needs projected heads (attention='heads'); apply it before "
+            "heads_to_circuits"
         )
 
 
@@ -103,6 +122,7 @@ def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Pa
     model: NormRewritable = module  # type: ignore[assignment]
     if getattr(module, "norm", None) != "layer":
         raise ValueError("layernorm_to_rmsnorm needs a model with norm='layer'")
+    _check_projected_heads(module, "layernorm_to_rmsnorm")
     residual = model.symmetry_spec()["residual"]
     work = {k: v.detach().clone() for k, v in model.untied(params).items()}
     for use in residual.uses:
@@ -158,6 +178,7 @@ def embed_in_wider(
     model: NormRewritable = module  # type: ignore[assignment]
     if getattr(module, "norm", None) != "rms":
         raise ValueError("embed_in_wider needs norm='rms' (see layernorm_to_rmsnorm)")
+    _check_projected_heads(module, "embed_in_wider")
     spec = model.symmetry_spec()
     n = spec["residual"].n
     ffn = [s for s in spec if s.name.startswith("ffn.")]
@@ -211,3 +232,67 @@ def embed_in_wider(
     new = _rebuild(module, model.widened_kwargs(width, inner))
     _check_keys(new, work)
     return new, work
+
+
+def _rows(params: Params, part: CircuitPart | None, like: CircuitPart) -> Tensor:
+    """The rows of ``part`` in float64 (zeros shaped like ``like``'s biases if absent)."""
+    if part is None:
+        ref = params[like.param]
+        return torch.zeros(ref.shape[0] // like.blocks, dtype=torch.float64)
+    x = params[part.param].double()
+    rows = x.shape[0] // part.blocks
+    return x[part.block * rows : (part.block + 1) * rows]
+
+
+def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Params]:
+    """Rewrite a transformer's attention heads as QK and OV circuits, same outputs.
+
+    Args:
+        module: a model with ``attention="heads"`` implementing :class:`NormRewritable`
+            (either norm; the residual group is unchanged).
+        params: its parameters; not modified.
+
+    Returns:
+        ``(module', params')``: the same architecture with ``attention="circuits"`` and
+        its parameters; per head ``qk_weight = W_k^T W_q / sqrt(head_dim)``,
+        ``qk_bias = W_k^T b_q / sqrt(head_dim)``, ``ov_weight = W_o W_v``, and
+        ``ov_bias = b_o + W_o b_v`` (see
+        :class:`~lmckit.models.transformer_blocks.CircuitAttention`).
+    """
+    model: NormRewritable = module  # type: ignore[assignment]
+    _check_projected_heads(module, "heads_to_circuits")
+    targets = model.attention_modules()
+    work = {k: v.detach().clone() for k, v in params.items()}
+    for space in model.symmetry_spec():
+        c = space.circuits
+        if c is None:
+            continue
+        if not isinstance(space.group, HeadPermutation) or space.name not in targets:
+            raise ValueError(f"head space {space.name!r} cannot be rewritten to circuits")
+        heads, head_dim = space.group.heads, space.group.head_dim
+        dtype = params[c.query.param].dtype
+
+        def per_head(x: Tensor) -> Tensor:
+            return x.reshape(heads, head_dim, *x.shape[1:])  # noqa: B023 (used at once)
+
+        wq, wk, wv = (per_head(_rows(params, p, p)) for p in (c.query, c.key, c.value))
+        bq = per_head(_rows(params, c.query_bias, c.query))
+        bv = _rows(params, c.value_bias, c.value)
+        wo = params[c.output].double()
+        out_bias = c.output.removesuffix("weight") + "bias"
+        bo = params[out_bias].double() if out_bias in params else torch.zeros(wo.shape[0])
+        scale = 1.0 / math.sqrt(head_dim)
+        wo_heads = wo.reshape(wo.shape[0], heads, head_dim)
+        new = {
+            "qk_weight": torch.einsum("hkd,hke->hde", wk, wq) * scale,
+            "qk_bias": torch.einsum("hkd,hk->hd", wk, bq) * scale,
+            "ov_weight": torch.einsum("ohk,hke->hoe", wo_heads, wv),
+            "ov_bias": bo + wo @ bv,
+        }
+        for name in (*space.params, out_bias):
+            work.pop(name, None)
+        for name, value in new.items():
+            work[f"{targets[space.name]}.{name}"] = value.to(dtype)
+    rewritten = _rebuild(module, {"attention": "circuits"})
+    _check_keys(rewritten, work)
+    return rewritten, work

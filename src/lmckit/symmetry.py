@@ -599,11 +599,13 @@ def apply_to_param(
     transform: Transform,
     *,
     skip: str | None = None,
+    skip_use: Use | None = None,
 ) -> Tensor:
-    """Apply ``transform`` to one parameter; ``skip`` leaves one space out."""
+    """Apply ``transform`` to one parameter; ``skip`` leaves one space out, ``skip_use``
+    one axis (a space may act on several axes of one parameter, e.g. a QK circuit)."""
     out = value
     for space, use in spec.uses_of(name):
-        if space.name == skip or space.name not in transform.elements:
+        if space.name == skip or use == skip_use or space.name not in transform.elements:
             continue
         out = _act_on_axis(out, use, space.group, transform.elements[space.name], space.n)
     return out

@@ -17,7 +17,7 @@ from lmckit.evaluate import evaluate_path
 from lmckit.experiments.transformers import char_dataset, compare_transformer_alignments
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
-from lmckit.rewrites import layernorm_to_rmsnorm
+from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import (
     HeadPermutation,
     Permutation,
@@ -42,8 +42,11 @@ VIT_TINY = {
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 
 
-def _model(name: str, seed: int = 0) -> tuple[ZooModel, Params, Tensor, Tensor]:
-    """An RMSNorm model (random, with non-trivial biases) and a batch of data."""
+def _model(
+    name: str, seed: int = 0, *, circuits: bool = False
+) -> tuple[ZooModel, Params, Tensor, Tensor]:
+    """An RMSNorm model (random, with non-trivial biases; with ``circuits``, its heads
+    rewritten as QK/OV circuits) and a batch of data."""
     kwargs = GPT2_TINY if name == "gpt2" else VIT_TINY
     module, params = (
         create_model(name, seed=seed, tie_embeddings=False, **kwargs)
@@ -56,6 +59,8 @@ def _model(name: str, seed: int = 0) -> tuple[ZooModel, Params, Tensor, Tensor]:
         for k, v in params.items()
     }
     module, params = layernorm_to_rmsnorm(module.eval(), params)
+    if circuits:
+        module, params = heads_to_circuits(module, params)
     if name == "gpt2":
         x = torch.randint(0, 17, (16, 8), generator=gen)
         y = torch.randint(0, 17, (16, 8), generator=gen)
@@ -115,8 +120,9 @@ def _modes(spec: SymmetrySpec) -> dict[str, SymmetrySpec]:
 
 @pytest.mark.parametrize("name", ["gpt2", "vit"])
 @pytest.mark.parametrize("mode", ["permutation", "orthogonal"])
-def test_self_alignment_recovers_a_transformed_copy(name: str, mode: str) -> None:
-    module, params, x, y = _model(name)
+@pytest.mark.parametrize("circuits", [False, True], ids=["heads", "circuits"])
+def test_self_alignment_recovers_a_transformed_copy(name: str, mode: str, circuits: bool) -> None:
+    module, params, x, y = _model(name, circuits=circuits)
     spec = _modes(module.symmetry_spec())[mode]
     moved = apply(spec, params, random_transform(spec, 42))
     assert max(float((moved[k] - params[k]).abs().max()) for k in params) > 1e-2
@@ -205,6 +211,8 @@ def test_tiny_trained_gpt2_pair_orthogonal_beats_permutation_beats_vanilla() -> 
     assert orth <= perm and perm <= vanilla + 0.01, (vanilla, perm, orth)
     assert orth < 0.5 * vanilla
     assert results["WM orthogonal + head bases"].barrier_loss < orth
+    # interpolating circuits, nothing is left inside heads to misalign
+    assert results["WM orthogonal (circuit form)"].barrier_loss < orth
 
 
 def _change_head_bases(params: dict, n_layer: int, d: int, heads: int, seed: int) -> dict:
@@ -248,3 +256,19 @@ def test_residual_sees_heads_through_circuits_so_head_bases_do_not_matter() -> N
         errors[circuits] = float(diff.abs().max())
     assert errors[True] < 1e-5  # the residual map is recovered exactly
     assert errors[False] > 1e-3  # raw Q/K/V/O rows in unrelated bases mislead it
+
+
+def test_circuit_form_residual_map_is_solved_on_both_sides_of_each_circuit() -> None:
+    """Only the residual space is solved; its uses include both axes of each circuit.
+
+    With the heads and MLP units left in place, the rotation is recovered exactly from a
+    copy rotated by it: the linearisation at the current map reaches the fixed point.
+    """
+    module, params, _, _ = _model("gpt2", circuits=True)
+    spec = module.symmetry_spec()
+    rotation = random_transform(spec, 5)["residual"]
+    moved = apply(spec, params, Transform(spec, {"residual": rotation}))
+    result = weight_matching(spec, params, moved, spaces=["residual"])
+    torch.testing.assert_close(
+        result.transform["residual"] @ rotation, torch.eye(16), rtol=0, atol=1e-4
+    )

@@ -41,6 +41,8 @@ class SmallConfig:
     norms: tuple[str, ...]
     #: activation options; ``None`` where the model has no ``activation`` argument.
     activations: tuple[str | None, ...] = (None,)
+    #: attention forms (transformers); ``None`` where the model has no attention.
+    attentions: tuple[str | None, ...] = (None,)
     #: the weight whose axis 1 reads the data, and the weight/bias writing the logits.
     first_layer: str = ""
     classifier: str = "classifier"
@@ -73,6 +75,7 @@ SMALL: dict[str, SmallConfig] = {
         {"vocab_size": 11, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 6},
         (6,),
         ("layer", "rms"),
+        attentions=("heads", "circuits"),
         # tied: wte's rows are the tokens in and the logits out
         first_layer="transformer.wte",
         classifier="transformer.wte",
@@ -91,6 +94,7 @@ SMALL: dict[str, SmallConfig] = {
         },
         (1, 8, 8),
         ("layer", "rms"),
+        attentions=("heads", "circuits"),
         first_layer="vit.embeddings.patch_embeddings.projection",
         data_axes=(
             ("vit.embeddings.cls_token", 0),
@@ -127,14 +131,15 @@ def _cases(*, models: tuple[str, ...] | None = None, norms: tuple[str, ...] | No
             continue
         config = SMALL.get(name)
         if config is None:
-            out.append(pytest.param(name, "", None, id=f"{name}-no-small-config"))
+            out.append(pytest.param(name, "", None, None, id=f"{name}-no-small-config"))
             continue
         for norm in config.norms:
             if norms is not None and norm not in norms:
                 continue
             for act in config.activations:
-                ident = "-".join(p for p in (name, norm, act) if p)
-                out.append(pytest.param(name, norm, act, id=ident))
+                for attention in config.attentions:
+                    ident = "-".join(p for p in (name, norm, act, attention) if p)
+                    out.append(pytest.param(name, norm, act, attention, id=ident))
     return out
 
 
@@ -159,13 +164,17 @@ def _randomise_norms(module: nn.Module, params: Params, seed: int) -> None:
             params[key] = 0.5 * noise
 
 
-def _build(name: str, norm: str, activation: str | None, *, seed: int = 0) -> Case:
+def _build(
+    name: str, norm: str, activation: str | None, attention: str | None, *, seed: int = 0
+) -> Case:
     config = SMALL.get(name)
     if config is None:
         pytest.fail(f"model {name!r} has no small configuration in tests/models/test_zoo.py")
     kwargs = dict(config.kwargs, norm=norm)
     if activation is not None:
         kwargs["activation"] = activation
+    if attention is not None:
+        kwargs["attention"] = attention
     module, params = create_model(name, seed=seed, **kwargs)
     module.eval()
     _randomise_norms(module, params, seed + 1)
@@ -204,11 +213,11 @@ def _moves_units(spec: SymmetrySpec) -> bool:
 # --------------------------------------------------------------------------- invariance
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases())
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases())
 def test_function_invariant_under_random_transform(
-    name: str, norm: str, activation: str | None
+    name: str, norm: str, activation: str | None, attention: str | None
 ) -> None:
-    case = _build(name, norm, activation)
+    case = _build(name, norm, activation, attention)
     case.spec.validate(case.params)
     transform = random_transform(case.spec, seed=123)
     moved = apply(case.spec, case.params, transform)
@@ -218,9 +227,11 @@ def test_function_invariant_under_random_transform(
     assert _rel_err(before, after) <= 1e-4
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases())
-def test_inverse_and_composition_are_exact(name: str, norm: str, activation: str | None) -> None:
-    case = _build(name, norm, activation)
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases())
+def test_inverse_and_composition_are_exact(
+    name: str, norm: str, activation: str | None, attention: str | None
+) -> None:
+    case = _build(name, norm, activation, attention)
     first = random_transform(case.spec, seed=1)
     second = random_transform(case.spec, seed=2)
     moved = apply(case.spec, case.params, first)
@@ -233,12 +244,12 @@ def test_inverse_and_composition_are_exact(name: str, norm: str, activation: str
     )
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases())
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases())
 def test_writer_only_permutation_changes_function(
-    name: str, norm: str, activation: str | None
+    name: str, norm: str, activation: str | None, attention: str | None
 ) -> None:
     """Negative control: permuting a writer but not its readers must be detected."""
-    case = _build(name, norm, activation)
+    case = _build(name, norm, activation, attention)
     space = case.spec.spaces[0]
     writes_only = Space(
         space.name, space.n, Permutation(), tuple(u for u in space.uses if u.role == "write")
@@ -249,14 +260,20 @@ def test_writer_only_permutation_changes_function(
     assert _rel_err(_logits(case, case.params), _logits(case, moved)) > 1e-3
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases())
-def test_probes_move_with_their_space(name: str, norm: str, activation: str | None) -> None:
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases())
+def test_probes_move_with_their_space(
+    name: str, norm: str, activation: str | None, attention: str | None
+) -> None:
     """A probe's output, permuted by the space's element, equals the moved model's."""
-    case = _build(name, norm, activation)
+    case = _build(name, norm, activation, attention)
     transform = random_transform(case.spec, seed=7)
     moved = apply(case.spec, case.params, transform)
     modules = dict(case.module.named_modules())
     for space in case.spec:
+        if attention == "circuits" and space.name.startswith("heads."):
+            # circuit heads see inputs in their own model's residual frame: no probe
+            assert not space.probes
+            continue
         assert space.probes, f"space {space.name} has no probe"
         for probe in space.probes:
             assert probe.module in modules, probe
@@ -283,10 +300,12 @@ def _probe_output(case: Case, params: Params, module_name: str) -> Tensor:
 # --------------------------------------------------------------------------- coverage
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases())
-def test_spec_covers_every_hidden_axis(name: str, norm: str, activation: str | None) -> None:
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases())
+def test_spec_covers_every_hidden_axis(
+    name: str, norm: str, activation: str | None, attention: str | None
+) -> None:
     """Every float tensor's channel axes are in a space, except data input and logits."""
-    case = _build(name, norm, activation)
+    case = _build(name, norm, activation, attention)
     first, head = case.config.first_layer, case.config.classifier
     exempt = {(f"{first}.weight", 1), (f"{head}.weight", 0), (f"{head}.bias", 0)}
     if first == head:  # tied embedding: axis 0 is the tokens, axis 1 the residual stream
@@ -304,9 +323,11 @@ def test_spec_covers_every_hidden_axis(name: str, norm: str, activation: str | N
     assert all(k in case.params for k, _ in exempt if not k.endswith("bias")), exempt
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases())
-def test_repair_sites_write_a_space(name: str, norm: str, activation: str | None) -> None:
-    case = _build(name, norm, activation)
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases())
+def test_repair_sites_write_a_space(
+    name: str, norm: str, activation: str | None, attention: str | None
+) -> None:
+    case = _build(name, norm, activation, attention)
     sites = case.module.repair_sites()
     assert sites and len(set(sites)) == len(sites)
     writes = {
@@ -334,11 +355,11 @@ def _blocked_spaces(spec: SymmetrySpec) -> Iterator[Space]:
             yield space
 
 
-@pytest.mark.parametrize(("name", "norm", "activation"), _cases(norms=("group",)))
+@pytest.mark.parametrize(("name", "norm", "activation", "attention"), _cases(norms=("group",)))
 def test_group_norm_needs_blocked_permutations(
-    name: str, norm: str, activation: str | None
+    name: str, norm: str, activation: str | None, attention: str | None
 ) -> None:
-    case = _build(name, norm, activation)
+    case = _build(name, norm, activation, attention)
     spaces = list(_blocked_spaces(case.spec))
     assert spaces, "the small config has no group-norm space with several channels per group"
     before = _logits(case, case.params)

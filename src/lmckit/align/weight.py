@@ -106,9 +106,13 @@ def space_similarity(
     for use in space.uses:
         if not use.compare or use.param in replaced:
             continue
-        b = apply_to_param(spec, use.param, other[use.param], transform, skip=space.name)
-        b_mat = _unit_major(b, use, space.n)
+        # the space's own element stays on its other axes of this parameter (both sides
+        # of a QK circuit): the term is the objective's linearisation at that element
+        b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=use)
         a = ref[use.param]
+        if any(b.shape[i] != a.shape[i] for i in range(a.ndim) if i != use.axis % a.ndim):
+            continue  # a rectangular space's square start: left to the next sweep
+        b_mat = _unit_major(b, use, space.n)
         m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
         a_mat = _unit_major(a, use, m)
         term = a_mat @ b_mat.T

@@ -13,6 +13,9 @@ by activation matching, and the linear path between them is measured (test split
 * ``WM orthogonal + head bases``: that solution, then each matched head's query/key
   and value/output bases aligned by orthogonal maps
   (:func:`lmckit.align.match_head_bases`; still data-free, same function);
+* ``WM orthogonal (circuit form)``: the RMSNorm forms with every head rewritten as its
+  QK and OV circuit (:func:`lmckit.rewrites.heads_to_circuits`, exact), weight-matched
+  and interpolated in that form, as the paper's code merges heads;
 * ``AM permutation``: activation matching of the LayerNorm models (Pearson
   correlation of residual-stream, per-head-unit and MLP activations; permutations);
 * ``AM permutation (units in heads)``: the same with the units inside each head also
@@ -42,7 +45,7 @@ from lmckit.evaluate import PathResult
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
-from lmckit.rewrites import layernorm_to_rmsnorm
+from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, Transform, apply
 from lmckit.train import TrainConfig, train
 
@@ -105,6 +108,13 @@ def compare_transformer_alignments(
     # the same orthogonal solution, then each matched head's bases aligned too
     based = align_head_bases(rms_spec, rms_a, moved)
     out["WM orthogonal + head bases"] = measure_path(rms, rms_a, based, data, settings)
+    # heads as QK/OV circuits: no inner bases left, the path interpolates circuits
+    circuits, circ_a = heads_to_circuits(rms, rms_a)
+    _, circ_b = heads_to_circuits(rms, rms_b)
+    circ_spec = circuits.symmetry_spec()
+    result = weight_matching(circ_spec, circ_a, circ_b, config, seed=seed, row_masks=rms_masks)
+    moved = apply(circ_spec, circ_b, result.transform)
+    out["WM orthogonal (circuit form)"] = measure_path(circuits, circ_a, moved, data, settings)
     if activations:
         inputs = train_inputs(data, settings)()
         for label, use_spec in (

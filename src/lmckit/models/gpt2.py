@@ -23,6 +23,10 @@ alike, which is exact for permutations and orthogonal maps).
 Spaces of the spec: ``residual`` (the residual stream; ``Permutation`` with
 LayerNorm, ``Orthogonal`` with ``norm="rms"``), ``heads.{i}`` (head permutations,
 matched by QK/OV circuits) and ``ffn.{i}`` (MLP neurons, permutations).
+
+With ``attention="circuits"`` each ``transformer.h.{i}.attn`` is a
+:class:`~lmckit.models.transformer_blocks.CircuitAttention` (``qk_weight``, ``qk_bias``,
+``ov_weight``, ``ov_bias``) instead of ``c_attn`` and ``c_proj``.
 """
 
 from __future__ import annotations
@@ -36,7 +40,11 @@ from torch import Tensor, nn
 from lmckit.models.registry import ZooModel, register_model
 from lmckit.models.spec_builder import reads, writes
 from lmckit.models.transformer_blocks import (
+    CircuitAttention,
+    check_attention_form,
     check_transformer_norm,
+    circuit_space,
+    circuit_uses,
     head_space,
     make_residual_norm,
     multi_head_attention,
@@ -85,11 +93,22 @@ class GPT2Block(nn.Module):
     """Pre-norm block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
 
     def __init__(
-        self, n_embd: int, n_head: int, n_inner: int, norm: str, eps: float, dropout: float
+        self,
+        n_embd: int,
+        n_head: int,
+        n_inner: int,
+        norm: str,
+        eps: float,
+        dropout: float,
+        attention: str = "heads",
     ) -> None:
         super().__init__()
         self.ln_1 = make_residual_norm(norm, n_embd, eps)
-        self.attn = GPT2Attention(n_embd, n_head, dropout)
+        self.attn: nn.Module
+        if attention == "heads":
+            self.attn = GPT2Attention(n_embd, n_head, dropout)
+        else:
+            self.attn = CircuitAttention(n_embd, n_head, causal=True, dropout=dropout)
         self.ln_2 = make_residual_norm(norm, n_embd, eps)
         self.mlp = GPT2MLP(n_embd, n_inner, dropout)
 
@@ -115,6 +134,8 @@ class GPT2(ZooModel):
             ``ln_f``'s bias into it).
         dropout: embedding, attention and residual dropout.
         layer_norm_epsilon: the norms' ``eps``.
+        attention: ``"heads"`` (projections) or ``"circuits"`` (each head's QK and OV
+            circuit, see :func:`lmckit.rewrites.heads_to_circuits`).
     """
 
     def __init__(
@@ -131,9 +152,11 @@ class GPT2(ZooModel):
         lm_head_bias: bool = False,
         dropout: float = 0.0,
         layer_norm_epsilon: float = 1e-5,
+        attention: str = "heads",
     ) -> None:
         super().__init__()
         check_transformer_norm(norm)
+        check_attention_form(attention)
         n_inner = 4 * n_embd if n_inner is None else n_inner
         if min(vocab_size, n_layer, n_head, n_embd, n_inner, context) < 1:
             raise ValueError("GPT-2 sizes must be positive")
@@ -147,7 +170,7 @@ class GPT2(ZooModel):
                 "wpe": nn.Embedding(context, n_embd),
                 "drop": nn.Dropout(dropout),
                 "h": nn.ModuleList(
-                    GPT2Block(n_embd, n_head, n_inner, norm, layer_norm_epsilon, dropout)
+                    GPT2Block(n_embd, n_head, n_inner, norm, layer_norm_epsilon, dropout, attention)
                     for _ in range(n_layer)
                 ),
                 "ln_f": make_residual_norm(norm, n_embd, layer_norm_epsilon),
@@ -158,7 +181,7 @@ class GPT2(ZooModel):
         self.lm_head = None if tie_embeddings else nn.Linear(n_embd, vocab_size, bias=lm_head_bias)
         self.n_layer, self.n_head, self.n_embd, self.n_inner = n_layer, n_head, n_embd, n_inner
         self.context, self.norm, self.tie_embeddings = context, norm, tie_embeddings
-        self.layer_norm_epsilon = layer_norm_epsilon
+        self.layer_norm_epsilon, self.attention = layer_norm_epsilon, attention
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -197,24 +220,28 @@ class GPT2(ZooModel):
         for i, block in enumerate(self.transformer.h):
             pre = f"transformer.h.{i}"
             res_uses += writes(f"{pre}.ln_1", block.ln_1)
-            res_uses += reads(f"{pre}.attn.c_attn", block.attn.c_attn)
-            res_uses += writes(f"{pre}.attn.c_proj", block.attn.c_proj)
+            if self.attention == "circuits":
+                res_uses += circuit_uses(f"{pre}.attn")[0]
+                spaces.append(circuit_space(f"heads.{i}", h, f"{pre}.attn"))
+            else:
+                res_uses += reads(f"{pre}.attn.c_attn", block.attn.c_attn)
+                res_uses += writes(f"{pre}.attn.c_proj", block.attn.c_proj)
+                attn = f"{pre}.attn.c_attn"
+                spaces.append(
+                    head_space(
+                        f"heads.{i}",
+                        h,
+                        d // h,
+                        qkv=[(attn, 0, 3), (attn, 1, 3), (attn, 2, 3)],
+                        output=f"{pre}.attn.c_proj",
+                        biases=True,
+                        probe=f"{pre}.attn.heads",
+                    )
+                )
             res_uses += writes(f"{pre}.ln_2", block.ln_2)
             res_uses += reads(f"{pre}.mlp.c_fc", block.mlp.c_fc)
             res_uses += writes(f"{pre}.mlp.c_proj", block.mlp.c_proj)
             res_probes.append(Probe(pre))
-            attn = f"{pre}.attn.c_attn"
-            spaces.append(
-                head_space(
-                    f"heads.{i}",
-                    h,
-                    d // h,
-                    qkv=[(attn, 0, 3), (attn, 1, 3), (attn, 2, 3)],
-                    output=f"{pre}.attn.c_proj",
-                    biases=True,
-                    probe=f"{pre}.attn.heads",
-                )
-            )
             spaces.append(
                 Space(
                     f"ffn.{i}",
@@ -254,6 +281,10 @@ class GPT2(ZooModel):
         if not self.tie_embeddings:
             return dict(params)
         return {**params, "lm_head.weight": params["transformer.wte.weight"].clone()}
+
+    def attention_modules(self) -> dict[str, str]:
+        """Each head space and the attention module holding its heads."""
+        return {f"heads.{i}": f"transformer.h.{i}.attn" for i in range(self.n_layer)}
 
     def rms_kwargs(self) -> dict[str, Any]:
         """Constructor changes for the RMSNorm form (folding ``ln_f`` unties the head)."""

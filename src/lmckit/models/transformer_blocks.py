@@ -8,10 +8,21 @@ Residual-stream norms (``norm=``):
   ``x / sqrt(mean(x^2) + eps)``; it commutes with every orthogonal map, so the
   residual stream has an orthogonal symmetry. :func:`lmckit.rewrites.layernorm_to_rmsnorm`
   turns a ``"layer"`` model into an equivalent ``"rms"`` one.
+
+Attention (``attention=``):
+
+* ``"heads"``: query, key, value and output projections, ``heads`` heads of
+  ``width / heads`` units.
+* ``"circuits"``: every head stored as its QK and OV circuit (:class:`CircuitAttention`),
+  the form in which heads have no inner bases left to align;
+  :func:`lmckit.rewrites.heads_to_circuits` turns a ``"heads"`` model into it exactly.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -28,8 +39,13 @@ from lmckit.symmetry import (
 )
 
 __all__ = [
+    "ATTENTION_FORMS",
     "TRANSFORMER_NORMS",
+    "CircuitAttention",
+    "check_attention_form",
     "check_transformer_norm",
+    "circuit_space",
+    "circuit_uses",
     "head_space",
     "make_residual_norm",
     "multi_head_attention",
@@ -37,6 +53,7 @@ __all__ = [
 ]
 
 TRANSFORMER_NORMS: tuple[str, ...] = ("layer", "rms")
+ATTENTION_FORMS: tuple[str, ...] = ("heads", "circuits")
 
 
 def check_transformer_norm(norm: str) -> None:
@@ -44,6 +61,14 @@ def check_transformer_norm(norm: str) -> None:
     if norm not in TRANSFORMER_NORMS:
         raise ValueError(
             f"unknown norm {norm!r} for a transformer; choose {', '.join(TRANSFORMER_NORMS)}"
+        )
+
+
+def check_attention_form(attention: str) -> None:
+    """Raise ``ValueError`` unless ``attention`` is one of :data:`ATTENTION_FORMS`."""
+    if attention not in ATTENTION_FORMS:
+        raise ValueError(
+            f"unknown attention form {attention!r}; choose {', '.join(ATTENTION_FORMS)}"
         )
 
 
@@ -131,3 +156,75 @@ def head_space(
         (Probe(probe, axis=-1),),
         circuits=circuits,
     )
+
+
+class CircuitAttention(nn.Module):
+    """Multi-head attention stored as each head's QK and OV circuit.
+
+    For input rows ``x_j`` (``width``-dimensional, the normed residual stream), head
+    ``h`` scores ``s_ij = (qk_weight[h] x_i + qk_bias[h]) . x_j`` and writes
+    ``ov_weight[h] sum_j softmax_j(s_ij) x_j``; the heads' outputs are summed and
+    ``ov_bias`` added. Parameters: ``qk_weight`` and ``ov_weight`` ``(heads, width,
+    width)``, ``qk_bias`` ``(heads, width)``, ``ov_bias`` ``(width,)``.
+
+    A projected head with query, key, value rows ``W_q, W_k, W_v`` (biases ``b_q, b_k,
+    b_v``), output columns ``W_o`` and ``head_dim`` units has the circuits
+    ``qk_weight = W_k^T W_q / sqrt(head_dim)``, ``qk_bias = W_k^T b_q / sqrt(head_dim)``
+    and ``ov_weight = W_o W_v``; ``W_o b_v`` joins ``ov_bias``. Score terms constant
+    over the keys (from ``b_k``) cancel in the softmax. These are exact in evaluation;
+    with attention dropout in training, value biases are no longer folded exactly.
+    ``dropout`` drops attention weights and the output, as GPT-2 does.
+    Every residual-stream map ``T`` acts on both sides of a circuit, so its symmetry
+    group is the residual's alone, plus permutations of the heads.
+    """
+
+    def __init__(self, width: int, heads: int, *, causal: bool, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.qk_weight = nn.Parameter(torch.empty(heads, width, width))
+        self.qk_bias = nn.Parameter(torch.zeros(heads, width))
+        self.ov_weight = nn.Parameter(torch.empty(heads, width, width))
+        self.ov_bias = nn.Parameter(torch.zeros(width))
+        self.causal, self.dropout = causal, dropout
+        self.resid_dropout = nn.Dropout(dropout)
+        # products of two N(0, 0.02) projections: about the size of a trained model's
+        nn.init.normal_(self.qk_weight, 0.0, 0.02**2 * math.sqrt(width / heads))
+        nn.init.normal_(self.ov_weight, 0.0, 0.02**2 * math.sqrt(width / heads))
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, d = x.shape
+        q = torch.einsum("btd,hed->bhte", x, self.qk_weight) + self.qk_bias[None, :, None, :]
+        keys = x[:, None].expand(b, self.qk_weight.shape[0], t, d)
+        drop = self.dropout if self.training else 0.0
+        mixed = F.scaled_dot_product_attention(
+            q, keys, keys, dropout_p=drop, is_causal=self.causal, scale=1.0
+        )
+        out = torch.einsum("bhtd,hed->bte", mixed, self.ov_weight) + self.ov_bias
+        return self.resid_dropout(out)
+
+
+def circuit_uses(module: str) -> tuple[list[Use], list[Use]]:
+    """``(residual uses, head uses)`` of a :class:`CircuitAttention` named ``module``.
+
+    The residual stream is read on both sides of the QK circuit and of the OV circuit's
+    input, and written by the OV circuit's output and ``ov_bias``; the heads are axis 0.
+    """
+    residual = [
+        Use(f"{module}.qk_weight", 1, "read"),
+        Use(f"{module}.qk_weight", 2, "read"),
+        Use(f"{module}.qk_bias", 1, "read"),
+        Use(f"{module}.ov_weight", 1, "write"),
+        Use(f"{module}.ov_weight", 2, "read"),
+        Use(f"{module}.ov_bias", 0, "write"),
+    ]
+    heads = [Use(f"{module}.{p}", 0, "write") for p in ("qk_weight", "qk_bias", "ov_weight")]
+    return residual, heads
+
+
+def circuit_space(name: str, heads: int, module: str) -> Space:
+    """Head space of a :class:`CircuitAttention`: permutations of its ``heads`` circuits.
+
+    It has no probe: a head's inputs and outputs live in its model's own residual
+    frame, so activations cannot compare heads across models.
+    """
+    _, uses = circuit_uses(module)
+    return Space(name, heads, Permutation(), tuple(uses))

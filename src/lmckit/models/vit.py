@@ -16,7 +16,9 @@ projections)::
     classifier                                        Linear(width, num_classes)
 
 The classifier reads the class token (``class_token=True``) or the mean of the patch
-tokens. Spaces: ``residual``, ``heads.{i}``, ``ffn.{i}`` as for GPT-2.
+tokens. Spaces: ``residual``, ``heads.{i}``, ``ffn.{i}`` as for GPT-2. With
+``attention="circuits"`` each ``vit.encoder.layer.{i}.attention`` is a
+:class:`~lmckit.models.transformer_blocks.CircuitAttention`.
 """
 
 from __future__ import annotations
@@ -29,7 +31,11 @@ from torch import Tensor, nn
 from lmckit.models.registry import ZooModel, register_model
 from lmckit.models.spec_builder import reads, writes
 from lmckit.models.transformer_blocks import (
+    CircuitAttention,
+    check_attention_form,
     check_transformer_norm,
+    circuit_space,
+    circuit_uses,
     head_space,
     make_residual_norm,
     multi_head_attention,
@@ -107,10 +113,16 @@ class _Attention(nn.Module):
 class _Layer(nn.Module):
     """Pre-norm block: ``x + attn(layernorm_before(x))``, ``x + mlp(layernorm_after(x))``."""
 
-    def __init__(self, width: int, heads: int, mlp_dim: int, norm: str, eps: float) -> None:
+    def __init__(
+        self, width: int, heads: int, mlp_dim: int, norm: str, eps: float, attention: str
+    ) -> None:
         super().__init__()
         self.layernorm_before = make_residual_norm(norm, width, eps)
-        self.attention = _Attention(width, heads)
+        self.attention: nn.Module
+        if attention == "heads":
+            self.attention = _Attention(width, heads)
+        else:
+            self.attention = CircuitAttention(width, heads, causal=False)
         self.layernorm_after = make_residual_norm(norm, width, eps)
         self.intermediate = _Dense(width, mlp_dim, act=True)
         self.output = _Dense(mlp_dim, width, act=False)
@@ -134,6 +146,8 @@ class ViT(ZooModel):
         class_token: classify from a learned class token (else mean of the tokens).
         norm: ``"layer"`` or ``"rms"`` (see :mod:`lmckit.models.transformer_blocks`).
         layer_norm_eps: the norms' ``eps``.
+        attention: ``"heads"`` (projections) or ``"circuits"`` (each head's QK and OV
+            circuit, see :func:`lmckit.rewrites.heads_to_circuits`).
     """
 
     def __init__(
@@ -151,9 +165,11 @@ class ViT(ZooModel):
         class_token: bool = True,
         norm: str = "layer",
         layer_norm_eps: float = 1e-6,
+        attention: str = "heads",
     ) -> None:
         super().__init__()
         check_transformer_norm(norm)
+        check_attention_form(attention)
         if min(image_size, patch_size, in_channels, num_classes, width, depth, heads) < 1:
             raise ValueError("ViT sizes must be positive")
         if image_size % patch_size:
@@ -166,12 +182,13 @@ class ViT(ZooModel):
         self.vit.embeddings = _Embeddings(in_channels, width, patch_size, patches, class_token)
         self.vit.encoder = nn.Module()
         self.vit.encoder.layer = nn.ModuleList(
-            _Layer(width, heads, mlp_dim, norm, layer_norm_eps) for _ in range(depth)
+            _Layer(width, heads, mlp_dim, norm, layer_norm_eps, attention) for _ in range(depth)
         )
         self.vit.layernorm = make_residual_norm(norm, width, layer_norm_eps)
         self.classifier = nn.Linear(width, num_classes)
         self.width, self.depth, self.heads, self.mlp_dim = width, depth, heads, mlp_dim
         self.norm, self.class_token, self.layer_norm_eps = norm, class_token, layer_norm_eps
+        self.attention = attention
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.vit.embeddings(x)
@@ -194,24 +211,28 @@ class ViT(ZooModel):
             pre = f"vit.encoder.layer.{i}"
             att = f"{pre}.attention.attention"
             res_uses += writes(f"{pre}.layernorm_before", layer.layernorm_before)
-            for part in ("query", "key", "value"):
-                res_uses += reads(f"{att}.{part}", getattr(layer.attention.attention, part))
-            res_uses += writes(f"{pre}.attention.output.dense", layer.attention.output.dense)
+            if self.attention == "circuits":
+                res_uses += circuit_uses(f"{pre}.attention")[0]
+                spaces.append(circuit_space(f"heads.{i}", nh, f"{pre}.attention"))
+            else:
+                for part in ("query", "key", "value"):
+                    res_uses += reads(f"{att}.{part}", getattr(layer.attention.attention, part))
+                res_uses += writes(f"{pre}.attention.output.dense", layer.attention.output.dense)
+                spaces.append(
+                    head_space(
+                        f"heads.{i}",
+                        nh,
+                        d // nh,
+                        qkv=[(f"{att}.{part}", 0, 1) for part in ("query", "key", "value")],
+                        output=f"{pre}.attention.output.dense",
+                        biases=True,
+                        probe=f"{att}.heads",
+                    )
+                )
             res_uses += writes(f"{pre}.layernorm_after", layer.layernorm_after)
             res_uses += reads(f"{pre}.intermediate.dense", layer.intermediate.dense)
             res_uses += writes(f"{pre}.output.dense", layer.output.dense)
             res_probes.append(Probe(pre))
-            spaces.append(
-                head_space(
-                    f"heads.{i}",
-                    nh,
-                    d // nh,
-                    qkv=[(f"{att}.query", 0, 1), (f"{att}.key", 0, 1), (f"{att}.value", 0, 1)],
-                    output=f"{pre}.attention.output.dense",
-                    biases=True,
-                    probe=f"{att}.heads",
-                )
-            )
             spaces.append(
                 Space(
                     f"ffn.{i}",
@@ -248,6 +269,10 @@ class ViT(ZooModel):
     def untied(self, params: Params) -> Params:
         """``params`` unchanged (a ViT shares no weights)."""
         return dict(params)
+
+    def attention_modules(self) -> dict[str, str]:
+        """Each head space and the attention module holding its heads."""
+        return {f"heads.{i}": f"vit.encoder.layer.{i}.attention" for i in range(self.depth)}
 
     def rms_kwargs(self) -> dict[str, Any]:
         """Constructor changes for the RMSNorm form."""
