@@ -94,6 +94,12 @@ def _mid_loss(model: nn.Module, a: Params, b: Params, data: Dataset) -> float:
             {"in_channels": 2, "num_classes": 3, "image_size": 8, "widths": [4, "M", 6]},
             (2, 8, 8),
         ),
+        (  # circuit heads: the residual acts on both axes of each circuit
+            "gpt2",
+            {"vocab_size": 9, "n_layer": 1, "n_head": 2, "n_embd": 8, "context": 4}
+            | {"norm": "rms", "tie_embeddings": False, "attention": "circuits"},
+            (4,),
+        ),
     ],
 )
 def test_dense_apply_of_hard_matrices_equals_apply(name: str, kwargs: dict, shape: tuple) -> None:
@@ -235,11 +241,14 @@ def test_spaces_left_out_stay_at_weight_matching(mlp_pair) -> None:
     assert isinstance(result.transform, Transform)
 
 
-def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map() -> None:
-    from lmckit.rewrites import layernorm_to_rmsnorm
+@pytest.mark.parametrize("circuits", [False, True], ids=["heads", "circuits"])
+def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map(circuits: bool) -> None:
+    from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 
     kwargs = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
     module, params = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
+    if circuits:
+        module, params = heads_to_circuits(module, params)
     spec = module.symmetry_spec()
     assert isinstance(spec["residual"].group, Orthogonal)
     moved = apply(spec, params, random_transform(spec, 1))
