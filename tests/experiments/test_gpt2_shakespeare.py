@@ -92,6 +92,14 @@ def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:
     for base in ("WM (orthogonal)", "learned (orthogonal)", "3 models: universe matching"):
         with_bases = rows[f"{base} + head bases"]["barrier_loss"]
         assert with_bases < 0.8 * rows[base]["barrier_loss"], base
+    # so does interpolating circuits, where nothing inside a head is left to misalign
+    for base in ("WM (orthogonal)", "3 models: universe matching"):
+        circuits = rows[f"{base}, circuit form"]["barrier_loss"]
+        assert circuits < 0.8 * rows[base]["barrier_loss"], base
+    width_wm = rows["width 64 vs 32: WM (orthogonal)"]["barrier_loss"]
+    assert rows["width 64 vs 32: WM (orthogonal), circuit form"]["barrier_loss"] < width_wm
+    # the reference code's numbers sit beside the circuit-form rows
+    assert rows["WM (orthogonal), circuit form"]["reference"] == "0.107 / 0.091"
     # t in steps of 0.1
     assert len(rows["vanilla"]["loss"]) == 11
     assert "paper" in result.table and "2.02" in result.table
