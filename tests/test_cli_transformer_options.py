@@ -221,33 +221,29 @@ def test_head_bases_on_an_mlp_is_a_clear_error(checkpoints, tmp_path: Path) -> N
     assert "head" in result.output
 
 
-def test_simplex_with_head_bases_keeps_every_vertex(tmp_path: Path) -> None:
-    kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
-    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16, "norm": "rms"}
-    paths = []
-    for seed in range(3):
-        module, params = create_model("vit", seed=seed, **kwargs)
-        save(tmp_path / f"v{seed}", module, params)
-        paths.append(str(tmp_path / f"v{seed}"))
+@pytest.mark.parametrize("flag", ["--head-bases", "--circuits"])
+def test_simplex_with_head_bases_or_circuits_keeps_every_vertex(tmp_path: Path, flag: str) -> None:
+    paths = _vits(tmp_path, 3, norm="rms")
     results = {}
-    for flags in ([], ["--head-bases"]):
+    for flags in ([], [flag]):
         out = tmp_path / f"s{len(flags)}.json"
         args = ["--simplex", "--resolution", "2", "--align", "weight", "--data", "digits"]
         _invoke("barrier", *paths, *args, *flags, "--json", str(out), "--quiet")
         results[len(flags)] = json.loads(out.read_text())
-    # aligning head bases changes no model's function: the vertices' losses are the same
-    for plain, based in zip(results[0]["vertex_loss"], results[1]["vertex_loss"], strict=True):
-        assert based == pytest.approx(plain, abs=1e-5)
-    assert results[1]["meta"]["head_bases"] is True
-    result = CliRunner().invoke(
-        main, ["barrier", *paths, "--simplex", "--head-bases", "--data", "digits"]
-    )
-    assert result.exit_code == 1 and "--align weight" in result.output
+    # neither changes any model's function: the vertices' losses are the same
+    for plain, other in zip(results[0]["vertex_loss"], results[1]["vertex_loss"], strict=True):
+        assert other == pytest.approx(plain, abs=1e-5)
+    assert results[1]["meta"][flag.removeprefix("--").replace("-", "_")] is True
+    if flag == "--head-bases":
+        result = CliRunner().invoke(
+            main, ["barrier", *paths, "--simplex", "--head-bases", "--data", "digits"]
+        )
+        assert result.exit_code == 1 and "--align weight" in result.output
 
 
-def _vits(tmp_path: Path, count: int) -> list[str]:
+def _vits(tmp_path: Path, count: int, **extra: str) -> list[str]:
     kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
-    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16}
+    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16, **extra}
     paths = []
     for seed in range(count):
         module, params = create_model("vit", seed=seed, **kwargs)
@@ -288,19 +284,6 @@ def _barrier_json(paths: list[str], tmp: Path) -> str:
     out = tmp / "plain.json"
     _invoke("barrier", *paths, "--data", "digits", "--json", str(out), "--quiet")
     return str(out)
-
-
-def test_simplex_in_circuit_form_keeps_every_vertex(tmp_path: Path) -> None:
-    paths = _vits(tmp_path, 3)
-    results = {}
-    for flags in ([], ["--circuits"]):
-        out = tmp_path / f"s{len(flags)}.json"
-        args = ["--simplex", "--resolution", "2", "--align", "weight", "--data", "digits"]
-        _invoke("barrier", *paths, *args, *flags, "--json", str(out), "--quiet")
-        results[len(flags)] = json.loads(out.read_text())
-    for plain, circuit in zip(results[0]["vertex_loss"], results[1]["vertex_loss"], strict=True):
-        assert circuit == pytest.approx(plain, abs=1e-5)
-    assert results[1]["meta"]["circuits"] is True
 
 
 def test_circuits_flag_errors(checkpoints, tmp_path: Path) -> None:

@@ -656,45 +656,34 @@ def _simplex_stage(
     def unaligned() -> dict[str, Any]:
         return {"simplex": run.simplex(rms, rms_models, data).to_dict()}
 
-    def universe() -> dict[str, Any]:
+    def universe_in(spec: SymmetrySpec, models: list[Params]) -> tuple[dict, list[Params]]:
         res = universe_matching(
             spec,
-            rms_models,
+            models,
             UniverseConfig(max_iter=run.config.universe_sweeps, inner=run.config.weight),
             seed=run.ctx.seed,
-            row_masks=_masks_for(rms_models[0], masks),
+            row_masks=_masks_for(models[0], masks),
         )
-        aligned = res.aligned(spec, rms_models)
+        timing = {"align_seconds": res.seconds, "sweeps": res.iterations}
+        return timing | {"converged": res.converged}, res.aligned(spec, models)
+
+    def universe() -> dict[str, Any]:
+        timing, aligned = universe_in(spec, rms_models)
         # every model's head bases aligned to the first model's (outside the spec)
         based = [aligned[0]] + [align_head_bases(spec, aligned[0], p) for p in aligned[1:]]
         return {
             "simplex": run.simplex(rms, aligned, data).to_dict(),
             "head_bases_simplex": run.simplex(rms, based, data).to_dict(),
-            "align_seconds": res.seconds,
-            "sweeps": res.iterations,
-            "converged": res.converged,
+            **timing,
         }
 
     def universe_circuits() -> dict[str, Any]:
-        circuits = rms
-        circ_models = []
+        circuits, circ_models = rms, []
         for p in rms_models:
             circuits, q = heads_to_circuits(rms, p)
             circ_models.append(q)
-        spec = circuits.symmetry_spec()
-        res = universe_matching(
-            spec,
-            circ_models,
-            UniverseConfig(max_iter=run.config.universe_sweeps, inner=run.config.weight),
-            seed=run.ctx.seed,
-            row_masks=_masks_for(circ_models[0], masks),
-        )
-        return {
-            "simplex": run.simplex(circuits, res.aligned(spec, circ_models), data).to_dict(),
-            "align_seconds": res.seconds,
-            "sweeps": res.iterations,
-            "converged": res.converged,
-        }
+        timing, aligned = universe_in(circuits.symmetry_spec(), circ_models)
+        return {"simplex": run.simplex(circuits, aligned, data).to_dict(), **timing}
 
     out = {
         "3 models: unaligned": run.stage("simplex-unaligned", unaligned),
