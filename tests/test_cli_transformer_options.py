@@ -296,7 +296,6 @@ def test_circuits_flag_errors(checkpoints, tmp_path: Path) -> None:
     out = str(tmp_path / "y")
     cases += [
         (["align", *vits, "--circuits", "--head-bases", "--out", out], "--head-bases"),
-        (["align", *vits, "--circuits", "--method", "activation", "--out", out], "activation"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, args)

@@ -643,11 +643,6 @@ def align_cmd(
     _threads(threads)
     if circuits and head_bases:
         raise _fail("--head-bases aligns bases inside heads; --circuits leaves none")
-    if circuits and method == "activation":
-        raise _fail(
-            "--circuits: activation matching cannot compare circuit heads (their inputs "
-            "live in each model's own residual frame); use --method weight or learned"
-        )
     torch_device = _device(device)
     a, b = _load_pair(model_a, model_b)
     a, b, spec, rewritten = _with_symmetry(a, b, symmetry, circuits=circuits)

@@ -18,7 +18,7 @@ from lmckit.experiments.transformers import (
 )
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
-from lmckit.rewrites import layernorm_to_rmsnorm
+from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Permutation, apply, random_transform
 from lmckit.train import TrainConfig, train
 
@@ -91,6 +91,18 @@ def test_activation_matching_recovers_a_permuted_copy(name: str) -> None:
     assert _max_diff(params, moved) > 0.1  # the copy really moved
     result = activation_matching(module, spec, params, moved, inputs)
     assert _max_diff(params, apply(spec, moved, result.transform)) < 1e-6
+
+
+@pytest.mark.parametrize("name", ["gpt2", "vit"])
+def test_circuit_heads_are_matched_by_their_attention_patterns(name: str) -> None:
+    """In circuit form the heads' probe is the attention pattern: a permuted copy is found."""
+    module, params, inputs = _model(name)
+    circuits, circuit_params = heads_to_circuits(module, params)
+    spec = circuits.symmetry_spec()
+    assert spec["heads.0"].probes[0].module.endswith(".pattern")
+    moved = apply(spec, circuit_params, random_transform(spec, 3))
+    result = activation_matching(circuits, spec, circuit_params, moved, inputs)
+    assert _max_diff(circuit_params, apply(spec, moved, result.transform)) < 1e-5
 
 
 @pytest.mark.parametrize("name", ["gpt2", "vit"])

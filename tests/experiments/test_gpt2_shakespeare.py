@@ -76,8 +76,6 @@ def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:
     _, result = quick_run
     rows = {r["method"]: r for r in result.rows}
     for name, row in rows.items():
-        if row.get("note") == "n/a (no probes)":
-            continue
         assert math.isfinite(row["barrier_loss"]), name
         assert row["barrier_loss"] >= -1e-6, name
     assert rows["WM (orthogonal)"]["barrier_loss"] <= rows["vanilla"]["barrier_loss"]

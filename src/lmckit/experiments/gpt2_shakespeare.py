@@ -9,7 +9,9 @@ on the *test* split (``t`` in steps of 0.1, token cross-entropy) after each alig
   (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, exact), so ``vanilla (RMS form)`` is
   their unaligned baseline;
 * ``activation matching``: permutations of residual stream, heads and MLP units from
-  activation correlations;
+  activation correlations; ``(orthogonal), circuit form``: on the circuit forms (below),
+  the residual stream by Procrustes on its cross-covariance, heads by their attention
+  patterns, MLP units by correlation;
 * ``WM (permutations only)`` / ``learned (permutations only)``: the residual stream
   permuted (``spec.with_groups(residual=Permutation())``), heads by QK/OV circuits;
 * ``WM (orthogonal)`` / ``learned (orthogonal)``: the residual stream aligned by an
@@ -67,6 +69,7 @@ from lmckit.data import Dataset, batches
 from lmckit.data.text import load_text, make_blocks, split_tokens, tokenize_file
 from lmckit.evaluate import PathResult, evaluate_path, linear_grid
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
+from lmckit.experiments.transformers import orthogonal_activation_matching
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.paths import SimplexResult, evaluate_simplex
@@ -114,6 +117,19 @@ TARGETS: dict[str, str] = {
     "learned (orthogonal)": "<= 0.02",
     "width 512 vs 256: WM (orthogonal), circuit form": "<= 0.07",
 }
+
+# the paths figure draws these rows (the table has them all): one colour each
+PATH_FIGURE_ROWS: tuple[str, ...] = (
+    "vanilla",
+    "activation matching",
+    "activation matching (orthogonal), circuit form",
+    "WM (permutations only)",
+    "WM (orthogonal)",
+    "WM (orthogonal) + head bases",
+    "WM (permutations only), circuit form",
+    "WM (orthogonal), circuit form",
+    "learned (orthogonal)",
+)
 
 
 @dataclass(frozen=True)
@@ -489,23 +505,32 @@ def _pair_stages(
         "vanilla-rms", lambda: _path_entry(run.path(rms, rms_a, rms_b, data))
     )
 
+    circuits, circ_a = heads_to_circuits(rms, rms_a)
+    _, circ_b = heads_to_circuits(rms, rms_b)
+    circ_spec = circuits.symmetry_spec()
+
+    def stat_inputs() -> list[Tensor]:
+        limit = cfg.stat_batches
+        return [x for x, _ in batches(data.x_train, data.y_train, cfg.eval_batch_size, limit=limit)]
+
     def activation() -> dict[str, Any]:
-        inputs = [
-            x
-            for x, _ in batches(
-                data.x_train, data.y_train, cfg.eval_batch_size, limit=cfg.stat_batches
-            )
-        ]
-        try:
-            res = activation_matching(rms, perm_spec, rms_a, rms_b, inputs)
-        except ValueError as err:
-            if "probe" not in str(err):
-                raise
-            return {"na": "n/a (no probes)", "error": str(err)}
+        res = activation_matching(rms, perm_spec, rms_a, rms_b, stat_inputs())
         moved = apply(perm_spec, rms_b, res.transform)
         return _path_entry(run.path(rms, rms_a, moved, data), align_seconds=res.seconds)
 
+    def activation_circuits() -> dict[str, Any]:
+        # residual by Procrustes on the streams' cross-covariance, heads by their
+        # attention patterns, MLP units by correlation
+        start = time.perf_counter()
+        found = orthogonal_activation_matching(circuits, circ_spec, circ_a, circ_b, stat_inputs())
+        seconds = time.perf_counter() - start
+        moved = apply(circ_spec, circ_b, found)
+        return _path_entry(run.path(circuits, circ_a, moved, data), align_seconds=seconds)
+
     out["activation matching"] = run.stage("activation", activation)
+    out["activation matching (orthogonal), circuit form"] = run.stage(
+        "activation-orth-circuits", activation_circuits
+    )
 
     def wm(spec: SymmetrySpec, **options: Any) -> dict[str, Any]:
         return _wm_entry(run, data, masks, spec, rms, rms_a, rms_b, **options)
@@ -520,9 +545,6 @@ def _pair_stages(
     out["WM (orthogonal, raw head weights)"] = run.stage(
         "wm-orth-raw", lambda: wm(orth_spec, config=raw)
     )
-    circuits, circ_a = heads_to_circuits(rms, rms_a)
-    _, circ_b = heads_to_circuits(rms, rms_b)
-    circ_spec = circuits.symmetry_spec()
     for label, key, spec in (
         ("permutations only", "perm", circ_spec.with_groups(residual=Permutation())),
         ("orthogonal", "orth", circ_spec),
@@ -718,8 +740,6 @@ def _row(name: str, entry: dict[str, Any], label: str) -> dict[str, Any]:
         "stage_seconds": entry.get("stage_seconds"),
         "align_seconds": entry.get("align_seconds"),
     }
-    if "na" in entry:
-        return row | {"barrier_loss": None, "barrier_acc": None, "note": entry["na"]}
     if "simplex" in entry:
         res = SimplexResult.from_dict(entry["simplex"])
         return row | {
@@ -812,9 +832,9 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
     figures = [
         plot_paths(
             {
-                k: PathResult.from_dict(e["path"])
-                for k, e in entries.items()
-                if "path" in e and not k.startswith("width")
+                k: PathResult.from_dict(entries[k]["path"])
+                for k in PATH_FIGURE_ROWS
+                if k in entries
             },
             ctx.out_dir / "gpt2_shakespeare_paths.png",
             title="GPT-2 on Tiny Shakespeare: test loss along the linear path",

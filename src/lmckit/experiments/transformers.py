@@ -21,7 +21,8 @@ by activation matching, and the linear path between them is measured (test split
 * ``AM permutation (units in heads)``: the same with the units inside each head also
   permuted (:func:`units_in_heads`);
 * ``AM orthogonal``: activation matching of the RMSNorm forms, the residual stream by
-  Procrustes on its cross-covariance, heads and MLP units by correlation.
+  Procrustes on its cross-covariance, heads and MLP units by correlation;
+  ``(circuit form)``: the same on the circuit forms, heads by their attention patterns.
 
 For reference the RMSNorm forms are also measured unaligned and with permutations
 only (interpolating folded norm scales is not the same path as interpolating them).
@@ -127,6 +128,11 @@ def compare_transformer_alignments(
         am_orth = orthogonal_activation_matching(rms, rms_spec, rms_a, rms_b, inputs)
         out["AM orthogonal"] = measure_path(
             rms, rms_a, apply(rms_spec, rms_b, am_orth), data, settings
+        )
+        # circuit heads are matched by their attention patterns
+        am_circ = orthogonal_activation_matching(circuits, circ_spec, circ_a, circ_b, inputs)
+        out["AM orthogonal (circuit form)"] = measure_path(
+            circuits, circ_a, apply(circ_spec, circ_b, am_circ), data, settings
         )
     return out
 

@@ -173,7 +173,9 @@ class CircuitAttention(nn.Module):
     and ``ov_weight = W_o W_v``; ``W_o b_v`` joins ``ov_bias``. Score terms constant
     over the keys (from ``b_k``) cancel in the softmax. These are exact in evaluation;
     with attention dropout in training, value biases are no longer folded exactly.
-    ``dropout`` drops attention weights and the output, as GPT-2 does.
+    ``dropout`` drops attention weights and the output, as GPT-2 does. The attention
+    weights are computed explicitly (``(batch, heads, time, time)``), for the
+    ``pattern`` probe.
     Every residual-stream map ``T`` acts on both sides of a circuit, so its symmetry
     group is the residual's alone, plus permutations of the heads.
     """
@@ -184,20 +186,25 @@ class CircuitAttention(nn.Module):
         self.qk_bias = nn.Parameter(torch.zeros(heads, width))
         self.ov_weight = nn.Parameter(torch.empty(heads, width, width))
         self.ov_bias = nn.Parameter(torch.zeros(width))
+        # probe: attention weights (batch, heads, queries, keys); they do not depend on
+        # the residual frame, so activation matching can compare heads across models
+        self.pattern = nn.Identity()
         self.causal, self.dropout = causal, dropout
+        self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
-        # products of two N(0, 0.02) projections: about the size of a trained model's
-        nn.init.normal_(self.qk_weight, 0.0, 0.02**2 * math.sqrt(width / heads))
+        # the circuits of freshly initialised N(0, 0.02) projections (GPT-2's init)
+        nn.init.normal_(self.qk_weight, 0.0, 0.02**2)
         nn.init.normal_(self.ov_weight, 0.0, 0.02**2 * math.sqrt(width / heads))
 
     def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
+        t = x.shape[1]
         q = torch.einsum("btd,hed->bhte", x, self.qk_weight) + self.qk_bias[None, :, None, :]
-        keys = x[:, None].expand(b, self.qk_weight.shape[0], t, d)
-        drop = self.dropout if self.training else 0.0
-        mixed = F.scaled_dot_product_attention(
-            q, keys, keys, dropout_p=drop, is_causal=self.causal, scale=1.0
-        )
+        scores = torch.einsum("bhte,bse->bhts", q, x)
+        if self.causal:
+            future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+            scores = scores.masked_fill(future, float("-inf"))
+        weights = self.attn_dropout(self.pattern(scores.softmax(dim=-1)))
+        mixed = torch.einsum("bhts,bse->bhte", weights, x)
         out = torch.einsum("bhtd,hed->bte", mixed, self.ov_weight) + self.ov_bias
         return self.resid_dropout(out)
 
@@ -223,8 +230,8 @@ def circuit_uses(module: str) -> tuple[list[Use], list[Use]]:
 def circuit_space(name: str, heads: int, module: str) -> Space:
     """Head space of a :class:`CircuitAttention`: permutations of its ``heads`` circuits.
 
-    It has no probe: a head's inputs and outputs live in its model's own residual
-    frame, so activations cannot compare heads across models.
+    Its probe is the attention pattern: a head's inputs and outputs live in its model's
+    own residual frame, but which keys it attends to does not.
     """
     _, uses = circuit_uses(module)
-    return Space(name, heads, Permutation(), tuple(uses))
+    return Space(name, heads, Permutation(), tuple(uses), (Probe(f"{module}.pattern", axis=1),))
