@@ -1,6 +1,10 @@
 """Aligners: each returns an :class:`AlignmentResult` whose transform aligns B to A."""
 
-from lmckit.align.activation import activation_matching, collect_cross_statistics
+from lmckit.align.activation import (
+    activation_matching,
+    collect_cross_statistics,
+    orthogonal_activation_matching,
+)
 from lmckit.align.head_bases import (
     HeadBases,
     align_head_bases,
@@ -36,6 +40,7 @@ __all__ = [
     "learned_matching",
     "match_head_bases",
     "naive_embedding",
+    "orthogonal_activation_matching",
     "solve",
     "universe_matching",
     "weight_matching",

@@ -23,9 +23,14 @@ from tqdm.auto import tqdm
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.solvers import objective, solve
 from lmckit.params import Params, check_compatible, check_finite
-from lmckit.symmetry import SymmetrySpec, Transform
+from lmckit.symmetry import Orthogonal, SymmetrySpec, Transform
 
-__all__ = ["CrossStatistics", "activation_matching", "collect_cross_statistics"]
+__all__ = [
+    "CrossStatistics",
+    "activation_matching",
+    "collect_cross_statistics",
+    "orthogonal_activation_matching",
+]
 
 Statistic = Literal["correlation", "covariance"]
 
@@ -199,3 +204,34 @@ def activation_matching(
         spaces=diagnostics,
         seconds=time.perf_counter() - start,
     )
+
+
+def orthogonal_activation_matching(
+    model: nn.Module,
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    inputs: Sequence[Tensor],
+) -> Transform:
+    """Activation matching with each space's natural statistic, e.g. RMSNorm transformers.
+
+    Orthogonal spaces (a residual stream) get the map maximising ``tr(O^T C)`` for the
+    cross-covariance ``C`` of the two models' activations (Pearson normalisation is not
+    orthogonally equivariant); every other space (heads, MLP units) is permuted by
+    Pearson correlation. ``inputs`` is read twice, once per statistic.
+
+    Returns:
+        The transform aligning ``params_b`` to ``params_a``.
+    """
+    rotated = [s.name for s in spec if isinstance(s.group, Orthogonal)]
+    if not rotated:
+        raise ValueError("orthogonal activation matching needs an Orthogonal space")
+    by_covariance = activation_matching(
+        model, spec, params_a, params_b, inputs, statistic="covariance", spaces=rotated
+    )
+    others = [n for n in spec.names if n not in rotated]
+    elements = dict(by_covariance.transform.elements)
+    if others:
+        by_correlation = activation_matching(model, spec, params_a, params_b, inputs, spaces=others)
+        elements |= {n: by_correlation.transform[n] for n in others}
+    return Transform(spec, elements)

@@ -61,6 +61,7 @@ from lmckit.align import (
     activation_matching,
     align_head_bases,
     learned_matching,
+    orthogonal_activation_matching,
     universe_matching,
     weight_matching,
 )
@@ -69,7 +70,6 @@ from lmckit.data import Dataset, batches
 from lmckit.data.text import load_text, make_blocks, split_tokens, tokenize_file
 from lmckit.evaluate import PathResult, evaluate_path, linear_grid
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
-from lmckit.experiments.transformers import orthogonal_activation_matching
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.paths import SimplexResult, evaluate_simplex
@@ -831,11 +831,7 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
     ]
     figures = [
         plot_paths(
-            {
-                k: PathResult.from_dict(entries[k]["path"])
-                for k in PATH_FIGURE_ROWS
-                if k in entries
-            },
+            {k: PathResult.from_dict(entries[k]["path"]) for k in PATH_FIGURE_ROWS if k in entries},
             ctx.out_dir / "gpt2_shakespeare_paths.png",
             title="GPT-2 on Tiny Shakespeare: test loss along the linear path",
         ),

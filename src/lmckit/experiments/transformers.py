@@ -38,6 +38,7 @@ from lmckit.align import (
     WeightMatchingConfig,
     activation_matching,
     align_head_bases,
+    orthogonal_activation_matching,
     weight_matching,
 )
 from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
@@ -47,13 +48,12 @@ from lmckit.experiments.registry import ExperimentContext, ExperimentResult, reg
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
-from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, Transform, apply
+from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, apply
 from lmckit.train import TrainConfig, train
 
 __all__ = [
     "char_dataset",
     "compare_transformer_alignments",
-    "orthogonal_activation_matching",
     "units_in_heads",
 ]
 
@@ -151,30 +151,6 @@ def units_in_heads(spec: SymmetrySpec) -> SymmetrySpec:
         if isinstance(s.group, HeadPermutation)
     }
     return spec.with_groups(**groups)
-
-
-def orthogonal_activation_matching(
-    module: ZooModel,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    inputs: list[torch.Tensor],
-) -> Transform:
-    """Activation matching of RMSNorm transformers: residual by Procrustes, rest by correlation.
-
-    The residual stream's orthogonal map maximises ``tr(O^T C)`` for the cross-covariance
-    ``C`` of the two streams (Pearson normalisation is not orthogonally equivariant);
-    heads and MLP units are permuted by their Pearson correlations. (Two passes over
-    ``inputs``, one per statistic.)
-    """
-    if "residual" not in spec.names:
-        raise ValueError("orthogonal activation matching needs a 'residual' space")
-    residual = activation_matching(
-        module, spec, params_a, params_b, inputs, statistic="covariance", spaces=["residual"]
-    )
-    others = [n for n in spec.names if n != "residual"]
-    rest = activation_matching(module, spec, params_a, params_b, inputs, spaces=others)
-    return Transform(spec, {**rest.transform.elements, **residual.transform.elements})
 
 
 def _masks_for(

@@ -176,6 +176,7 @@ class CircuitAttention(nn.Module):
     ``dropout`` drops attention weights and the output, as GPT-2 does. The attention
     weights are computed explicitly (``(batch, heads, time, time)``), for the
     ``pattern`` probe.
+
     Every residual-stream map ``T`` acts on both sides of a circuit, so its symmetry
     group is the residual's alone, plus permutations of the heads.
     """
