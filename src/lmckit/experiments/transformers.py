@@ -22,7 +22,9 @@ by activation matching, and the linear path between them is measured (test split
   permuted (:func:`units_in_heads`);
 * ``AM orthogonal``: activation matching of the RMSNorm forms, the residual stream by
   Procrustes on its cross-covariance, heads and MLP units by correlation;
-  ``(circuit form)``: the same on the circuit forms, heads by their attention patterns.
+  ``(circuit form)``: the same on the circuit forms, heads by their attention patterns;
+* ``learned orthogonal`` (and ``(circuit form)``): learned matching from the orthogonal
+  weight-matching solution (straight-through permutations, SVD-projected residual map).
 
 For reference the RMSNorm forms are also measured unaligned and with permutations
 only (interpolating folded norm scales is not the same path as interpolating them).
@@ -35,9 +37,11 @@ from pathlib import Path
 import torch
 
 from lmckit.align import (
+    LearnedMatchingConfig,
     WeightMatchingConfig,
     activation_matching,
     align_head_bases,
+    learned_matching,
     orthogonal_activation_matching,
     weight_matching,
 )
@@ -70,6 +74,7 @@ def compare_transformer_alignments(
     row_masks: dict[str, torch.Tensor] | None = None,
     seed: int = 0,
     activations: bool = True,
+    learned: LearnedMatchingConfig | None = None,
 ) -> dict[str, PathResult]:
     """Paths between two LayerNorm transformers: vanilla, permutation/orthogonal WM and AM.
 
@@ -79,7 +84,9 @@ def compare_transformer_alignments(
         data: evaluated on ``settings.split``.
         row_masks: passed to weight matching (e.g. embedding rows of seen tokens).
         activations: also run activation matching on the first ``settings.stat_batches``
-            training batches (the three ``AM ...`` rows).
+            training batches (the ``AM ...`` rows).
+        learned: also run orthogonal learned matching with this config, in the RMSNorm
+            and the circuit form (the ``learned ...`` rows; on ``data``'s training split).
 
     Returns:
         Path results keyed by method (see the module docstring).
@@ -134,6 +141,15 @@ def compare_transformer_alignments(
         out["AM orthogonal (circuit form)"] = measure_path(
             circuits, circ_a, apply(circ_spec, circ_b, am_circ), data, settings
         )
+    if learned is not None:
+        for label, form, use_spec, pa, pb in (
+            ("learned orthogonal", rms, rms_spec, rms_a, rms_b),
+            ("learned orthogonal (circuit form)", circuits, circ_spec, circ_a, circ_b),
+        ):
+            res = learned_matching(
+                form, use_spec, pa, pb, data, learned, seed=seed, row_masks=rms_masks
+            )
+            out[label] = measure_path(form, pa, apply(use_spec, pb, res.transform), data, settings)
     return out
 
 
@@ -190,6 +206,9 @@ def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
         config = TrainConfig(
             epochs=8, batch_size=128, optimizer="adamw", lr=1e-3, weight_decay=0.01, warmup=0.05
         )
+    learned = LearnedMatchingConfig(
+        steps=30 if ctx.quick else 300, batch_size=128, eval_every=10 if ctx.quick else 50
+    )
     kwargs = {"image_size": 28, "patch_size": 7, "in_channels": 1, "num_classes": 10}
     kwargs.update(arch)
     trained = []
@@ -199,7 +218,13 @@ def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
         trained.append(train(module, init, data, config, seed=s, progress=ctx.progress))
     ctx.log("aligning and measuring paths")
     results = compare_transformer_alignments(
-        module, trained[0], trained[1], data, EvalSettings(fix="none"), seed=ctx.seed
+        module,
+        trained[0],
+        trained[1],
+        data,
+        EvalSettings(fix="none"),
+        seed=ctx.seed,
+        learned=learned,
     )
     return ExperimentResult(format_table(results), _rows(results), notes=str(kwargs))
 
