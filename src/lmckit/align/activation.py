@@ -32,7 +32,7 @@ __all__ = [
     "orthogonal_activation_matching",
 ]
 
-Statistic = Literal["correlation", "covariance"]
+Statistic = Literal["correlation", "covariance", "natural"]
 
 
 @dataclass
@@ -174,13 +174,16 @@ def activation_matching(
         spec: its symmetry spec (every solved space needs probes).
         params_a, params_b: reference and model to align; unchanged.
         inputs: iterable of input batches (e.g. training images, no labels).
-        statistic: ``"correlation"`` (default for permutations) or ``"covariance"``
-            (natural for orthogonal maps: Procrustes on the cross-covariance).
+        statistic: ``"correlation"`` (default for permutations), ``"covariance"``
+            (natural for orthogonal maps: Procrustes on the cross-covariance), or
+            ``"natural"``: covariance for ``Orthogonal`` spaces, correlation for the rest.
         spaces: solve only these spaces; default all.
         progress: progress bar over batches.
     """
-    if statistic not in ("correlation", "covariance"):
-        raise ValueError(f"statistic must be 'correlation' or 'covariance', got {statistic!r}")
+    if statistic not in ("correlation", "covariance", "natural"):
+        raise ValueError(
+            f"statistic must be 'correlation', 'covariance' or 'natural', got {statistic!r}"
+        )
     check_compatible(params_a, params_b)
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
@@ -193,7 +196,10 @@ def activation_matching(
     diagnostics = {}
     for name, st in stats.items():
         group = spec[name].group
-        sim = (st.correlation() if statistic == "correlation" else st.covariance()).float()
+        use = statistic
+        if use == "natural":
+            use = "covariance" if isinstance(group, Orthogonal) else "correlation"
+        sim = (st.correlation() if use == "correlation" else st.covariance()).float()
         element = solve(group, sim)
         elements[name] = element
         diagnostics[name] = SpaceDiagnostics(
@@ -211,27 +217,20 @@ def orthogonal_activation_matching(
     spec: SymmetrySpec,
     params_a: Params,
     params_b: Params,
-    inputs: Sequence[Tensor],
+    inputs: Iterable[Tensor],
 ) -> Transform:
     """Activation matching with each space's natural statistic, e.g. RMSNorm transformers.
 
     Orthogonal spaces (a residual stream) get the map maximising ``tr(O^T C)`` for the
     cross-covariance ``C`` of the two models' activations (Pearson normalisation is not
     orthogonally equivariant); every other space (heads, MLP units) is permuted by
-    Pearson correlation. ``inputs`` is read twice, once per statistic.
+    Pearson correlation. Both statistics come from one pass over ``inputs``.
 
     Returns:
         The transform aligning ``params_b`` to ``params_a``.
     """
-    rotated = [s.name for s in spec if isinstance(s.group, Orthogonal)]
-    if not rotated:
+    if not any(isinstance(s.group, Orthogonal) for s in spec):
         raise ValueError("orthogonal activation matching needs an Orthogonal space")
-    by_covariance = activation_matching(
-        model, spec, params_a, params_b, inputs, statistic="covariance", spaces=rotated
-    )
-    others = [n for n in spec.names if n not in rotated]
-    elements = dict(by_covariance.transform.elements)
-    if others:
-        by_correlation = activation_matching(model, spec, params_a, params_b, inputs, spaces=others)
-        elements |= {n: by_correlation.transform[n] for n in others}
-    return Transform(spec, elements)
+    return activation_matching(
+        model, spec, params_a, params_b, inputs, statistic="natural"
+    ).transform
