@@ -12,7 +12,9 @@ code does), orthogonal and permutations only; with ``--learned``, also learned m
 ``--config paper`` / ``quick`` read the models that ``lmckit reproduce gpt2-shakespeare
 [--quick] --out OUT`` trained; ``--config proxy`` trains (and caches under OUT) a
 CPU-sized pair: 2 layers, 4 heads, width 128, MLP 512, context 64, the first 120,000
-BPE tokens, AdamW 1e-3, 6 epochs.
+BPE tokens, AdamW 1e-3, 6 epochs; ``--config mid`` a larger one with the paper's head
+width: 4 layers, 4 heads of 64, width 256, MLP 1024, context 128, the first 300,000
+tokens, dropout 0.1, AdamW 1e-3, 8 epochs (about half an hour per pair on 2 cores).
 
     python scripts/gpt2_wm_variants.py runs/gpt2 --data-root ../shared/data --seed 1
     python scripts/gpt2_wm_variants.py /tmp/proxy --config proxy --learned
@@ -73,6 +75,19 @@ PROXY = GPT2ShakespeareConfig(
     learned=LearnedMatchingConfig(steps=150, batch_size=32, eval_every=25, patience=3),
 )
 
+MID = dataclasses.replace(
+    PROXY,
+    n_layer=4,
+    n_embd=256,
+    n_inner=1024,
+    context=128,
+    wide_embd=512,
+    wide_inner=2048,
+    dropout=0.1,
+    train=dataclasses.replace(PROXY.train, epochs=8, eval_batch_size=32),
+    tokens=300_000,
+)
+
 
 def _residual_only_from(spec: SymmetrySpec, prefixes: tuple[str, ...]) -> SymmetrySpec:
     """The spec with the residual compared on parameters starting with ``prefixes`` only."""
@@ -117,10 +132,12 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="the --out folder of gpt2-shakespeare")
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"))
     parser.add_argument("--seed", type=int, default=0, help="the pair is seeds s and s + 1")
-    parser.add_argument("--config", choices=["paper", "quick", "proxy"], default="paper")
+    parser.add_argument("--config", choices=["paper", "quick", "proxy", "mid"], default="paper")
     parser.add_argument("--learned", action="store_true", help="also learned matching")
     args = parser.parse_args()
-    config = {"paper": paper_config, "quick": quick_config, "proxy": lambda: PROXY}[args.config]()
+    configs = {"paper": paper_config, "quick": quick_config}
+    configs |= {"proxy": lambda: PROXY, "mid": lambda: MID}
+    config = configs[args.config]()
     root = args.out / f"{args.config}-{config.fingerprint()}"
     data = shakespeare_tokens(
         args.data_root / "tinyshakespeare" / "input.txt",
@@ -129,7 +146,7 @@ def main() -> None:
         tokens=config.tokens,
     )
     seeds = (args.seed, args.seed + 1)
-    la, lb = _pair(root, config, data, seeds, train=args.config == "proxy")
+    la, lb = _pair(root, config, data, seeds, train=args.config in ("proxy", "mid"))
     rms, a = layernorm_to_rmsnorm(la.model, la.params)
     _, b = layernorm_to_rmsnorm(la.model, lb.params)
     seen = torch.zeros(data.num_classes, dtype=torch.bool)

@@ -47,7 +47,7 @@ __all__ = ["NormRewritable", "embed_in_wider", "heads_to_circuits", "layernorm_t
 
 
 class NormRewritable(Protocol):
-    """What a zoo model tells the rewrites about its residual-stream norms."""
+    """What a zoo model tells the rewrites about its residual-stream norms and heads."""
 
     config: ModelConfig
     norm: str
@@ -271,16 +271,18 @@ def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Param
             raise ValueError(f"head space {space.name!r} cannot be rewritten to circuits")
         heads, head_dim = space.group.heads, space.group.head_dim
         dtype = params[c.query.param].dtype
-
-        def per_head(x: Tensor) -> Tensor:
-            return x.reshape(heads, head_dim, *x.shape[1:])  # noqa: B023 (used at once)
-
-        wq, wk, wv = (per_head(_rows(params, p, p)) for p in (c.query, c.key, c.value))
-        bq = per_head(_rows(params, c.query_bias, c.query))
+        wq, wk, wv = (
+            _rows(params, p, p).reshape(heads, head_dim, -1) for p in (c.query, c.key, c.value)
+        )
+        bq = _rows(params, c.query_bias, c.query).reshape(heads, head_dim)
         bv = _rows(params, c.value_bias, c.value)
         wo = params[c.output].double()
         out_bias = c.output.removesuffix("weight") + "bias"
-        bo = params[out_bias].double() if out_bias in params else torch.zeros(wo.shape[0])
+        bo = (
+            params[out_bias].double()
+            if out_bias in params
+            else torch.zeros(wo.shape[0], dtype=torch.float64)
+        )
         scale = 1.0 / math.sqrt(head_dim)
         wo_heads = wo.reshape(wo.shape[0], heads, head_dim)
         new = {
