@@ -6,8 +6,8 @@ through QK/OV circuits), the default followed by within-head basis alignment
 (``match_head_bases``), raw head weights, the residual matched on the embeddings and LM
 head alone, embedding/LM-head rows weighted by sqrt(token frequency), and both models in
 circuit form (``heads_to_circuits``: heads interpolated as QK/OV circuits, as the paper's
-code does), orthogonal and permutations only; with ``--learned``, also learned matching
-(orthogonal).
+code does), orthogonal and permutations only, with and without token-frequency weights on
+the embedding and LM-head rows; with ``--learned``, also learned matching (orthogonal).
 
 ``--config paper`` / ``quick`` read the models that ``lmckit reproduce gpt2-shakespeare
 [--quick] --out OUT`` trained; ``--config proxy`` trains (and caches under OUT) a
@@ -44,6 +44,7 @@ from lmckit.experiments.gpt2_shakespeare import (
     paper_config,
     quick_config,
     shakespeare_tokens,
+    token_row_weights,
 )
 from lmckit.models import create_model
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
@@ -193,12 +194,17 @@ def main() -> None:
     circuit_work = circuits.to(device)
     ca_dev = {k: v.to(device) for k, v in ca.items()}
     print(f"{pair}: vanilla (circuit form) {barrier(cb, circuit_work, ca_dev):.4f}")
-    for name, s in (
-        ("orthogonal", circuit_spec),
-        ("permutations only", circuit_spec.with_groups(residual=Permutation())),
+    # token rows weighted by training frequency (the experiment's circuit-form rows)
+    weights = token_row_weights(data)
+    circuit_perm_spec = circuit_spec.with_groups(residual=Permutation())
+    for name, s, row_weights in (
+        ("orthogonal", circuit_spec, None),
+        ("permutations only", circuit_perm_spec, None),
+        ("orthogonal, token-frequency weights", circuit_spec, weights),
+        ("permutations only, token-frequency weights", circuit_perm_spec, weights),
     ):
         start = time.perf_counter()
-        res = weight_matching(s, ca, cb, wm, row_masks=masks)
+        res = weight_matching(s, ca, cb, wm, row_masks=masks, row_weights=row_weights)
         moved = apply(s, cb, res.transform)
         seconds = time.perf_counter() - start
         print(

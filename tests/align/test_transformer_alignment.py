@@ -183,6 +183,35 @@ def test_row_masks_ignore_unseen_tokens() -> None:
         )
 
 
+def test_row_weights_count_rows_as_if_repeated() -> None:
+    """A token row of weight 3 counts as that row three times; weights 0/1 are a mask."""
+    module, a, _, _ = _model("gpt2", 0)
+    _, b, _, _ = _model("gpt2", 1)
+    spec = module.symmetry_spec()
+    keys = ("transformer.wte.weight", "lm_head.weight")
+    weights = torch.ones(17)
+    weights[[2, 5]] = torch.tensor([3.0, 0.0])
+    repeat = torch.tensor([0, 1, 2, 2, 2, 3, 4, *range(6, 17)])  # row 2 thrice, row 5 never
+    a_rep = a | {k: a[k][repeat] for k in keys}
+    b_rep = b | {k: b[k][repeat] for k in keys}
+    weighted = weight_matching(spec, a, b, row_weights=dict.fromkeys(keys, weights))
+    repeated = weight_matching(spec, a_rep, b_rep)
+    torch.testing.assert_close(
+        weighted.transform["residual"], repeated.transform["residual"], rtol=0, atol=1e-3
+    )
+    plain = weight_matching(spec, a, b).transform["residual"]
+    assert float((plain - repeated.transform["residual"]).abs().max()) > 1e-2  # weights count
+    seen = torch.arange(17) < 9
+    as_mask = weight_matching(spec, a, b, row_masks=dict.fromkeys(keys, seen))
+    as_weights = weight_matching(spec, a, b, row_weights=dict.fromkeys(keys, seen.float()))
+    torch.testing.assert_close(
+        as_mask.transform["residual"], as_weights.transform["residual"], rtol=1e-4, atol=1e-5
+    )
+    for bad, match in ((-weights, "non-negative"), (weights[:5], "axis 0")):
+        with pytest.raises(ValueError, match=match):
+            weight_matching(spec, a, b, row_weights={"transformer.wte.weight": bad})
+
+
 def test_head_permutation_group_with_circuits_validates() -> None:
     module, params, _, _ = _model("vit")
     space = module.symmetry_spec()["heads.0"]

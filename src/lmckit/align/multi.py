@@ -105,6 +105,7 @@ def universe_matching(
     seed: int = 0,
     progress: bool = False,
     row_masks: Mapping[str, Tensor] | None = None,
+    row_weights: Mapping[str, Tensor] | None = None,
 ) -> UniverseResult:
     """Align ``K >= 2`` models of one architecture into a common frame.
 
@@ -117,6 +118,7 @@ def universe_matching(
         progress: progress bar over sweeps.
         row_masks: rows left out of every similarity, as in :func:`weight_matching`
             (e.g. embedding rows of tokens absent from the training data).
+        row_weights: rows weighted in every similarity, as in :func:`weight_matching`.
     """
     config = config or UniverseConfig()
     if len(models) < 2:
@@ -153,6 +155,7 @@ def universe_matching(
                     init=transforms[k],
                     seed=int(torch.randint(0, 2**31 - 1, (), generator=generator)),
                     row_masks=row_masks,
+                    row_weights=row_weights,
                 )
                 if not _same(spec, result.transform, transforms[k]):
                     changed = True

@@ -276,6 +276,16 @@ def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform)
     return total
 
 
+def _check_rows(
+    spec: SymmetrySpec, ref: Mapping[str, Tensor], name: str, rows: Tensor, what: str
+) -> None:
+    """``rows`` must run along axis 0 of ``ref[name]``, an axis in no space."""
+    if name not in ref or rows.shape != ref[name].shape[:1]:
+        raise ValueError(f"{what} of {name!r} must be a tensor over its axis 0")
+    if any(u.axis % ref[name].ndim == 0 for _, u in spec.uses_of(name)):
+        raise ValueError(f"axis 0 of {name!r} is in a space; it cannot be masked or weighted")
+
+
 def weight_matching(
     spec: SymmetrySpec,
     params_a: Params,
@@ -287,6 +297,7 @@ def weight_matching(
     seed: int = 0,
     progress: bool = False,
     row_masks: Mapping[str, Tensor] | None = None,
+    row_weights: Mapping[str, Tensor] | None = None,
 ) -> AlignmentResult:
     """Align ``params_b`` to ``params_a`` by weight matching.
 
@@ -303,6 +314,10 @@ def weight_matching(
             space): only the selected rows count in the similarities, e.g. the
             embedding rows of tokens that occur in the training data (rows of tokens
             never seen stay at their initialisation and only add noise).
+        row_weights: per parameter, non-negative weights over its axis 0 (in no space):
+            each row's terms in the similarities are scaled by its weight, e.g. token
+            frequencies for embedding and LM-head rows, so the frequent tokens decide
+            the residual map. Applied before ``row_masks``.
 
     Returns:
         An :class:`AlignmentResult`; ``apply(spec, params_b, result.transform)``.
@@ -327,11 +342,19 @@ def weight_matching(
     start = time.perf_counter()
     ref = {k: v.detach().float() for k, v in params_a.items() if v.is_floating_point()}
     other = {k: v.detach().float() for k, v in params_b.items() if v.is_floating_point()}
+    for name, weight in (row_weights or {}).items():
+        _check_rows(spec, ref, name, weight, "row weights")
+        if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()):
+            raise ValueError(f"row weights of {name!r} must be finite floats")
+        if bool((weight < 0).any()):
+            raise ValueError(f"row weights of {name!r} must be non-negative")
+        # both sides scaled by sqrt(w): every product of two rows counts w times
+        root = weight.float().sqrt().reshape(-1, *[1] * (ref[name].ndim - 1))
+        ref[name], other[name] = ref[name] * root, other[name] * root
     for name, mask in (row_masks or {}).items():
-        if name not in ref or mask.dtype != torch.bool or mask.shape != ref[name].shape[:1]:
+        _check_rows(spec, ref, name, mask, "row mask")
+        if mask.dtype != torch.bool:
             raise ValueError(f"row mask of {name!r} must be a bool tensor over its axis 0")
-        if any(u.axis % ref[name].ndim == 0 for _, u in spec.uses_of(name)):
-            raise ValueError(f"axis 0 of {name!r} is in a space; it cannot be masked")
         ref[name], other[name] = ref[name][mask], other[name][mask]
     _fold_single_use_params(spec, ref, other)
     base = init or Transform.identity(spec)

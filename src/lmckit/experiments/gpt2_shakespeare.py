@@ -19,8 +19,10 @@ on the *test* split (``t`` in steps of 0.1, token cross-entropy) after each alig
   bases aligned by orthogonal maps (:func:`lmckit.align.match_head_bases`, data-free);
 * ``..., circuit form``: both RMSNorm models with every head rewritten as its QK and OV
   circuit (:func:`lmckit.rewrites.heads_to_circuits`, exact), weight-matched and
-  interpolated in that form. The paper's code merges heads so (it "multiplies out" the
-  within-head maps), so these rows carry its numbers and the targets;
+  interpolated in that form, embedding and LM-head rows weighted by their tokens'
+  training frequency (``unweighted tokens``: the ablation). The paper's code merges
+  heads so (it "multiplies out" the within-head maps, and computes token frequencies),
+  so these rows carry its numbers and the targets;
 * width-heterogeneous: the narrow model embedded exactly into the wide one's shape
   (:func:`lmckit.rewrites.embed_in_wider`), then orthogonal WM (and learned matching)
   with the wide model as reference;
@@ -87,6 +89,7 @@ __all__ = [
     "quick_config",
     "run_gpt2_shakespeare",
     "shakespeare_tokens",
+    "token_row_weights",
 ]
 
 PAPER = "Generalized linear mode connectivity for transformers (2025), GPT-2 table"
@@ -299,6 +302,17 @@ def _seen_token_masks(data: Dataset) -> dict[str, Tensor]:
     return {"transformer.wte.weight": seen, "lm_head.weight": seen}
 
 
+def token_row_weights(data: Dataset) -> dict[str, Tensor]:
+    """GPT-2 ``row_weights`` for weight matching: embedding rows weighted by how often their
+    token is read, LM-head rows by how often it is predicted, in the training split; mean
+    1 over the tokens that occur (so they weigh as much in total as with a mask)."""
+    out = {}
+    for key, ids in (("transformer.wte.weight", data.x_train), ("lm_head.weight", data.y_train)):
+        counts = torch.bincount(ids.flatten(), minlength=data.num_classes).double()
+        out[key] = (counts / counts[counts > 0].mean()).float()
+    return out
+
+
 def _masks_for(params: Params, masks: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v for k, v in masks.items() if k in params}
 
@@ -434,8 +448,10 @@ def _wm_entry(
     *,
     config: WeightMatchingConfig | None = None,
     head_bases: bool = False,
+    weights: dict[str, Tensor] | None = None,
 ) -> dict[str, Any]:
-    """Path from ``pa`` to ``pb`` weight-matched to it (optionally with head bases)."""
+    """Path from ``pa`` to ``pb`` weight-matched to it (optionally with head bases, and
+    with token rows weighted by ``weights``)."""
     res = weight_matching(
         spec,
         pa,
@@ -443,6 +459,7 @@ def _wm_entry(
         config or run.config.weight,
         seed=run.ctx.seed,
         row_masks=_masks_for(pa, masks),
+        row_weights=None if weights is None else _masks_for(pa, weights),
     )
     moved = apply(spec, pb, res.transform)
     if head_bases:
@@ -508,6 +525,7 @@ def _pair_stages(
     circuits, circ_a = heads_to_circuits(rms, rms_a)
     _, circ_b = heads_to_circuits(rms, rms_b)
     circ_spec = circuits.symmetry_spec()
+    circ_perm_spec = circ_spec.with_groups(residual=Permutation())
 
     def stat_inputs() -> list[Tensor]:
         limit = cfg.stat_batches
@@ -545,13 +563,20 @@ def _pair_stages(
     out["WM (orthogonal, raw head weights)"] = run.stage(
         "wm-orth-raw", lambda: wm(orth_spec, config=raw)
     )
-    for label, key, spec in (
-        ("permutations only", "perm", circ_spec.with_groups(residual=Permutation())),
-        ("orthogonal", "orth", circ_spec),
+    # token rows weighted by frequency, as the reference code's token_freqs; and the
+    # ablation without
+    weights = token_row_weights(data)
+    for label, stage, spec, use in (
+        ("permutations only", "wm-perm-circuits-freq", circ_perm_spec, weights),
+        ("orthogonal", "wm-orth-circuits-freq", circ_spec, weights),
+        ("orthogonal", "wm-orth-circuits", circ_spec, None),
     ):
-        out[f"WM ({label}), circuit form"] = run.stage(
-            f"wm-{key}-circuits",
-            lambda spec=spec: _wm_entry(run, data, masks, spec, circuits, circ_a, circ_b),
+        name = f"WM ({label}), circuit form" + ("" if use else ", unweighted tokens")
+        out[name] = run.stage(
+            stage,
+            lambda spec=spec, use=use: _wm_entry(
+                run, data, masks, spec, circuits, circ_a, circ_b, weights=use
+            ),
         )
 
     if cfg.learned is not None and learned:
@@ -645,10 +670,11 @@ def _width_stages(
         circuits, circ_wide = heads_to_circuits(wide_rms, rms_wide)
         _, circ_emb = heads_to_circuits(emb_module, emb)
         spec = circuits.symmetry_spec()
-        return _wm_entry(run, data, masks, spec, circuits, circ_wide, circ_emb)
+        weights = token_row_weights(data)
+        return _wm_entry(run, data, masks, spec, circuits, circ_wide, circ_emb, weights=weights)
 
     out["width 512 vs 256: WM (orthogonal), circuit form"] = run.stage(
-        "width-wm-orth-circuits", wm_circuits
+        "width-wm-orth-circuits-freq", wm_circuits
     )
     if cfg.learned is not None and cfg.learned_width and learned:
 
@@ -678,13 +704,16 @@ def _simplex_stage(
     def unaligned() -> dict[str, Any]:
         return {"simplex": run.simplex(rms, rms_models, data).to_dict()}
 
-    def universe_in(spec: SymmetrySpec, models: list[Params]) -> tuple[dict, list[Params]]:
+    def universe_in(
+        spec: SymmetrySpec, models: list[Params], weights: dict[str, Tensor] | None = None
+    ) -> tuple[dict, list[Params]]:
         res = universe_matching(
             spec,
             models,
             UniverseConfig(max_iter=run.config.universe_sweeps, inner=run.config.weight),
             seed=run.ctx.seed,
             row_masks=_masks_for(models[0], masks),
+            row_weights=None if weights is None else _masks_for(models[0], weights),
         )
         timing = {"align_seconds": res.seconds, "sweeps": res.iterations}
         return timing | {"converged": res.converged}, res.aligned(spec, models)
@@ -704,14 +733,15 @@ def _simplex_stage(
         for p in rms_models:
             circuits, q = heads_to_circuits(rms, p)
             circ_models.append(q)
-        timing, aligned = universe_in(circuits.symmetry_spec(), circ_models)
+        spec = circuits.symmetry_spec()
+        timing, aligned = universe_in(spec, circ_models, token_row_weights(data))
         return {"simplex": run.simplex(circuits, aligned, data).to_dict(), **timing}
 
     out = {
         "3 models: unaligned": run.stage("simplex-unaligned", unaligned),
         "3 models: universe matching": run.stage("simplex-universe", universe),
         "3 models: universe matching, circuit form": run.stage(
-            "simplex-universe-circuits", universe_circuits
+            "simplex-universe-circuits-freq", universe_circuits
         ),
     }
     entry = out["3 models: universe matching"]
