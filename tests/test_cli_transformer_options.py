@@ -39,9 +39,24 @@ def _invoke(*args: str) -> str:
     return result.output
 
 
+def _path(a: str, b: str, tmp: Path, name: str, *flags: str) -> dict:
+    _invoke("barrier", a, b, "--data", "digits", "--json", str(tmp / name), "--quiet", *flags)
+    return json.loads((tmp / name).read_text())
+
+
 def _barrier(a: str, b: str, tmp: Path, name: str) -> float:
-    _invoke("barrier", a, b, "--data", "digits", "--json", str(tmp / name), "--quiet")
-    return json.loads((tmp / name).read_text())["barrier_loss"]
+    return _path(a, b, tmp, name)["barrier_loss"]
+
+
+def _vits(tmp_path: Path, count: int, **extra: str) -> list[str]:
+    kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
+    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16, **extra}
+    paths = []
+    for seed in range(count):
+        module, params = create_model("vit", seed=seed, **kwargs)
+        save(tmp_path / f"v{seed}", module, params)
+        paths.append(str(tmp_path / f"v{seed}"))
+    return paths
 
 
 def test_align_learned_writes_a_lower_barrier_model(checkpoints, tmp_path: Path) -> None:
@@ -241,17 +256,6 @@ def test_simplex_with_head_bases_or_circuits_keeps_every_vertex(tmp_path: Path, 
         assert result.exit_code == 1 and "--align weight" in result.output
 
 
-def _vits(tmp_path: Path, count: int, **extra: str) -> list[str]:
-    kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
-    kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16, **extra}
-    paths = []
-    for seed in range(count):
-        module, params = create_model("vit", seed=seed, **kwargs)
-        save(tmp_path / f"v{seed}", module, params)
-        paths.append(str(tmp_path / f"v{seed}"))
-    return paths
-
-
 def test_circuits_flag_aligns_and_measures_in_circuit_form(tmp_path: Path) -> None:
     paths = _vits(tmp_path, 2)
     out = tmp_path / "aligned"
@@ -267,23 +271,15 @@ def test_circuits_flag_aligns_and_measures_in_circuit_form(tmp_path: Path) -> No
     assert json.loads((out / "config.json").read_text())["metadata"]["circuits"] is True
     # --circuits on a pair already in circuit form changes nothing
     ref, moved = str(out / "reference"), str(out)
-    _invoke("barrier", ref, moved, "--data", "digits", "--circuits", "--json", str(tmp_path / "c"))
-    assert json.loads((tmp_path / "c").read_text())["barrier_loss"] == pytest.approx(
+    assert _path(ref, moved, tmp_path, "c.json", "--circuits")["barrier_loss"] == pytest.approx(
         _barrier(ref, moved, tmp_path, "p.json"), abs=1e-6
     )
     # the unaligned pair in circuit form: same ends, another path
-    _invoke("barrier", *paths, "--data", "digits", "--circuits", "--json", str(tmp_path / "u"))
-    plain = json.loads(Path(_barrier_json(paths, tmp_path)).read_text())
-    circuit = json.loads((tmp_path / "u").read_text())
+    plain = _path(*paths, tmp_path, "plain.json")
+    circuit = _path(*paths, tmp_path, "u.json", "--circuits")
     assert circuit["loss"][0] == pytest.approx(plain["loss"][0], abs=1e-5)
     assert circuit["loss"][-1] == pytest.approx(plain["loss"][-1], abs=1e-5)
     assert circuit["meta"]["circuits"] is True
-
-
-def _barrier_json(paths: list[str], tmp: Path) -> str:
-    out = tmp / "plain.json"
-    _invoke("barrier", *paths, "--data", "digits", "--json", str(out), "--quiet")
-    return str(out)
 
 
 def test_circuits_flag_errors(checkpoints, tmp_path: Path) -> None:
