@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 import torch
-from gpt2_wm_variants import MID, PROXY
+from gpt2_wm_variants import MID, PROXY, setup
 from torch import Tensor
 from torch.func import functional_call
 from torch.nn.functional import cross_entropy
@@ -26,7 +26,7 @@ from torch.nn.functional import cross_entropy
 from lmckit import checkpoint
 from lmckit.align import weight_matching
 from lmckit.data import batches
-from lmckit.experiments.gpt2_shakespeare import shakespeare_tokens, token_row_weights
+from lmckit.experiments.gpt2_shakespeare import token_row_weights
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import apply
 
@@ -38,13 +38,7 @@ def main() -> None:
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"))
     args = parser.parse_args()
     config = {"proxy": PROXY, "mid": MID}[args.config]
-    root = args.out / f"{args.config}-{config.fingerprint()}"
-    data = shakespeare_tokens(
-        args.data_root / "tinyshakespeare" / "input.txt",
-        args.data_root / "gpt2_tokenizer",
-        block=config.context,
-        tokens=config.tokens,
-    )
+    root, data = setup(args.out, args.config, config, args.data_root)
     ln_a, ln_b = (
         checkpoint.load(root / "models" / f"gpt2-{config.n_embd}-seed{s}") for s in (0, 1)
     )

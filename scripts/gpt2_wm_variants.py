@@ -37,7 +37,7 @@ from lmckit.align import (
     learned_matching,
     weight_matching,
 )
-from lmckit.data import batches
+from lmckit.data import Dataset, batches
 from lmckit.evaluate import evaluate_path, linear_grid
 from lmckit.experiments.gpt2_shakespeare import (
     GPT2ShakespeareConfig,
@@ -90,6 +90,19 @@ MID = dataclasses.replace(
 )
 
 
+def setup(
+    out: Path, name: str, config: GPT2ShakespeareConfig, data_root: Path
+) -> tuple[Path, Dataset]:
+    """The cache folder of config ``name`` under ``out`` and its token data."""
+    data = shakespeare_tokens(
+        data_root / "tinyshakespeare" / "input.txt",
+        data_root / "gpt2_tokenizer",
+        block=config.context,
+        tokens=config.tokens,
+    )
+    return out / f"{name}-{config.fingerprint()}", data
+
+
 def _residual_only_from(spec: SymmetrySpec, prefixes: tuple[str, ...]) -> SymmetrySpec:
     """The spec with the residual compared on parameters starting with ``prefixes`` only."""
     spaces = []
@@ -139,13 +152,7 @@ def main() -> None:
     configs = {"paper": paper_config, "quick": quick_config}
     configs |= {"proxy": lambda: PROXY, "mid": lambda: MID}
     config = configs[args.config]()
-    root = args.out / f"{args.config}-{config.fingerprint()}"
-    data = shakespeare_tokens(
-        args.data_root / "tinyshakespeare" / "input.txt",
-        args.data_root / "gpt2_tokenizer",
-        block=config.context,
-        tokens=config.tokens,
-    )
+    root, data = setup(args.out, args.config, config, args.data_root)
     seeds = (args.seed, args.seed + 1)
     la, lb = _pair(root, config, data, seeds, train=args.config in ("proxy", "mid"))
     rms, a = layernorm_to_rmsnorm(la.model, la.params)

@@ -48,15 +48,25 @@ def _barrier(a: str, b: str, tmp: Path, name: str) -> float:
     return _path(a, b, tmp, name)["barrier_loss"]
 
 
+def _saved(tmp_path: Path, name: str, count: int, **kwargs: object) -> list[str]:
+    """``count`` seeds of a zoo model saved as checkpoints; their paths."""
+    paths = []
+    for seed in range(count):
+        module, params = create_model(name, seed=seed, **kwargs)
+        save(tmp_path / f"{name}{seed}", module, params)
+        paths.append(str(tmp_path / f"{name}{seed}"))
+    return paths
+
+
+def _gpt2s(tmp_path: Path, count: int) -> list[str]:
+    kwargs = {"vocab_size": 50, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+    return _saved(tmp_path, "gpt2", count, **kwargs)
+
+
 def _vits(tmp_path: Path, count: int, **extra: str) -> list[str]:
     kwargs = {"image_size": 8, "patch_size": 4, "in_channels": 1, "num_classes": 10}
     kwargs |= {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 16, **extra}
-    paths = []
-    for seed in range(count):
-        module, params = create_model("vit", seed=seed, **kwargs)
-        save(tmp_path / f"v{seed}", module, params)
-        paths.append(str(tmp_path / f"v{seed}"))
-    return paths
+    return _saved(tmp_path, "vit", count, **kwargs)
 
 
 def test_align_learned_writes_a_lower_barrier_model(checkpoints, tmp_path: Path) -> None:
@@ -110,12 +120,7 @@ def test_permutation_symmetry_is_weight_matching_for_an_mlp(checkpoints, tmp_pat
 
 
 def test_orthogonal_symmetry_rewrites_a_layernorm_gpt2(tmp_path: Path) -> None:
-    kwargs = {"vocab_size": 50, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
-    paths = []
-    for seed in (0, 1):
-        module, params = create_model("gpt2", seed=seed, **kwargs)
-        save(tmp_path / f"g{seed}", module, params)
-        paths.append(str(tmp_path / f"g{seed}"))
+    paths = _gpt2s(tmp_path, 2)
     out = tmp_path / "aligned"
     text = _invoke("align", *paths, "--symmetry", "orthogonal", "--out", str(out), "--quiet")
     assert "RMSNorm form" in text
@@ -208,12 +213,7 @@ def test_align_learned_on_cuda(checkpoints, tmp_path: Path) -> None:
 
 
 def test_head_bases_flag_keeps_the_function_and_is_recorded(tmp_path: Path) -> None:
-    kwargs = {"vocab_size": 50, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
-    paths = []
-    for seed in (0, 1):
-        module, params = create_model("gpt2", seed=seed, **kwargs)
-        save(tmp_path / f"g{seed}", module, params)
-        paths.append(str(tmp_path / f"g{seed}"))
+    paths = _gpt2s(tmp_path, 2)
     plain, based = tmp_path / "plain", tmp_path / "based"
     _invoke("align", *paths, "--symmetry", "orthogonal", "--out", str(plain), "--quiet")
     args = ["--symmetry", "orthogonal", "--head-bases", "--out", str(based), "--quiet"]
