@@ -16,9 +16,9 @@ BPE tokens, AdamW 1e-3, 6 epochs; ``--config mid`` a larger one with the paper's
 width: 4 layers, 4 heads of 64, width 256, MLP 1024, context 128, the first 300,000
 tokens, dropout 0.1, AdamW 1e-3, 8 epochs (about half an hour per pair on 2 cores);
 ``--config compact`` the paper's recipe on the whole text with the vocabulary compacted to
-the BPE ids that occur (about 100 minutes per model on one core). ``--train-only`` trains
-and caches the model of ``--seed`` alone, so the two models of a pair can train in two
-processes at once.
+the BPE ids that occur. ``--train-only`` trains and caches the model of ``--seed`` alone,
+so the two models of a pair can train in two processes at once (the compact pair: 80
+minutes, one core each).
 
     python scripts/gpt2_wm_variants.py runs/gpt2 --data-root ../shared/data --seed 1
     python scripts/gpt2_wm_variants.py /tmp/proxy --config proxy --learned
