@@ -17,8 +17,10 @@ from lmckit.atomic import write_json
 from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
 from lmckit.compare import EvalSettings, align_pair, format_table, measure_path, train_inputs
 from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
+from lmckit.data.spec import data_spec_paths
 from lmckit.merge import has_batchnorm, repair, reset_batchnorm
 from lmckit.models import create_model
+from lmckit.outputs import OutputError, OutputKind, check_output_dir, check_output_file
 from lmckit.params import IncompatibleModelsError, check_compatible, interpolate
 from lmckit.symmetry import HeadPermutation, Orthogonal, Permutation, SymmetrySpec, apply
 from lmckit.train import OPTIMIZERS, TrainConfig, fit
@@ -77,6 +79,37 @@ def _settings(**kwargs: Any) -> EvalSettings:
     return _run(EvalSettings, **kwargs)
 
 
+def _inputs(*paths: str | None, data_spec: str | None = None) -> list[str]:
+    """Every path a command reads: checkpoints and the files of its data spec."""
+    out = [p for p in paths if p]
+    if data_spec:
+        out += data_spec_paths(data_spec)
+    return out
+
+
+def _out_dir(out: str, kind: OutputKind, inputs: list[str], force: bool) -> None:
+    """Refuse an output folder that would destroy an input or a user's folder (before work)."""
+    try:
+        check_output_dir(out, kind=kind, inputs=inputs, force=force)
+    except OutputError as err:
+        raise _fail(str(err)) from None
+
+
+def _out_file(path: str | None, inputs: list[str], *, plot: bool = False) -> None:
+    """Refuse a --json/--plot target inside an input or of an unknown image type."""
+    if path is None:
+        return
+    suffixes = None
+    if plot:
+        from lmckit.plot import PLOT_SUFFIXES
+
+        suffixes = PLOT_SUFFIXES
+    try:
+        check_output_file(path, inputs=inputs, suffixes=suffixes)
+    except OutputError as err:
+        raise _fail(str(err)) from None
+
+
 def _threads(threads: int | None) -> None:
     if threads:
         torch.set_num_threads(threads)
@@ -87,6 +120,12 @@ threads_option = click.option(
     "--threads", type=int, default=None, help="CPU threads for PyTorch (default: PyTorch's choice)."
 )
 quiet_option = click.option("--quiet", is_flag=True, help="No progress bars.")
+force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing non-empty --out folder that lmckit did not write "
+    "(never an input, never the working directory).",
+)
 
 
 class _Group(click.Group):
@@ -141,6 +180,8 @@ def demo(
     from lmckit.experiments.demo import run_demo
     from lmckit.plot import plot_paths
 
+    _out_file(json_path, [])
+    _out_file(plot_path, [], plot=True)
     _threads(threads)
     results = run_demo(seed=seed, progress=not quiet, log=click.echo)
     click.echo(format_table(results))
@@ -362,6 +403,7 @@ def _device(name: str) -> torch.device:
     "--warmup", type=float, default=0.0, show_default=True, help="Fraction of linear warm-up."
 )
 @click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@force_option
 @click.option("--grad-clip", type=float, default=None, help="Clip the gradient norm.")
 @click.option(
     "--patience",
@@ -421,6 +463,7 @@ def train_cmd(
     device: str,
     threads: int | None,
     quiet: bool,
+    force: bool,
 ) -> None:
     """Train a zoo model and write a checkpoint directory.
 
@@ -428,6 +471,7 @@ def train_cmd(
     on square images; sizes from --n-layer, --n-head, --n-embd, --n-inner (--context,
     --patch-size). With --patience, training stops early on the validation loss.
     """
+    _out_dir(out, "checkpoint", _inputs(data_spec=data_spec), force)
     _threads(threads)
     data = _data(data_spec, seed=0)
     kwargs = model_kwargs(
@@ -619,6 +663,7 @@ def _symmetry_pair(
     "--out", type=click.Path(file_okay=False), required=True, help="Directory for B aligned to A."
 )
 @click.option("--seed", type=int, default=0, show_default=True)
+@force_option
 @threads_option
 @quiet_option
 def align_cmd(
@@ -634,12 +679,20 @@ def align_cmd(
     data_spec: str | None,
     out: str,
     seed: int,
+    force: bool,
     threads: int | None,
     quiet: bool,
 ) -> None:
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
     from lmckit.align import LearnedMatchingConfig, align_head_bases, learned_matching
 
+    uses_data = method in ("activation", "learned")
+    _out_dir(
+        out,
+        "checkpoint",
+        _inputs(model_a, model_b, data_spec=data_spec if uses_data else None),
+        force,
+    )
     _threads(threads)
     if circuits and head_bases:
         raise _fail("--head-bases aligns bases inside heads; --circuits leaves none")
@@ -886,6 +939,9 @@ def barrier_cmd(
         raise _fail("--head-bases goes with --simplex --align weight")
     if head_bases and circuits:
         raise _fail("--head-bases aligns bases inside heads; --circuits leaves none")
+    inputs = _inputs(*models, data_spec=data_spec)
+    _out_file(json_path, inputs)
+    _out_file(plot_path, inputs, plot=True)
     data = _data(data_spec)
     settings = _settings(
         split=split, points=points, fix=fix, batch_size=_eval_batch_size(data, None)
@@ -950,6 +1006,7 @@ def barrier_cmd(
 )
 @data_option
 @click.option("--out", type=click.Path(file_okay=False), required=True)
+@force_option
 @threads_option
 def merge_cmd(
     model_a: str,
@@ -959,9 +1016,11 @@ def merge_cmd(
     do_repair: bool,
     data_spec: str | None,
     out: str,
+    force: bool,
     threads: int | None,
 ) -> None:
     """Interpolate MODEL_A and MODEL_B (align B first with `lmckit align`)."""
+    _out_dir(out, "checkpoint", _inputs(model_a, model_b, data_spec=data_spec), force)
     _threads(threads)
     if reset_bn and do_repair:
         raise _fail("choose one of --reset-bn and --repair (REPAIR resets BatchNorm itself)")
@@ -1020,6 +1079,7 @@ def merge_cmd(
 )
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--list", "list_only", is_flag=True, help="List the experiments and exit.")
+@force_option
 @threads_option
 @quiet_option
 def reproduce_cmd(
@@ -1029,6 +1089,7 @@ def reproduce_cmd(
     data_root: str | None,
     seed: int,
     list_only: bool,
+    force: bool,
     threads: int | None,
     quiet: bool,
 ) -> None:
@@ -1040,10 +1101,13 @@ def reproduce_cmd(
         for exp, doc in list_experiments().items():
             click.echo(f"{exp:<20} {doc}")
         return
+    root = Path(data_root) if data_root else default_data_root()
+    target = Path(out_dir or Path("runs") / name)
+    _out_dir(str(target), "experiment", [str(root)], force)
     _threads(threads)
     ctx = ExperimentContext(
-        out_dir=Path(out_dir or Path("runs") / name),
-        data_root=Path(data_root) if data_root else default_data_root(),
+        out_dir=target,
+        data_root=root,
         quick=quick,
         seed=seed,
         progress=not quiet,

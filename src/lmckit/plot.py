@@ -18,7 +18,17 @@ from lmckit.evaluate import PathResult  # noqa: E402
 if TYPE_CHECKING:
     from lmckit.paths.simplex import SimplexResult
 
-__all__ = ["plot_paths", "plot_simplex"]
+__all__ = ["PLOT_SUFFIXES", "plot_paths", "plot_simplex"]
+
+#: File suffixes a figure can be written as (matplotlib's formats that need no LaTeX
+#: and are files, not raw buffers).
+PLOT_SUFFIXES: tuple[str, ...] = tuple(
+    sorted(
+        f".{fmt}"
+        for fmt in matplotlib.backend_bases.FigureCanvasBase.get_supported_filetypes()
+        if fmt not in ("pgf", "raw", "rgba")
+    )
+)
 
 
 def plot_paths(

@@ -32,7 +32,7 @@ from lmckit.data.gmm import make_gmm
 from lmckit.data.mnist import load_mnist
 from lmckit.data.text import load_text
 
-__all__ = ["DATA_SPEC_HELP", "load_data"]
+__all__ = ["DATA_SPEC_HELP", "data_spec_paths", "load_data"]
 
 DATA_SPEC_HELP = (
     "DATA is one of: 'digits' (scikit-learn's 8x8 digits, no files needed); 'mnist:PATH' "
@@ -137,6 +137,23 @@ def _load_text_spec(spec: str, name: str, rest: str) -> Dataset:
         return load_text(path, options["tokenizer"], **kwargs)
     except ValueError as err:
         raise _error(spec, str(err)) from None
+
+
+def data_spec_paths(spec: str) -> list[str]:
+    """The files and folders a data spec reads (none for built-in data).
+
+    Used to keep outputs away from inputs; the spec is not validated here.
+    """
+    name, colon, rest = spec.strip().partition(":")
+    name = name.strip()
+    if not colon:
+        return []
+    if name in ("mnist", "cifar10"):
+        return [rest.strip()] if rest.strip() else []
+    if name in _TEXT_NAMES:
+        path, options = _parse_text_options(spec, rest)
+        return [p for p in (path, options.get("tokenizer", "")) if p]
+    return []
 
 
 def load_data(spec: str, *, seed: int = 0) -> Dataset:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmckit.atomic import write_json, write_text
+from lmckit.outputs import RUN_MARKER
 
 __all__ = [
     "ExperimentContext",
@@ -116,6 +117,8 @@ def run_experiment(name: str, ctx: ExperimentContext) -> ExperimentResult:
     """Run ``name``; write ``table.txt`` and ``results.json`` into ``ctx.out_dir``."""
     fn = get_experiment(name)
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
+    # marks the folder as an lmckit experiment's before anything else is written into it
+    write_json(ctx.out_dir / RUN_MARKER, {"experiment": name})
     result = fn(ctx)
     write_text(ctx.out_dir / "table.txt", result.table + "\n")
     write_json(
