@@ -114,7 +114,9 @@ def _check_writable(target: Path, what: str) -> None:
         probe.touch(exist_ok=False)
     except OSError as err:
         reason = err.strerror or str(err)
-        raise OutputError(f"cannot write {what} {target}: {ancestor} is not writable ({reason})")
+        raise OutputError(
+            f"cannot write {what} {target}: {ancestor} is not writable ({reason})"
+        ) from None
     finally:
         probe.unlink(missing_ok=True)
 
