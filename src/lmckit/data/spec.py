@@ -22,7 +22,10 @@ colons or commas; for text, the trailing ``,KEY=VALUE`` items with known keys ar
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from lmckit.data.cifar10 import load_cifar10
@@ -32,7 +35,10 @@ from lmckit.data.gmm import make_gmm
 from lmckit.data.mnist import load_mnist
 from lmckit.data.text import load_text
 
-__all__ = ["DATA_SPEC_HELP", "data_spec_paths", "load_data"]
+__all__ = ["DATA_SPEC_HELP", "MAX_BLOCK", "check_data_spec", "data_spec_paths", "load_data"]
+
+#: Longest text block (tokens per example) a spec may ask for.
+MAX_BLOCK = 1 << 20
 
 DATA_SPEC_HELP = (
     "DATA is one of: 'digits' (scikit-learn's 8x8 digits, no files needed); 'mnist:PATH' "
@@ -95,13 +101,26 @@ def _parse_gmm_options(spec: str, text: str) -> dict[str, Any]:
     return kwargs
 
 
+_OPTION_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def _parse_text_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
-    """``PATH,KEY=VALUE,...`` -> ``(PATH, options)``; options are peeled off the end."""
+    """``PATH,KEY=VALUE,...`` -> ``(PATH, options)``; options are peeled off the end.
+
+    A trailing ``KEY=VALUE`` whose key is not an option is refused, unless what is left
+    with it is an existing file (a path may contain commas and equals signs).
+    """
     path, options = text, {}
     while "," in path:
         head, _, item = path.rpartition(",")
         key, sep, value = (part.strip() for part in item.partition("="))
-        if not sep or key not in _TEXT_OPTIONS:
+        if not sep:
+            break  # part of the path
+        if key not in _TEXT_OPTIONS:
+            if _OPTION_KEY.fullmatch(key) and not Path(path.strip()).exists():
+                raise _error(
+                    spec, f"unknown text option {key!r} (options: {', '.join(_TEXT_OPTIONS)})"
+                )
             break  # part of the path
         if key in options:
             raise _error(spec, f"text option {key!r} given twice")
@@ -112,7 +131,8 @@ def _parse_text_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
     return path.strip(), options
 
 
-def _load_text_spec(spec: str, name: str, rest: str) -> Dataset:
+def _text_arguments(spec: str, name: str, rest: str) -> tuple[str, str, dict[str, Any]]:
+    """``(text path, tokenizer, load_text keywords)`` of a text spec, validated."""
     path, options = _parse_text_options(spec, rest)
     if not path:
         raise _error(spec, f"{name} needs a text file: {name}:PATH,tokenizer=TOK")
@@ -124,19 +144,66 @@ def _load_text_spec(spec: str, name: str, rest: str) -> Dataset:
             kwargs["block"] = int(options["block"])
         except ValueError:
             raise _error(spec, f"block={options['block']!r} is not an integer") from None
+        if not 1 <= kwargs["block"] <= MAX_BLOCK:
+            raise _error(spec, f"block={kwargs['block']} must lie in 1..{MAX_BLOCK}")
     if "split" in options:
         parts = options["split"].split("/")
         try:
             percents = [float(p) for p in parts]
         except ValueError:
             percents = []
-        if len(percents) != 3 or min(percents) < 0 or abs(sum(percents) - 100) > 1e-6:
+        if (
+            len(percents) != 3
+            or not all(math.isfinite(p) for p in percents)
+            or min(percents) < 0
+            or abs(sum(percents) - 100) > 1e-6
+        ):
             raise _error(spec, f"split={options['split']!r} is not TRAIN/VAL/TEST summing to 100")
         kwargs["fractions"] = tuple(p / 100 for p in percents)
+    return path, options["tokenizer"], kwargs
+
+
+def _load_text_spec(spec: str, name: str, rest: str) -> Dataset:
+    path, tokenizer, kwargs = _text_arguments(spec, name, rest)
     try:
-        return load_text(path, options["tokenizer"], **kwargs)
+        return load_text(path, tokenizer, **kwargs)
     except ValueError as err:
         raise _error(spec, str(err)) from None
+
+
+def check_data_spec(spec: str) -> None:
+    """Validate a spec without loading it: its syntax, options and that its files exist.
+
+    For commands that accept ``--data`` but do not read it (weight matching), so a
+    mistake is still reported.
+
+    Raises:
+        ValueError: as :func:`load_data` would for the syntax; a missing file or folder.
+    """
+    name, colon, rest = spec.strip().partition(":")
+    name = name.strip()
+    if name == "digits":
+        if colon:
+            raise _error(spec, "digits takes no options")
+        return
+    if name in ("mnist", "cifar10"):
+        folder = rest.strip()
+        if not folder:
+            raise _error(spec, f"{name} needs a directory: {name}:PATH")
+        if not Path(folder).expanduser().is_dir():
+            raise _error(spec, f"{folder} is not a directory")
+        return
+    if name == "gmm":
+        if colon:
+            _parse_gmm_options(spec, rest)
+        return
+    if name in _TEXT_NAMES:
+        path, tokenizer, _ = _text_arguments(spec, name, rest)
+        for what, p in (("text file", path), ("tokenizer", tokenizer)):
+            if not Path(p).expanduser().exists():
+                raise _error(spec, f"the {what} {p} does not exist")
+        return
+    raise _error(spec, f"unknown dataset {name!r}")
 
 
 def data_spec_paths(spec: str) -> list[str]:

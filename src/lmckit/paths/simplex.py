@@ -28,22 +28,63 @@ from tqdm.auto import tqdm
 from lmckit.evaluate import evaluate
 from lmckit.params import Params, check_compatible, weighted_average
 
-__all__ = ["SimplexResult", "evaluate_simplex", "simplex_grid"]
+__all__ = [
+    "MAX_SIMPLEX_POINTS",
+    "SimplexResult",
+    "check_simplex_size",
+    "evaluate_simplex",
+    "simplex_grid",
+    "simplex_size",
+]
+
+#: Most grid points a simplex may have: each is a full evaluation of the data.
+MAX_SIMPLEX_POINTS = 100_000
 
 Batches = Iterable[tuple[Tensor, Tensor]]
 PointFn = Callable[[Params, tuple[float, ...]], Params]
 
 
-def simplex_grid(k: int, resolution: int) -> list[tuple[float, ...]]:
-    """All convex weights ``c / resolution`` over ``k`` models, vertices included.
+def simplex_size(k: int, resolution: int) -> int:
+    """Points of the grid over ``k`` models at ``resolution``: ``C(r + k - 1, k - 1)``."""
+    return math.comb(resolution + k - 1, k - 1)
 
-    Ordered lexicographically by the integer counts, descending in the first weight:
-    the first point is vertex 1, ``(1, 0, ..., 0)``.
+
+def check_simplex_size(k: int, resolution: int, *, max_points: int = MAX_SIMPLEX_POINTS) -> int:
+    """Validate a grid before building it; return its number of points.
+
+    Raises:
+        ValueError: fewer than 2 models, a resolution below 1, or more than
+            ``max_points`` points (naming the count).
     """
     if k < 2:
         raise ValueError(f"a simplex needs at least 2 models, got {k}")
     if resolution < 1:
         raise ValueError(f"resolution must be >= 1, got {resolution}")
+    # Bound the resolution first: math.comb of a huge number is itself slow.
+    if resolution > max_points:
+        raise ValueError(
+            f"resolution {resolution} gives more than {max_points:,} grid points over {k} "
+            "models; choose a smaller resolution"
+        )
+    points = simplex_size(k, resolution)
+    if points > max_points:
+        raise ValueError(
+            f"resolution {resolution} gives {points:,} grid points over {k} models, more than "
+            f"the {max_points:,} allowed; choose a smaller resolution"
+        )
+    return points
+
+
+def simplex_grid(
+    k: int, resolution: int, *, max_points: int = MAX_SIMPLEX_POINTS
+) -> list[tuple[float, ...]]:
+    """All convex weights ``c / resolution`` over ``k`` models, vertices included.
+
+    Ordered lexicographically by the integer counts, descending in the first weight:
+    the first point is vertex 1, ``(1, 0, ..., 0)``. The size is checked first
+    (:func:`check_simplex_size`), so an absurd resolution allocates nothing.
+    """
+    check_simplex_size(k, resolution, max_points=max_points)
 
     def counts(parts: int, total: int) -> list[tuple[int, ...]]:
         if parts == 1:

@@ -1,0 +1,132 @@
+"""The ``lmckit`` command line: parse, validate, call one library function, write.
+
+One module per command (:mod:`lmckit.cli.demo`, ``train``, ``align``, ``barrier``,
+``merge``, ``reproduce``), each exposing ``command``; :mod:`lmckit.cli.common` holds
+the shared options, the one function that loads models, data loading and the output
+checks. Command modules are imported only when their command runs (or ``--help``
+lists them), so start-up stays light and an interrupt during it is handled like any
+other.
+
+One error path (:class:`LmckitGroup`): a user mistake (any error the library documents:
+``ValueError`` and its subclasses, missing files, ...) prints one line ``Error: ...``
+and exits 1; a usage error (an unknown option, a value out of range) is click's, exit
+2; Ctrl-C prints ``interrupted`` and exits 130; anything else is a bug: its traceback,
+then a line asking to report it, exit 1.
+
+Command names, options and output formats are a contract; keep them stable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import traceback
+from typing import Any
+
+import click
+
+__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "LmckitGroup", "main"]
+
+#: Command name -> module under ``lmckit.cli`` defining it as ``command``.
+COMMANDS = {
+    "demo": "demo",
+    "train": "train",
+    "align": "align",
+    "barrier": "barrier",
+    "merge": "merge",
+    "reproduce": "reproduce",
+}
+EXIT_INTERRUPTED = 130
+BUG_REPORT = (
+    "lmckit: this is a bug in lmckit, not a mistake in what you asked; please report it "
+    "with the command you ran and the traceback above."
+)
+# Errors the library documents for bad input: reported as one line, never a traceback.
+_USER_ERRORS: tuple[type[BaseException], ...] = (
+    ValueError,
+    KeyError,
+    FileNotFoundError,
+    NotADirectoryError,
+    IsADirectoryError,
+    NotImplementedError,
+    FloatingPointError,
+)
+
+
+def _message(err: BaseException) -> str:
+    if isinstance(err, KeyError) and err.args:
+        return str(err.args[0])
+    return str(err) or type(err).__name__
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    text = str(err)
+    return isinstance(err, MemoryError) or (
+        isinstance(err, RuntimeError)
+        and ("out of memory" in text or "can't allocate memory" in text)
+    )
+
+
+def _interrupted(err: BaseException) -> bool:
+    return isinstance(err, KeyboardInterrupt) or isinstance(err.__cause__, KeyboardInterrupt)
+
+
+class LmckitGroup(click.Group):
+    """Commands loaded on demand, and the one error path described in the module."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        module = COMMANDS.get(cmd_name)
+        if module is None:
+            return None
+        return importlib.import_module(f"lmckit.cli.{module}").command
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
+            raise
+        except _USER_ERRORS as err:
+            raise click.ClickException(_message(err)) from None
+        except OSError as err:
+            # reads are reported by the library as ValueError; what is left is writing
+            raise click.ClickException(f"could not write output: {err}") from None
+        except (MemoryError, RuntimeError) as err:
+            if not _out_of_memory(err):
+                raise
+            raise click.ClickException(f"out of memory: {_message(err)}") from None
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as err:
+            err.show()
+            sys.exit(err.exit_code)
+        except (click.Abort, KeyboardInterrupt) as err:
+            if _interrupted(err):
+                click.echo("interrupted", err=True)
+                sys.exit(EXIT_INTERRUPTED)
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        except Exception:
+            traceback.print_exc()
+            click.echo(BUG_REPORT, err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=LmckitGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="lmckit")
+def main() -> None:
+    """Align, merge and measure linear mode connectivity between neural networks."""

@@ -1,0 +1,189 @@
+"""``lmckit barrier``: loss and accuracy along the path between two models, or a simplex."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from lmckit.atomic import write_json
+from lmckit.cli.common import (
+    POSITIVE,
+    check_out_file,
+    data_option,
+    fail,
+    input_paths,
+    load_dataset,
+    load_models,
+    quiet_option,
+    seed_option,
+    set_threads,
+    threads_option,
+)
+from lmckit.measure import FIXES, EvalSettings, format_table
+from lmckit.paths.simplex import check_simplex_size
+from lmckit.workflow import pair_barrier, simplex_barrier
+
+__all__ = ["command"]
+
+
+@click.command("barrier")
+@click.argument("models", nargs=-1, required=True, type=click.Path(exists=True))
+@data_option
+@click.option(
+    "--points",
+    type=int,
+    default=11,
+    show_default=True,
+    help="Points on the path, both ends included.",
+)
+@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
+@click.option(
+    "--fix",
+    type=click.Choice(FIXES),
+    default="auto",
+    show_default=True,
+    help="Fix at each point: auto resets BatchNorm statistics where there are any.",
+)
+@click.option(
+    "--simplex",
+    is_flag=True,
+    help="Several models: loss over the simplex they span and the multi-model barrier.",
+)
+@click.option(
+    "--resolution",
+    type=POSITIVE,
+    default=10,
+    show_default=True,
+    help="With --simplex: grid step 1/R in each convex weight.",
+)
+@click.option(
+    "--align",
+    "align_method",
+    type=click.Choice(["none", "weight"]),
+    default="none",
+    show_default=True,
+    help="With --simplex: weight: universe matching of all models into one frame first.",
+)
+@seed_option("With --align weight.")
+@click.option(
+    "--head-bases",
+    is_flag=True,
+    help="With --align weight, transformers: also align every model's attention-head bases "
+    "to the first model's.",
+)
+@click.option(
+    "--circuits",
+    is_flag=True,
+    help="Transformers: interpolate (and align) the models with every head rewritten as its "
+    "QK/OV circuit (exact at the ends; the path is the paper's).",
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False))
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
+@threads_option
+@quiet_option
+def command(
+    models: tuple[str, ...],
+    data_spec: str | None,
+    points: int,
+    split: str,
+    fix: str,
+    simplex: bool,
+    resolution: int,
+    align_method: str,
+    seed: int,
+    head_bases: bool,
+    circuits: bool,
+    json_path: str | None,
+    plot_path: str | None,
+    threads: int | None,
+    quiet: bool,
+) -> None:
+    """Loss and accuracy along the linear path from MODEL_A to MODEL_B.
+
+    With --simplex, MODELS are two or more checkpoints and the loss is measured over
+    the simplex they span (multi-model barrier; --plot draws it for three).
+    """
+    set_threads(threads)
+    if not simplex and len(models) != 2:
+        raise fail(f"give two models (or --simplex for several), got {len(models)}")
+    if not simplex and align_method != "none":
+        raise fail("--align is for --simplex; align a pair with `lmckit align` first")
+    if simplex and len(models) < 2:
+        raise fail("--simplex needs at least two models")
+    if head_bases and align_method != "weight":
+        raise fail("--head-bases goes with --simplex --align weight")
+    if head_bases and circuits:
+        raise fail("--head-bases aligns bases inside heads; --circuits leaves none")
+    if simplex and plot_path and len(models) != 3:
+        raise fail(f"--plot draws the simplex of 3 models, got {len(models)}")
+    inputs = input_paths(*models, data_spec=data_spec)
+    check_out_file(json_path, inputs)
+    check_out_file(plot_path, inputs, plot=True)
+    settings = EvalSettings(split=split, points=points, fix=fix)
+    if simplex:
+        check_simplex_size(len(models), resolution)
+        _simplex(models, data_spec, settings, resolution=resolution, align=align_method,
+                 seed=seed, head_bases=head_bases, circuits=circuits, json_path=json_path,
+                 plot_path=plot_path, quiet=quiet)  # fmt: skip
+        return
+    data = load_dataset(data_spec)
+    a, b = load_models(models)
+    meta = {"a": models[0], "b": models[1], "data": data_spec, "circuits": circuits}
+    result = pair_barrier(a, b, data, settings, circuits=circuits, meta=meta, progress=not quiet)
+    click.echo(format_table({"linear": result}))
+    if json_path:
+        write_json(json_path, result.to_dict())
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        from lmckit.plot import plot_paths
+
+        plot_paths({"linear": result}, plot_path)
+        click.echo(f"wrote {plot_path}")
+
+
+def _simplex(
+    paths: tuple[str, ...],
+    data_spec: str | None,
+    settings: EvalSettings,
+    *,
+    resolution: int,
+    align: str,
+    seed: int,
+    head_bases: bool,
+    circuits: bool,
+    json_path: str | None,
+    plot_path: str | None,
+    quiet: bool,
+) -> None:
+    """The multi-model barrier over the simplex spanned by ``paths``."""
+    data = load_dataset(data_spec)
+    ckpts = load_models(paths)
+    result = simplex_barrier(
+        ckpts,
+        data,
+        settings,
+        resolution=resolution,
+        align=align,
+        head_bases=head_bases,
+        circuits=circuits,
+        seed=seed,
+        meta={"models": list(paths), "data": data_spec},
+        progress=not quiet,
+    )
+    vertices = "/".join(f"{v:.4f}" for v in result.vertex_loss)
+    click.echo(
+        f"simplex of {result.k} models ({len(result.weights)} points, align {align}): "
+        f"loss barrier {result.barrier_loss:.4f}, accuracy barrier "
+        f"{100 * result.barrier_acc:.2f}%, centroid loss {result.centroid_loss:.4f}, "
+        f"vertex losses {vertices}"
+    )
+    if json_path:
+        write_json(json_path, result.to_dict())
+        click.echo(f"wrote {json_path}")
+    if plot_path:
+        from lmckit.plot import plot_simplex
+
+        labels = tuple(Path(p).name for p in paths)
+        plot_simplex({f"align: {align}": result}, plot_path, labels=labels)
+        click.echo(f"wrote {plot_path}")

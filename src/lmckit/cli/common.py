@@ -1,0 +1,161 @@
+"""What every command shares: options, loading models and data, checking outputs.
+
+Models are loaded by one function, :func:`load_model`, so that every command accepts
+the same sources (today lmckit checkpoints and state dicts with a ``config.json``).
+Errors are raised as the library's exceptions (or :func:`fail`); the group in
+:mod:`lmckit.cli` turns them into one ``Error:`` line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+import click
+import torch
+
+from lmckit.checkpoint import Checkpoint, load
+from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
+from lmckit.data.spec import check_data_spec, data_spec_paths
+from lmckit.outputs import OutputKind, check_output_dir, check_output_file
+from lmckit.params import IncompatibleModelsError, check_compatible
+
+__all__ = [
+    "SEED",
+    "check_out_dir",
+    "check_out_file",
+    "data_option",
+    "fail",
+    "force_option",
+    "input_paths",
+    "load_dataset",
+    "load_model",
+    "load_models",
+    "parse_device",
+    "quiet_option",
+    "seed_option",
+    "set_threads",
+    "threads_option",
+    "validate_data_spec",
+]
+
+FC = TypeVar("FC", bound=Callable[..., object])
+#: Seeds PyTorch, NumPy and scikit-learn all accept.
+SEED = click.IntRange(0, 2**32 - 1)
+POSITIVE = click.IntRange(min=1)
+
+
+def fail(message: str) -> click.ClickException:
+    """A user mistake found by the command line itself: ``raise fail("...")``."""
+    return click.ClickException(message)
+
+
+data_option = click.option("--data", "data_spec", metavar="SPEC", help=DATA_SPEC_HELP)
+threads_option = click.option(
+    "--threads",
+    type=POSITIVE,
+    default=None,
+    help="CPU threads for PyTorch (default: PyTorch's choice).",
+)
+quiet_option = click.option("--quiet", is_flag=True, help="No progress bars.")
+force_option = click.option(
+    "--force",
+    is_flag=True,
+    help="Replace an existing non-empty --out folder that lmckit did not write "
+    "(never an input, never the working directory).",
+)
+
+
+def seed_option(help: str | None = None) -> Callable[[FC], FC]:
+    """``--seed``, default 0, limited to the seeds every random source accepts."""
+    return click.option("--seed", type=SEED, default=0, show_default=True, help=help)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def load_model(path: str) -> Checkpoint:
+    """The one way the command line loads a model (a checkpoint folder or weights file)."""
+    return load(path)
+
+
+def load_models(paths: Sequence[str]) -> list[Checkpoint]:
+    """Load models that must share one architecture; mismatches name both paths."""
+    first = load_model(paths[0])
+    loaded = [first]
+    for path in paths[1:]:
+        other = load_model(path)
+        try:
+            check_compatible(first.params, other.params)
+        except IncompatibleModelsError as err:
+            raise fail(f"{paths[0]} and {path} are different architectures: {err}") from None
+        if first.config != other.config:
+            raise fail(
+                f"{paths[0]} and {path} are different architectures: "
+                f"{first.config} vs {other.config}"
+            )
+        loaded.append(other)
+    return loaded
+
+
+# --------------------------------------------------------------------------- data
+
+
+def load_dataset(spec: str | None, *, seed: int = 0) -> Dataset:
+    """The dataset ``--data`` names; a clear error when it is missing."""
+    if spec is None:
+        raise fail("this command needs --data")
+    return load_data(spec, seed=seed)
+
+
+def validate_data_spec(spec: str | None) -> None:
+    """Check a ``--data`` the command will not read (syntax, files present)."""
+    if spec is not None:
+        check_data_spec(spec)
+
+
+def input_paths(*paths: str | None, data_spec: str | None = None) -> list[str]:
+    """Every path a command reads: model paths and the files of its data spec."""
+    out = [p for p in paths if p]
+    if data_spec:
+        out += data_spec_paths(data_spec)
+    return out
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def check_out_dir(out: str, kind: OutputKind, inputs: list[str], force: bool) -> None:
+    """Refuse an output folder that would destroy an input or a user's folder (before work)."""
+    check_output_dir(out, kind=kind, inputs=inputs, force=force)
+
+
+def check_out_file(path: str | None, inputs: list[str], *, plot: bool = False) -> None:
+    """Refuse a --json/--plot target inside an input or of an unknown image type."""
+    if path is None:
+        return
+    suffixes = None
+    if plot:
+        from lmckit.plot import PLOT_SUFFIXES
+
+        suffixes = PLOT_SUFFIXES
+    check_output_file(path, inputs=inputs, suffixes=suffixes)
+
+
+# --------------------------------------------------------------------------- machine
+
+
+def set_threads(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def parse_device(name: str) -> torch.device:
+    """A torch device from ``--device``; CUDA only where one is available."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as err:
+        raise fail(f"bad --device {name!r}: {err}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise fail("--device cuda: no CUDA device is available")
+    return device

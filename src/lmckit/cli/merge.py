@@ -1,0 +1,79 @@
+"""``lmckit merge``: the interpolated model, optionally with BatchNorm reset or REPAIR."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from lmckit.checkpoint import save
+from lmckit.cli.common import (
+    check_out_dir,
+    data_option,
+    fail,
+    force_option,
+    input_paths,
+    load_dataset,
+    load_models,
+    set_threads,
+    threads_option,
+)
+from lmckit.measure import evaluate_split
+from lmckit.workflow import merge_pair
+
+__all__ = ["command"]
+
+
+@click.command("merge")
+@click.argument("model_a", type=click.Path(exists=True))
+@click.argument("model_b", type=click.Path(exists=True))
+@click.option(
+    "--t", "t", type=float, default=0.5, show_default=True, help="Weight of B: (1 - t) A + t B."
+)
+@click.option("--reset-bn", is_flag=True, help="Recompute BatchNorm statistics on --data.")
+@click.option(
+    "--repair",
+    "do_repair",
+    is_flag=True,
+    help="REPAIR: match channel statistics to the interpolated endpoints'.",
+)
+@data_option
+@click.option("--out", type=click.Path(file_okay=False), required=True)
+@force_option
+@threads_option
+def command(
+    model_a: str,
+    model_b: str,
+    t: float,
+    reset_bn: bool,
+    do_repair: bool,
+    data_spec: str | None,
+    out: str,
+    force: bool,
+    threads: int | None,
+) -> None:
+    """Interpolate MODEL_A and MODEL_B (align B first with `lmckit align`)."""
+    check_out_dir(out, "checkpoint", input_paths(model_a, model_b, data_spec=data_spec), force)
+    set_threads(threads)
+    if reset_bn and do_repair:
+        raise fail("choose one of --reset-bn and --repair (REPAIR resets BatchNorm itself)")
+    if not 0.0 <= t <= 1.0:
+        raise fail(f"--t must lie in [0, 1], got {t}")
+    fix = "repair" if do_repair else "reset_bn" if reset_bn else "none"
+    a, b = load_models([model_a, model_b])
+    data = load_dataset(data_spec) if (fix != "none" or data_spec) else None
+    merged = merge_pair(a.model, a.params, b.params, t=t, fix=fix, data=data)
+    meta: dict[str, Any] = {
+        "a": model_a,
+        "b": model_b,
+        "t": t,
+        "reset_bn": reset_bn,
+        "repair": do_repair,
+        "data": data_spec,
+    }
+    if data is not None:
+        m = evaluate_split(a.model, merged, data)
+        meta.update(test_loss=m.loss, test_acc=m.acc)
+        click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
+    save(out, a.config, merged, metadata=meta)
+    click.echo(f"wrote {out}")

@@ -1,0 +1,211 @@
+"""``lmckit train``: a seeded zoo model trained on a dataset, written as a checkpoint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from lmckit.checkpoint import save
+from lmckit.cli.common import (
+    POSITIVE,
+    check_out_dir,
+    data_option,
+    force_option,
+    input_paths,
+    load_dataset,
+    parse_device,
+    quiet_option,
+    seed_option,
+    set_threads,
+    threads_option,
+)
+from lmckit.models.sizing import ARCHITECTURES, ModelOptions, sized_config
+from lmckit.train import OPTIMIZERS, TrainConfig
+from lmckit.workflow import train_model
+
+__all__ = ["command"]
+
+NORMS = ("auto", "none", "batch", "layer", "group", "rms")
+
+
+@click.command("train")
+@click.option("--model", type=click.Choice(ARCHITECTURES), required=True, help="Architecture.")
+@data_option
+@click.option("--epochs", type=POSITIVE, default=10, show_default=True)
+@seed_option("Initialisation and data-order seed.")
+@click.option(
+    "--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory to write."
+)
+@click.option("--width", type=POSITIVE, default=512, show_default=True, help="MLP hidden width.")
+@click.option(
+    "--depth", type=POSITIVE, default=3, show_default=True, help="MLP number of hidden layers."
+)
+@click.option(
+    "--width-mult",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Channel multiplier (VGG, ResNet20).",
+)
+@click.option(
+    "--norm",
+    type=click.Choice(NORMS),
+    default="auto",
+    show_default=True,
+    help="Normalisation; auto = none for MLPs, batch for CNNs, layer for transformers "
+    "(rms: affine-free RMSNorm, transformers only).",
+)
+@click.option(
+    "--activation",
+    type=click.Choice(["relu", "gelu"]),
+    default="relu",
+    show_default=True,
+    help="MLP activation.",
+)
+@click.option("--n-layer", type=POSITIVE, default=6, show_default=True, help="Transformer layers.")
+@click.option(
+    "--n-head", type=POSITIVE, default=4, show_default=True, help="Attention heads per layer."
+)
+@click.option(
+    "--n-embd", type=POSITIVE, default=256, show_default=True, help="Transformer residual width."
+)
+@click.option(
+    "--n-inner", type=POSITIVE, default=None, help="Transformer MLP width [default: 4 * n-embd]."
+)
+@click.option(
+    "--context",
+    type=POSITIVE,
+    default=None,
+    help="GPT-2 maximum sequence length [default: the data's block length].",
+)
+@click.option("--patch-size", type=POSITIVE, default=4, show_default=True, help="ViT patch size.")
+@click.option(
+    "--dropout", type=float, default=0.0, show_default=True, help="GPT-2 dropout probability."
+)
+@click.option(
+    "--untie-embeddings", is_flag=True, help="GPT-2: a separate LM head instead of wte^T."
+)
+@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True)
+@click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
+@click.option("--weight-decay", type=float, default=0.0, show_default=True)
+@click.option("--batch-size", type=POSITIVE, default=128, show_default=True)
+@click.option(
+    "--schedule", type=click.Choice(["cosine", "constant"]), default="cosine", show_default=True
+)
+@click.option(
+    "--warmup", type=float, default=0.0, show_default=True, help="Fraction of linear warm-up."
+)
+@click.option("--max-steps", type=int, default=None, help="Stop after this many steps.")
+@force_option
+@click.option("--grad-clip", type=float, default=None, help="Clip the gradient norm.")
+@click.option(
+    "--patience",
+    type=int,
+    default=None,
+    help="Early stopping: stop after this many validation checks without improvement and "
+    "keep the best parameters (needs data with a validation split).",
+)
+@click.option(
+    "--eval-every",
+    type=int,
+    default=None,
+    help="Steps between validation checks [default: every epoch, when validating].",
+)
+@click.option(
+    "--eval-batch-size",
+    type=int,
+    default=None,
+    help="Examples per evaluation batch [default: batch size for validation; for the test "
+    "loss 500, or fewer for language models].",
+)
+@click.option(
+    "--device", default="cpu", show_default=True, help="Torch device to train on, e.g. cuda."
+)
+@threads_option
+@quiet_option
+def command(
+    model: str,
+    data_spec: str | None,
+    seed: int,
+    out: str,
+    force: bool,
+    device: str,
+    threads: int | None,
+    quiet: bool,
+    **settings: Any,
+) -> None:
+    """Train a zoo model and write a checkpoint directory.
+
+    Transformers: `--model gpt2` on token data (e.g. --data shakespeare:...), `--model vit`
+    on square images; sizes from --n-layer, --n-head, --n-embd, --n-inner (--context,
+    --patch-size). With --patience, training stops early on the validation loss.
+    """
+    check_out_dir(out, "checkpoint", input_paths(data_spec=data_spec), force)
+    set_threads(threads)
+    options = ModelOptions(
+        **{
+            k: settings.pop(k)
+            for k in (
+                "width",
+                "depth",
+                "width_mult",
+                "norm",
+                "activation",
+                "n_layer",
+                "n_head",
+                "n_embd",
+                "n_inner",
+                "context",
+                "patch_size",
+                "dropout",
+            )
+        },  # fmt: skip
+        tie_embeddings=not settings.pop("untie_embeddings"),
+    )
+    config = TrainConfig(**settings)
+    torch_device = parse_device(device)
+    data = load_dataset(data_spec, seed=0)
+    model_config = sized_config(
+        model,
+        input_shape=data.input_shape,
+        num_classes=data.num_classes,
+        tokens=data.is_language,
+        options=options,
+        data_name=data.name,
+    )
+    trained = train_model(
+        model_config,
+        data,
+        config,
+        seed=seed,
+        device=torch_device,
+        eval_batch_size=config.eval_batch_size,
+        progress=not quiet,
+    )
+    result, test = trained.result, trained.test
+    metadata: dict[str, Any] = {
+        "data": data_spec,
+        "seed": seed,
+        "train": config.__dict__,
+        "steps": result.steps,
+        "epochs_run": result.epochs,
+        "test_loss": test.loss,
+        "test_acc": test.acc,
+    }
+    if result.best is not None:
+        metadata.update(
+            best_step=result.best.step,
+            best_epoch=result.best.epoch,
+            val_loss=result.best.loss,
+            val_acc=result.best.acc,
+            stopped_early=result.stopped_early,
+        )
+        stop = "stopped early" if result.stopped_early else "ran to the end"
+        click.echo(
+            f"best validation loss {result.best.loss:.4f} at step {result.best.step} "
+            f"(epoch {result.best.epoch}); {stop} after {result.steps} steps"
+        )
+    save(out, trained.model, result.params, metadata=metadata)
+    click.echo(f"test loss {test.loss:.4f}, accuracy {100 * test.acc:.2f}%")
+    click.echo(f"wrote {out}")

@@ -1,0 +1,384 @@
+"""Whole tasks, one call each: train, align a pair, merge, compare methods, a simplex.
+
+Each function takes loaded models and data and returns results; none reads or writes
+files. The command line is a thin layer over them (parse, validate, call one of these,
+write), and the experiments and library users get the same behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from lmckit.align import activation_matching, weight_matching
+from lmckit.align.result import AlignmentResult
+from lmckit.checkpoint import Checkpoint
+from lmckit.data import Dataset, batches
+from lmckit.datafit import check_data_fits
+from lmckit.evaluate import Metrics, PathResult
+from lmckit.measure import EvalSettings, evaluate_split, measure_path, resolve_fix, train_inputs
+from lmckit.merge import has_batchnorm, repair, reset_batchnorm
+from lmckit.models import ModelConfig, ZooModel, create_model
+from lmckit.models.sizing import check_fits_in_memory
+from lmckit.params import Params, interpolate
+from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
+from lmckit.recipe import circuit_form, prepare_pair
+from lmckit.symmetry import SymmetrySpec, apply
+from lmckit.train import TrainConfig, TrainResult, fit
+
+__all__ = [
+    "ALIGN_METHODS",
+    "METHODS",
+    "MERGE_FIXES",
+    "AlignedPair",
+    "TrainedModel",
+    "align_checkpoints",
+    "align_pair",
+    "compare_alignments",
+    "merge_pair",
+    "pair_barrier",
+    "simplex_barrier",
+    "train_model",
+]
+
+#: Methods of :func:`align_pair` / :func:`compare_alignments`.
+METHODS = ("naive", "weight_matching", "activation_matching")
+#: Short names of :func:`align_checkpoints`' methods and their full names.
+ALIGN_METHODS = {
+    "weight": "weight_matching",
+    "activation": "activation_matching",
+    "learned": "learned_matching",
+}
+#: What :func:`merge_pair` does after interpolating.
+MERGE_FIXES = ("none", "reset_bn", "repair")
+
+
+# --------------------------------------------------------------------------- train
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """What :func:`train_model` returns: the module, its training record, test metrics."""
+
+    model: ZooModel
+    result: TrainResult
+    test: Metrics
+
+
+def train_model(
+    config: ModelConfig,
+    data: Dataset,
+    train: TrainConfig,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    eval_batch_size: int | None = None,
+    progress: bool = False,
+) -> TrainedModel:
+    """Build ``config`` from ``seed``, train it on ``data``, measure it on the test split.
+
+    The memory the model needs (weights, gradients and two optimiser moments) is
+    checked against the machine's before anything is built, and the data against the
+    model before any step.
+
+    Raises:
+        ValueError: a model that does not fit memory or the data, or a bad setting.
+    """
+    check_fits_in_memory(config, copies=4)
+    module, params = create_model(config.name, seed=seed, **config.kwargs)
+    check_data_fits(module, data)
+    result = fit(module, params, data, train, seed=seed, device=device, progress=progress)
+    test = evaluate_split(module, result.params, data, batch_size=eval_batch_size)
+    return TrainedModel(module, result, test)
+
+
+# --------------------------------------------------------------------------- align
+
+
+def align_pair(
+    method: str,
+    model: nn.Module,
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    data: Dataset | None,
+    settings: EvalSettings | None = None,
+    *,
+    seed: int = 0,
+    progress: bool = False,
+) -> AlignmentResult | None:
+    """Run one data-free or activation method of :data:`METHODS` (``naive``: ``None``)."""
+    settings = settings or EvalSettings()
+    if method == "naive":
+        return None
+    if method == "weight_matching":
+        return weight_matching(spec, params_a, params_b, seed=seed, progress=progress)
+    if method == "activation_matching":
+        if data is None:
+            raise ValueError("activation matching needs data")
+        return activation_matching(
+            model, spec, params_a, params_b, train_inputs(data, settings)(), progress=progress
+        )
+    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+
+
+def compare_alignments(
+    model: nn.Module,
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    data: Dataset,
+    settings: EvalSettings | None = None,
+    *,
+    methods: Sequence[str] = METHODS,
+    seed: int = 0,
+    progress: bool = False,
+) -> dict[str, PathResult]:
+    """Path results between A and B aligned to A by each method, keyed by method."""
+    settings = settings or EvalSettings()
+    out = {}
+    for method in methods:
+        result = align_pair(
+            method, model, spec, params_a, params_b, data, settings, seed=seed, progress=progress
+        )
+        b = params_b if result is None else apply(spec, params_b, result.transform)
+        meta: dict[str, Any] = {"method": method}
+        if result is not None:
+            meta["align_seconds"] = round(result.seconds, 4)
+            meta["align_sweeps"] = result.iterations
+        out[method] = measure_path(model, params_a, b, data, settings, meta=meta, progress=progress)
+    return out
+
+
+@dataclass(frozen=True)
+class AlignedPair:
+    """What :func:`align_checkpoints` returns.
+
+    Attributes:
+        config: the architecture of the aligned B (its form: RMSNorm, circuits, ...).
+        params: B aligned to A, in that form.
+        reference: A in the same form when the pair was rewritten (measure barriers
+            against it), else ``None``.
+        result: the aligner's result (transform, per-space diagnostics).
+        form: description of the form, empty when not rewritten.
+        metadata: method, options and diagnostics, JSON-ready.
+    """
+
+    config: ModelConfig
+    params: Params
+    reference: Checkpoint | None
+    result: AlignmentResult
+    form: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def align_checkpoints(
+    a: Checkpoint,
+    b: Checkpoint,
+    *,
+    method: str = "weight",
+    symmetry: str | None = None,
+    circuits: bool = False,
+    head_bases: bool = False,
+    data: Dataset | None = None,
+    seed: int = 0,
+    learned: Any = None,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+) -> AlignedPair:
+    """Align checkpoint ``b`` to ``a``: prepare the pair's form, run the method, move B.
+
+    Args:
+        a, b: checkpoints of one architecture.
+        method: ``weight`` (data-free), ``activation`` or ``learned`` (need ``data``).
+        symmetry, circuits: the form (see :func:`lmckit.recipe.prepare_pair`).
+        head_bases: afterwards align the bases inside matched attention heads.
+        data: training data for activation statistics or learned matching; checked to
+            fit the model whenever given.
+        seed: the method's randomness.
+        learned: a :class:`lmckit.align.LearnedMatchingConfig` for ``learned``.
+        device: where learned matching runs its passes.
+        progress: progress bars.
+
+    Raises:
+        ValueError: a user mistake (unknown method, missing data, incompatible options).
+    """
+    from lmckit.align import align_head_bases, learned_matching
+
+    if method not in ALIGN_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
+    if circuits and head_bases:
+        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    if method != "weight" and data is None:
+        raise ValueError(f"{ALIGN_METHODS[method]} needs data (--data)")
+    if data is not None:
+        check_data_fits(a.model, data)
+    pair = prepare_pair(a, b, symmetry=symmetry, circuits=circuits)
+    spec, pa, pb = pair.spec, pair.a.params, pair.b.params
+    full = ALIGN_METHODS[method]
+    if method == "learned":
+        assert data is not None
+        result = learned_matching(
+            pair.a.model, spec, pa, pb, data, learned, seed=seed, progress=progress, device=device
+        )
+    else:
+        result = align_pair(full, pair.a.model, spec, pa, pb, data, seed=seed, progress=progress)
+        assert result is not None
+    aligned = apply(spec, pb, result.transform)
+    if head_bases:
+        aligned = align_head_bases(spec, pa, aligned)
+    metadata: dict[str, Any] = {
+        "method": full,
+        "symmetry": symmetry,
+        "seed": seed,
+        "head_bases": head_bases,
+        "circuits": circuits,
+        "spaces": {k: vars(v) for k, v in result.spaces.items()},
+    }
+    if method == "learned" and learned is not None:
+        metadata["learned"] = {
+            "steps": learned.steps,
+            "lr": learned.lr,
+            "validation_midpoint": result.history,
+        }
+    reference = pair.a if pair.rewritten else None
+    return AlignedPair(pair.b.config, aligned, reference, result, pair.form, metadata)
+
+
+# --------------------------------------------------------------------------- merge
+
+
+def merge_pair(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    *,
+    t: float = 0.5,
+    fix: str = "none",
+    data: Dataset | None = None,
+    settings: EvalSettings | None = None,
+) -> Params:
+    """The point ``(1 - t) a + t b``, optionally with BatchNorm reset or REPAIR on ``data``.
+
+    Raises:
+        ValueError: ``t`` outside ``[0, 1]``, an unknown fix, a fix without data, or
+            ``reset_bn`` for a network without BatchNorm.
+    """
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"--t must lie in [0, 1], got {t}")
+    if fix not in MERGE_FIXES:
+        raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
+    if fix != "none" and data is None:
+        raise ValueError(f"{fix} needs data (--data)")
+    if fix == "reset_bn" and not has_batchnorm(model):
+        raise ValueError("--reset-bn: the model has no BatchNorm layers")
+    if data is not None:
+        check_data_fits(model, data)
+    if fix == "none":
+        return interpolate(params_a, params_b, t)
+    assert data is not None
+    inputs = train_inputs(data, settings or EvalSettings())
+    if fix == "repair":
+        return repair(model, params_a, params_b, t, inputs)
+    return reset_batchnorm(model, interpolate(params_a, params_b, t), inputs())
+
+
+# --------------------------------------------------------------------------- barriers
+
+
+def pair_barrier(
+    a: Checkpoint,
+    b: Checkpoint,
+    data: Dataset,
+    settings: EvalSettings | None = None,
+    *,
+    circuits: bool = False,
+    meta: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> PathResult:
+    """Loss and accuracy along the linear path from ``a`` to ``b`` on ``data``.
+
+    With ``circuits`` transformers are interpolated with heads as QK/OV circuits (the
+    ends are the same functions; the path between them differs).
+    """
+    if circuits:
+        a, b = circuit_form(a), circuit_form(b)
+    check_data_fits(a.model, data)
+    return measure_path(a.model, a.params, b.params, data, settings, meta=meta, progress=progress)
+
+
+def simplex_barrier(
+    checkpoints: Sequence[Checkpoint],
+    data: Dataset,
+    settings: EvalSettings | None = None,
+    *,
+    resolution: int = 10,
+    align: str = "none",
+    head_bases: bool = False,
+    circuits: bool = False,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> SimplexResult:
+    """The multi-model barrier over the simplex spanned by ``checkpoints``.
+
+    Args:
+        checkpoints: ``K >= 2`` checkpoints of one architecture.
+        data: evaluation data (the settings' split).
+        settings: split, fix (``auto``, ``none`` or ``reset_bn``) and batch size.
+        resolution: grid step ``1 / resolution`` in each convex weight; the grid's size
+            is checked before anything is allocated.
+        align: ``none``, or ``weight``: universe matching of every model into one frame.
+        head_bases: with ``align="weight"``, align every model's head bases to the first.
+        circuits: interpolate transformers with heads as QK/OV circuits.
+        seed, meta, progress: alignment seed, extra metadata, progress bars.
+    """
+    from lmckit.align import align_head_bases, universe_matching
+
+    settings = settings or EvalSettings()
+    if len(checkpoints) < 2:
+        raise ValueError("--simplex needs at least two models")
+    if align not in ("none", "weight"):
+        raise ValueError(f"align must be none or weight, got {align!r}")
+    if head_bases and align != "weight":
+        raise ValueError("--head-bases goes with --simplex --align weight")
+    if head_bases and circuits:
+        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    if settings.fix == "repair":
+        raise ValueError("--fix repair is for two models; use reset_bn or none with --simplex")
+    check_simplex_size(len(checkpoints), resolution)
+    ckpts = [circuit_form(c) for c in checkpoints] if circuits else list(checkpoints)
+    model = ckpts[0].model
+    check_data_fits(model, data)
+    fix = resolve_fix(model, settings.fix)
+    models = [c.params for c in ckpts]
+    info: dict[str, Any] = {**(meta or {}), "align": align, "circuits": circuits}
+    if align == "weight":
+        spec = model.symmetry_spec()
+        universe = universe_matching(spec, models, seed=seed, progress=progress)
+        models = universe.aligned(spec, models)
+        info.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))
+        if head_bases:
+            first = models[0]
+            models = [first] + [align_head_bases(spec, first, p) for p in models[1:]]
+            info["head_bases"] = True
+    prepare = None
+    if fix == "reset_bn":
+        inputs = train_inputs(data, settings)
+        prepare = lambda theta, _w: reset_batchnorm(model, theta, inputs())  # noqa: E731
+    x, y = data.split(settings.split)
+    info.update(split=settings.split, fix=fix, resolution=resolution)
+    size = settings.batch_for(data)
+    return evaluate_simplex(
+        model,
+        models,
+        lambda: batches(x, y, size),
+        resolution=resolution,
+        prepare=prepare,
+        meta=info,
+        progress=progress,
+    )
