@@ -1,8 +1,11 @@
-"""Loss and accuracy of parameter sets, and along paths between them.
+"""Loss and metric of parameter sets, and along paths between them.
 
 Definitions (DESIGN.md): on the path ``theta(t) = (1 - t) theta_a + t theta_b``,
 the loss barrier is ``max_t [L(theta(t)) - ((1 - t) L_a + t L_b)]`` and the accuracy
-barrier ``max_t [((1 - t) A_a + t A_b) - A(theta(t))]``.
+barrier ``max_t [((1 - t) A_a + t A_b) - A(theta(t))]``. The loss and the metric come
+from a :class:`lmckit.task.Task` (default: cross-entropy and accuracy); a metric where
+lower is better (e.g. mean absolute error) has the barrier
+``max_t [M(theta(t)) - ((1 - t) M_a + t M_b)]``.
 """
 
 from __future__ import annotations
@@ -15,19 +18,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
 from lmckit.params import Params, check_compatible, interpolate
+from lmckit.task import CLASSIFICATION, Task
 
 __all__ = [
     "Metrics",
     "PathResult",
     "evaluate",
+    "evaluate_along",
     "evaluate_path",
     "linear_grid",
+    "path_grid",
 ]
 
 Batches = Iterable[tuple[Tensor, Tensor]]
@@ -35,38 +40,48 @@ Batches = Iterable[tuple[Tensor, Tensor]]
 
 @dataclass(frozen=True)
 class Metrics:
-    """Mean loss (nats per example or token) and accuracy (fraction) on some data."""
+    """Mean loss and mean metric on some data.
+
+    Attributes:
+        loss: mean loss per unit (nats per example or token for cross-entropy).
+        acc: mean of the task's metric: accuracy (fraction) for classification, else
+            the metric named ``metric``.
+        metric: the metric's name (``"acc"``: accuracy).
+    """
 
     loss: float
     acc: float
+    metric: str = "acc"
 
 
-def _flat_logits(logits: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    # language models: (batch, time, vocab) logits against (batch, time) targets
-    if logits.ndim == 3:
-        return logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-    return logits, y
+def evaluate(
+    model: nn.Module,
+    params: Mapping[str, Tensor],
+    batches: Batches,
+    *,
+    task: Task = CLASSIFICATION,
+) -> Metrics:
+    """Mean loss and metric of ``model`` run with ``params`` (eval mode) over ``batches``.
 
-
-def evaluate(model: nn.Module, params: Mapping[str, Tensor], batches: Batches) -> Metrics:
-    """Mean cross-entropy and accuracy of ``model`` run with ``params`` (eval mode)."""
+    Means are over units (examples, or tokens of a language model), however batched.
+    """
     was_training = model.training
     model.eval()
-    total_loss = 0.0
-    correct = 0
+    total_loss = total_metric = 0.0
     count = 0
     try:
         with torch.no_grad():
             for x, y in batches:
-                logits, target = _flat_logits(functional_call(model, dict(params), (x,)), y)
-                total_loss += float(F.cross_entropy(logits, target, reduction="sum"))
-                correct += int((logits.argmax(-1) == target).sum())
-                count += target.numel()
+                outputs = functional_call(model, dict(params), (x,))
+                loss, metric, units = task.batch_totals(outputs, y)
+                total_loss += loss
+                total_metric += metric
+                count += units
     finally:
         model.train(was_training)
     if count == 0:
         raise ValueError("no data to evaluate on")
-    return Metrics(total_loss / count, correct / count)
+    return Metrics(total_loss / count, total_metric / count, task.metric_name)
 
 
 def linear_grid(points: int = 11) -> list[float]:
@@ -78,19 +93,30 @@ def linear_grid(points: int = 11) -> list[float]:
 
 @dataclass(frozen=True)
 class PathResult:
-    """Loss and accuracy at points ``t`` of a path from model A (t=0) to B (t=1).
+    """Loss and metric at points ``t`` of a path from model A (t=0) to B (t=1).
+
+    JSON (:meth:`to_dict`): ``t``, ``loss``, ``acc``, ``barrier_loss``, ``barrier_acc``,
+    ``midpoint_loss``, ``midpoint_acc``, ``meta``. With another metric than accuracy,
+    ``NAME``, ``barrier_NAME`` and ``midpoint_NAME`` replace the ``acc`` keys and
+    ``metric`` (``NAME``) and ``higher_is_better`` are added, e.g. ``mae`` and
+    ``barrier_mae`` for :func:`lmckit.task.mse`.
 
     Attributes:
         t: path positions, increasing, including 0 and 1.
         loss: mean loss at each ``t``.
-        acc: accuracy (fraction) at each ``t``.
+        acc: the metric at each ``t``: accuracy (fraction) for classification, else the
+            metric named ``metric``.
         meta: free-form description (method, split, data...).
+        metric: the metric's name (``"acc"``: accuracy).
+        higher_is_better: the metric's direction (the metric barrier follows it).
     """
 
     t: list[float]
     loss: list[float]
     acc: list[float]
     meta: dict[str, Any] = field(default_factory=dict)
+    metric: str = "acc"
+    higher_is_better: bool = True
 
     def __post_init__(self) -> None:
         if not (len(self.t) == len(self.loss) == len(self.acc)) or len(self.t) < 2:
@@ -108,8 +134,9 @@ class PathResult:
 
     @property
     def barrier_acc(self) -> float:
-        """``max_t [((1 - t) A(0) + t A(1)) - A(t)]``."""
-        return max(c - v for v, c in zip(self.acc, self._chord(self.acc), strict=True))
+        """``max_t [((1 - t) A(0) + t A(1)) - A(t)]`` (the sign flipped when lower is better)."""
+        sign = 1.0 if self.higher_is_better else -1.0
+        return max(sign * (c - v) for v, c in zip(self.acc, self._chord(self.acc), strict=True))
 
     def _mid(self) -> int:
         return min(range(len(self.t)), key=lambda i: abs(self.t[i] - 0.5))
@@ -123,26 +150,39 @@ class PathResult:
     def midpoint_acc(self) -> float:
         return self.acc[self._mid()]
 
+    @property
+    def _default_metric(self) -> bool:
+        return self.metric == "acc" and self.higher_is_better
+
     def to_dict(self) -> dict[str, Any]:
-        return {
+        """The JSON form (keys in the class docstring)."""
+        name = self.metric
+        out: dict[str, Any] = {
             "t": list(self.t),
             "loss": list(self.loss),
-            "acc": list(self.acc),
+            name: list(self.acc),
             "barrier_loss": self.barrier_loss,
-            "barrier_acc": self.barrier_acc,
+            f"barrier_{name}": self.barrier_acc,
             "midpoint_loss": self.midpoint_loss,
-            "midpoint_acc": self.midpoint_acc,
+            f"midpoint_{name}": self.midpoint_acc,
             "meta": dict(self.meta),
         }
+        if not self._default_metric:
+            out |= {"metric": name, "higher_is_better": self.higher_is_better}
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PathResult:
+        """Read :meth:`to_dict`'s form back; a ``ValueError`` names what is missing."""
         try:
+            metric = str(data.get("metric", "acc"))
             return cls(
                 [float(v) for v in data["t"]],
                 [float(v) for v in data["loss"]],
-                [float(v) for v in data["acc"]],
+                [float(v) for v in data[metric]],
                 dict(data.get("meta", {})),
+                metric,
+                bool(data.get("higher_is_better", True)),
             )
         except KeyError as err:
             raise ValueError(f"path result is missing {err}") from None
@@ -161,6 +201,67 @@ class PathResult:
 PointFn = Callable[[Params, float], Params]
 
 
+def path_grid(ts: Sequence[float] | None = None, points: int = 11) -> list[float]:
+    """``ts`` checked to increase from 0 to 1 inclusive, or ``linear_grid(points)``."""
+    grid = list(ts) if ts is not None else linear_grid(points)
+    if (
+        len(grid) < 2
+        or grid[0] != 0.0
+        or grid[-1] != 1.0
+        or any(b <= a for a, b in zip(grid, grid[1:], strict=False))
+    ):
+        raise ValueError("ts must increase from 0 to 1 inclusive")
+    return grid
+
+
+def evaluate_along(
+    model: nn.Module,
+    point: Callable[[float], Params],
+    batches: Callable[[], Batches],
+    *,
+    ts: Sequence[float] | None = None,
+    points: int = 11,
+    prepare: PointFn | None = None,
+    meta: Mapping[str, Any] | None = None,
+    progress: bool = False,
+    task: Task = CLASSIFICATION,
+) -> PathResult:
+    """Evaluate any path given as ``t -> theta(t)`` (a line, a curve) at ``ts``.
+
+    One module serves every point: each ``theta(t)`` runs through it with
+    ``torch.func.functional_call``.
+
+    Args:
+        model: module of the architecture.
+        point: ``theta(t)`` for ``t`` in ``[0, 1]``.
+        batches: a callable returning a fresh iterable of ``(x, y)`` batches.
+        ts: path positions, increasing from 0 to 1 inclusive; default
+            ``linear_grid(points)``.
+        prepare: optional ``(theta_t, t) -> theta_t'`` applied at each point, e.g. a
+            BatchNorm reset or REPAIR (see :mod:`lmckit.merge`).
+        meta: copied into the result.
+        progress: progress bar over points.
+        task: loss and metric (default: cross-entropy and accuracy).
+
+    Raises:
+        FloatingPointError: the loss is not finite at some point.
+    """
+    grid = path_grid(ts, points)
+    losses, values = [], []
+    for t in tqdm(grid, desc="path", unit="point", disable=not progress, leave=False):
+        theta = point(t)
+        if prepare is not None:
+            theta = prepare(theta, t)
+        m = evaluate(model, theta, batches(), task=task)
+        if not math.isfinite(m.loss):
+            raise FloatingPointError(f"loss is not finite at t={t}")
+        losses.append(m.loss)
+        values.append(m.acc)
+    return PathResult(
+        grid, losses, values, dict(meta or {}), task.metric_name, task.higher_is_better
+    )
+
+
 def evaluate_path(
     model: nn.Module,
     params_a: Params,
@@ -172,34 +273,24 @@ def evaluate_path(
     prepare: PointFn | None = None,
     meta: Mapping[str, Any] | None = None,
     progress: bool = False,
+    task: Task = CLASSIFICATION,
 ) -> PathResult:
-    """Evaluate the linear path between two parameter sets.
-
-    One module serves every point: each ``theta(t)`` runs through it with
-    ``torch.func.functional_call``.
+    """Evaluate the linear path ``(1 - t) theta_a + t theta_b`` between two parameter sets.
 
     Args:
         model: module of the architecture.
         params_a, params_b: endpoints (A at t=0, B at t=1).
-        batches: a callable returning a fresh iterable of ``(x, y)`` batches.
-        ts: path positions; default ``linear_grid(points)``.
-        prepare: optional ``(theta_t, t) -> theta_t'`` applied at each point, e.g. a
-            BatchNorm reset or REPAIR (see :mod:`lmckit.merge`).
-        meta: copied into the result.
-        progress: progress bar over points.
+        batches, ts, points, prepare, meta, progress, task: as for :func:`evaluate_along`.
     """
     check_compatible(params_a, params_b)
-    ts = list(ts) if ts is not None else linear_grid(points)
-    if ts[0] != 0.0 or ts[-1] != 1.0 or any(b <= a for a, b in zip(ts, ts[1:], strict=False)):
-        raise ValueError("ts must increase from 0 to 1 inclusive")
-    losses, accs = [], []
-    for t in tqdm(ts, desc="path", unit="point", disable=not progress, leave=False):
-        theta = interpolate(params_a, params_b, t)
-        if prepare is not None:
-            theta = prepare(theta, t)
-        m = evaluate(model, theta, batches())
-        if not math.isfinite(m.loss):
-            raise FloatingPointError(f"loss is not finite at t={t}")
-        losses.append(m.loss)
-        accs.append(m.acc)
-    return PathResult(ts, losses, accs, dict(meta or {}))
+    return evaluate_along(
+        model,
+        lambda t: interpolate(params_a, params_b, t),
+        batches,
+        ts=ts,
+        points=points,
+        prepare=prepare,
+        meta=meta,
+        progress=progress,
+        task=task,
+    )

@@ -3,6 +3,7 @@
 - Uniform soup: ``theta = (1/K) sum_k theta_k``.
 - Greedy soup: sort the ingredients by held-out accuracy, best first; starting from the
   best, add each next one to the average if the soup's held-out accuracy does not drop.
+  Any task's metric works the same way (:mod:`lmckit.task`; "drop" follows its direction).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from torch import Tensor, nn
 
 from lmckit.evaluate import Metrics, evaluate
 from lmckit.params import Params, weighted_average
+from lmckit.task import CLASSIFICATION, Task
 
 __all__ = ["GreedySoup", "greedy_soup", "uniform_soup"]
 
@@ -35,7 +37,7 @@ class GreedySoup:
         params: the soup, the uniform average of the chosen ingredients.
         members: indices (into the input sequence) of the chosen ingredients, in the order
             they were added.
-        metrics: held-out metrics of the soup.
+        metrics: held-out metrics of the soup (``acc``: the task's metric).
         ingredient_metrics: held-out metrics of each input model, by index.
     """
 
@@ -51,8 +53,9 @@ def greedy_soup(
     held_out: Callable[[], Batches],
     *,
     prepare: Callable[[Params], Params] | None = None,
+    task: Task = CLASSIFICATION,
 ) -> GreedySoup:
-    """Greedy soup selected on held-out accuracy (ties keep the ingredient).
+    """Greedy soup selected on the held-out metric (ties keep the ingredient).
 
     Args:
         model: module of the architecture.
@@ -60,19 +63,22 @@ def greedy_soup(
         held_out: callable returning fresh held-out ``(x, y)`` batches.
         prepare: optional fix applied to every averaged candidate before evaluation,
             e.g. a BatchNorm reset.
+        task: whose metric selects (default accuracy, higher is better).
     """
     if not models:
         raise ValueError("a soup needs at least one model")
     fix = prepare or (lambda p: p)
-    scores = [evaluate(model, m, held_out()) for m in models]
-    order = sorted(range(len(models)), key=lambda i: -scores[i].acc)
+    # a score that is higher for better models, whatever the metric's direction
+    sign = 1.0 if task.higher_is_better else -1.0
+    scores = [evaluate(model, m, held_out(), task=task) for m in models]
+    order = sorted(range(len(models)), key=lambda i: -sign * scores[i].acc)
     members = [order[0]]
     soup = {k: v.clone() for k, v in models[order[0]].items()}
     best = scores[order[0]]
     for i in order[1:]:
         candidate = fix(uniform_soup([models[j] for j in [*members, i]]))
-        metrics = evaluate(model, candidate, held_out())
-        if metrics.acc >= best.acc:
+        metrics = evaluate(model, candidate, held_out(), task=task)
+        if sign * metrics.acc >= sign * best.acc:
             members.append(i)
             soup, best = candidate, metrics
     return GreedySoup(soup, members, best, scores)

@@ -3,6 +3,10 @@
 Optionally with early stopping: the loss on the dataset's validation split is measured
 every epoch (or every ``eval_every`` steps), the parameters of the best measurement are
 kept, and training stops after ``patience`` measurements without improvement.
+
+The loss is the task's (:mod:`lmckit.task`; default cross-entropy, so classifiers and
+language models train unchanged); any data with train (and optionally validation)
+tensors will do (:class:`TrainData`), e.g. regression targets with :func:`lmckit.task.mse`.
 """
 
 from __future__ import annotations
@@ -10,16 +14,18 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
-import torch.nn.functional as F
-from torch import nn
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from lmckit.data import Dataset, batches
+from lmckit.data import batches
+from lmckit.evaluate import evaluate
 from lmckit.params import Params, check_finite
+from lmckit.task import CLASSIFICATION, Task
 
-__all__ = ["TrainConfig", "TrainResult", "ValidationPoint", "fit", "train"]
+__all__ = ["TrainConfig", "TrainData", "TrainResult", "ValidationPoint", "fit", "train"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant")
@@ -88,9 +94,38 @@ class TrainConfig:
         return self.patience is not None or self.eval_every is not None
 
 
+class TrainData(Protocol):
+    """What training reads: :class:`lmckit.data.Dataset`, or any object with these members.
+
+    ``x_train`` ``(N, ...)`` and ``y_train`` ``(N, ...)`` are batched along their first
+    axis; ``split("val")`` is read only when the config validates.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def x_train(self) -> Tensor: ...
+
+    @property
+    def y_train(self) -> Tensor: ...
+
+    @property
+    def has_val(self) -> bool: ...
+
+    @property
+    def splits(self) -> tuple[str, ...]: ...
+
+    def split(self, which: str) -> tuple[Tensor, Tensor]: ...
+
+
 @dataclass(frozen=True)
 class ValidationPoint:
-    """One validation measurement: after ``step`` optimiser steps, in ``epoch`` (1-based)."""
+    """One validation measurement: after ``step`` optimiser steps, in ``epoch`` (1-based).
+
+    ``loss`` and ``acc`` are the task's loss and metric (cross-entropy and accuracy by
+    default) on the validation split.
+    """
 
     step: int
     epoch: int
@@ -146,25 +181,13 @@ def lr_factor(config: TrainConfig, step: int, total: int) -> float:
 
 
 def _validation_loss(
-    work: nn.Module, data: Dataset, batch_size: int, device: torch.device
+    work: nn.Module, data: TrainData, batch_size: int, device: torch.device, task: Task
 ) -> tuple[float, float]:
-    """Mean cross-entropy (per example or token) and accuracy on the validation split."""
+    """Mean loss and metric (per unit) on the validation split."""
     x, y = data.split("val")
-    total, correct, count = 0.0, 0, 0
-    work.eval()
-    try:
-        with torch.no_grad():
-            for xb, yb in batches(x, y, batch_size):
-                xb, yb = xb.to(device), yb.to(device)
-                logits = work(xb)
-                if logits.ndim == 3:
-                    logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)
-                total += float(F.cross_entropy(logits, yb, reduction="sum"))
-                correct += int((logits.argmax(-1) == yb).sum())
-                count += yb.numel()
-    finally:
-        work.train()
-    return total / count, correct / count
+    on_device = ((xb.to(device), yb.to(device)) for xb, yb in batches(x, y, batch_size))
+    m = evaluate(work, work.state_dict(), on_device, task=task)
+    return m.loss, m.acc
 
 
 def _snapshot(work: nn.Module) -> Params:
@@ -174,12 +197,13 @@ def _snapshot(work: nn.Module) -> Params:
 def fit(
     model: nn.Module,
     params: Params,
-    data: Dataset,
+    data: TrainData,
     config: TrainConfig | None = None,
     *,
     seed: int = 0,
     device: str | torch.device | None = None,
     progress: bool = True,
+    task: Task = CLASSIFICATION,
 ) -> TrainResult:
     """Train from ``params`` on ``data``'s training split, with optional early stopping.
 
@@ -196,6 +220,8 @@ def fit(
         seed: data order and dropout.
         device: where to train (default CPU); returned parameters are on the CPU.
         progress: show a progress bar.
+        task: the loss minimised (its mean over a batch's units) and the validation
+            metric; default cross-entropy and accuracy.
 
     Returns:
         the parameters (the best validated ones when validating), steps, and history.
@@ -230,7 +256,7 @@ def fit(
     def measure() -> bool:
         """Measure validation loss, keep the best parameters; True when patience runs out."""
         nonlocal best, best_params, stale
-        loss, acc = _validation_loss(work, data, eval_batch, device)
+        loss, acc = _validation_loss(work, data, eval_batch, device, task)
         point = ValidationPoint(step=step, epoch=epoch + 1, loss=loss, acc=acc)
         history.append(point)
         if best is None or loss < best.loss - config.min_delta:
@@ -251,10 +277,7 @@ def fit(
                     xb, yb = xb.to(device), yb.to(device)
                     for group in opt.param_groups:
                         group["lr"] = config.lr * lr_factor(config, step, total)
-                    logits = work(xb)
-                    if logits.ndim == 3:
-                        logits, yb = logits.reshape(-1, logits.shape[-1]), yb.reshape(-1)
-                    loss = F.cross_entropy(logits, yb)
+                    loss = task.loss(work(xb), yb)
                     if not torch.isfinite(loss):
                         raise FloatingPointError(
                             f"training diverged at epoch {epoch + 1}, step {step}: loss {loss}"
@@ -295,16 +318,20 @@ def fit(
 def train(
     model: nn.Module,
     params: Params,
-    data: Dataset,
+    data: TrainData,
     config: TrainConfig | None = None,
     *,
     seed: int = 0,
     device: str | torch.device | None = None,
     progress: bool = True,
+    task: Task = CLASSIFICATION,
 ) -> Params:
     """Train from ``params`` on ``data``'s training split; return the new params.
 
     ``fit(...).params``: see :func:`fit` (early stopping returns the best validated
     parameters). Neither ``model`` nor ``params`` is modified.
     """
-    return fit(model, params, data, config, seed=seed, device=device, progress=progress).params
+    result = fit(
+        model, params, data, config, seed=seed, device=device, progress=progress, task=task
+    )
+    return result.params

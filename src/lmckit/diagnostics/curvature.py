@@ -16,11 +16,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp
 
 from lmckit.params import Params
+from lmckit.task import CLASSIFICATION, Task
 
 __all__ = [
     "HessianEigen",
@@ -107,8 +107,13 @@ def loss_function(
     model: nn.Module,
     params: Params,
     data: Sequence[tuple[Tensor, Tensor]],
+    *,
+    task: Task = CLASSIFICATION,
 ) -> tuple[LossFn, Params]:
-    """Mean cross-entropy over fixed batches as a function of the trainable parameters.
+    """The task's mean loss over fixed batches as a function of the trainable parameters.
+
+    The mean is over every unit of every batch (default: cross-entropy per example or
+    token).
 
     Buffers (BatchNorm statistics) are held fixed at their values in ``params``; the
     model runs in eval mode.
@@ -130,9 +135,8 @@ def loss_function(
     def loss_fn(theta: Params) -> Tensor:
         total = 0.0
         for x, y in data:
-            logits = functional_call(model, {**fixed, **theta}, (x,))
-            logits = logits.reshape(-1, logits.shape[-1])
-            total = total + F.cross_entropy(logits, y.reshape(-1), reduction="sum")
+            outputs = functional_call(model, {**fixed, **theta}, (x,))
+            total = total + task.loss(outputs, y, reduction="sum")
         return total / count  # type: ignore[return-value]
 
     return loss_fn, trainable
@@ -147,11 +151,12 @@ def path_top_eigenvalues(
     iters: int = 30,
     tol: float = 1e-3,
     seed: int = 0,
+    task: Task = CLASSIFICATION,
 ) -> list[float]:
-    """Top Hessian eigenvalue of the loss on ``data`` at ``point(t)`` for each ``t``."""
+    """Top Hessian eigenvalue of the task's loss on ``data`` at ``point(t)`` for each ``t``."""
     out = []
     for t in ts:
-        loss_fn, trainable = loss_function(model, point(float(t)), data)
+        loss_fn, trainable = loss_function(model, point(float(t)), data, task=task)
         out.append(
             top_hessian_eigenvalue(loss_fn, trainable, iters=iters, tol=tol, seed=seed).value
         )

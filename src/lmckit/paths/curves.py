@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.data import Dataset, batches
-from lmckit.evaluate import PathResult, evaluate, linear_grid
+from lmckit.data import batches
+from lmckit.evaluate import PathResult, evaluate_along
 from lmckit.params import Params, check_compatible, check_finite
-from lmckit.train import TrainConfig, lr_factor, make_optimizer
+from lmckit.task import CLASSIFICATION, Task
+from lmckit.train import TrainConfig, TrainData, lr_factor, make_optimizer
 
 __all__ = [
     "CURVE_KINDS",
@@ -153,7 +153,7 @@ def fit_curve(
     model: nn.Module,
     params_a: Params,
     params_b: Params,
-    data: Dataset,
+    data: TrainData,
     config: TrainConfig | None = None,
     *,
     kind: str = "bezier",
@@ -161,6 +161,7 @@ def fit_curve(
     init: Sequence[Params] | None = None,
     seed: int = 0,
     progress: bool = False,
+    task: Task = CLASSIFICATION,
 ) -> Curve:
     """Train the control points to minimise ``E_{t ~ U(0,1)} L(theta(t))`` on the train split.
 
@@ -178,6 +179,7 @@ def fit_curve(
         init: initial control points; default :func:`linear_init`.
         seed: data order and the ``t`` samples; the global RNG is restored.
         progress: progress bar over steps.
+        task: the loss minimised (default cross-entropy).
     """
     _check_kind(kind)
     check_compatible(params_a, params_b)
@@ -222,8 +224,7 @@ def fit_curve(
                         group["lr"] = config.lr * lr_factor(config, step, total)
                     t = float(torch.rand((), generator=t_generator))
                     theta = curve_point(kind, start, controls, end, t)
-                    logits = functional_call(model, theta, (xb,))
-                    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1))
+                    loss = task.loss(functional_call(model, theta, (xb,)), yb)
                     if not torch.isfinite(loss):
                         raise FloatingPointError(f"curve training diverged at step {step}")
                     opt.zero_grad(set_to_none=True)
@@ -251,8 +252,9 @@ def evaluate_curve(
     prepare: Callable[[Params, float], Params] | None = None,
     meta: Mapping[str, Any] | None = None,
     progress: bool = False,
+    task: Task = CLASSIFICATION,
 ) -> PathResult:
-    """Loss and accuracy at points of ``curve``: a :class:`PathResult` like a linear path's.
+    """Loss and metric at points of ``curve``: a :class:`PathResult` like a linear path's.
 
     Args:
         model: module of the architecture.
@@ -261,20 +263,16 @@ def evaluate_curve(
         ts: positions, increasing from 0 to 1 inclusive; default ``linear_grid(points)``.
         prepare: optional ``(theta_t, t) -> theta_t'`` (BatchNorm reset, calibration...).
         meta: copied into the result, with ``curve`` = the kind.
+        task: loss and metric (default cross-entropy and accuracy).
     """
-    ts = list(ts) if ts is not None else linear_grid(points)
-    if ts[0] != 0.0 or ts[-1] != 1.0 or any(b <= a for a, b in zip(ts, ts[1:], strict=False)):
-        raise ValueError("ts must increase from 0 to 1 inclusive")
-    losses, accs = [], []
-    for t in tqdm(ts, desc="curve", unit="point", disable=not progress, leave=False):
-        theta = curve.point(t)
-        if prepare is not None:
-            theta = prepare(theta, t)
-        m = evaluate(model, theta, batches_fn())
-        if not math.isfinite(m.loss):
-            raise FloatingPointError(f"loss is not finite at t={t}")
-        losses.append(m.loss)
-        accs.append(m.acc)
-    return PathResult(
-        ts, losses, accs, {"curve": curve.kind, "controls": len(curve.controls), **dict(meta or {})}
+    return evaluate_along(
+        model,
+        curve.point,
+        batches_fn,
+        ts=ts,
+        points=points,
+        prepare=prepare,
+        meta={"curve": curve.kind, "controls": len(curve.controls), **dict(meta or {})},
+        progress=progress,
+        task=task,
     )

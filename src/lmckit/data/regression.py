@@ -1,0 +1,93 @@
+"""`RegressionData`: real-valued targets, for training and evaluating with ``lmckit.task.mse``.
+
+:class:`lmckit.data.Dataset` holds class labels (int64); a regression problem has
+float targets instead. Training (:func:`lmckit.train.fit`) and evaluation read either
+through the same members (``x_train``, ``y_train``, ``split``...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor
+
+__all__ = ["RegressionData"]
+
+_SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True, eq=False)
+class RegressionData:
+    """Inputs and real-valued targets held in memory.
+
+    Attributes:
+        name: short name, e.g. ``"teacher"``.
+        x_train: inputs ``(N_train, *input_shape)``.
+        y_train: float targets ``(N_train, *target_shape)``; the model's outputs must have
+            the same shape per example.
+        x_test, y_test: the held-out split, shaped likewise.
+        x_val, y_val: optional validation split (early stopping), given together.
+    """
+
+    # eq=False: the generated __eq__ would compare tensors, whose truth value is ambiguous.
+
+    name: str
+    x_train: Tensor
+    y_train: Tensor
+    x_test: Tensor
+    y_test: Tensor
+    x_val: Tensor | None = None
+    y_val: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if (self.x_val is None) != (self.y_val is None):
+            raise ValueError(
+                f"regression data {self.name!r}: give both x_val and y_val, or neither"
+            )
+        for split in self.splits:
+            x, y = self.split(split)
+            if not y.is_floating_point():
+                raise ValueError(
+                    f"regression data {self.name!r}: y_{split} must be floating point, "
+                    f"got {y.dtype}"
+                )
+            if x.dim() < 1 or y.dim() < 1 or x.shape[0] != y.shape[0]:
+                raise ValueError(
+                    f"regression data {self.name!r}: x_{split} {tuple(x.shape)} and y_{split} "
+                    f"{tuple(y.shape)} must have the same number of samples"
+                )
+            if x.shape[1:] != self.x_train.shape[1:] or y.shape[1:] != self.y_train.shape[1:]:
+                raise ValueError(
+                    f"regression data {self.name!r}: {split} and train samples differ in shape"
+                )
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one input."""
+        return tuple(self.x_train.shape[1:])
+
+    @property
+    def has_val(self) -> bool:
+        """Whether there is a validation split."""
+        return self.x_val is not None
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        """Names of the splits present: ``train``, ``val`` if any, ``test``."""
+        return _SPLITS if self.has_val else ("train", "test")
+
+    def split(self, which: str) -> tuple[Tensor, Tensor]:
+        """``(x, y)`` of the ``"train"``, ``"val"`` (where present) or ``"test"`` split."""
+        if which == "train":
+            return self.x_train, self.y_train
+        if which == "test":
+            return self.x_test, self.y_test
+        if which == "val" and self.x_val is not None and self.y_val is not None:
+            return self.x_val, self.y_val
+        raise ValueError(f"unknown split {which!r}: expected one of {', '.join(self.splits)}")
+
+    def __repr__(self) -> str:
+        return (
+            f"RegressionData(name={self.name!r}, input_shape={self.input_shape}, "
+            f"n_train={self.x_train.shape[0]}, n_test={self.x_test.shape[0]})"
+        )
