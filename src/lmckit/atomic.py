@@ -3,12 +3,19 @@
 Everything is written to a temporary name in the destination's own directory (so the
 final ``os.replace`` / ``os.rename`` stays on one filesystem and is atomic) and moved
 into place only when the writer finished without an exception.
+
+Temporary names carry the writer's process id: ``.NAME.PID.RANDOM.tmp`` (and ``.old``
+for the previous version while a folder is swapped). A run killed with SIGKILL leaves
+them behind; the next write to the same place removes those whose writer is dead (on
+this machine), and restores a previous folder that a killed swap left only under its
+``.old`` name. Leftovers of a live process are never touched.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -16,13 +23,54 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_dir", "atomic_path", "write_json", "write_text"]
+__all__ = ["atomic_dir", "atomic_path", "remove_stale", "write_json", "write_text"]
 
 
 def _sibling(path: Path, tag: str) -> Path:
     # Hidden and unique, so a crash leaves an obvious leftover that never collides
-    # with a real output or with a concurrent writer of the same path.
-    return path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.{tag}")
+    # with a real output or with a concurrent writer of the same path; the pid tells
+    # a later writer whether the one that left it is still running.
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:12]}.{tag}")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (one we may not signal counts as alive)."""
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError):
+        return True
+    return True
+
+
+def remove_stale(path: str | os.PathLike[str]) -> list[Path]:
+    """Clean up what killed writers of ``path`` left beside it; return what was handled.
+
+    ``.tmp`` leftovers of dead processes are deleted. An ``.old`` leftover (the
+    previous version, moved aside during a swap) is deleted when ``path`` exists and
+    moved back to ``path`` when it does not (the writer died between the two renames).
+    Entries of processes still alive, and names not of this form, are left alone.
+    """
+    target = Path(path)
+    pattern = re.compile(rf"\.{re.escape(target.name)}\.(\d+)\.[0-9a-f]{{12}}\.(tmp|old)")
+    try:
+        entries = list(target.parent.iterdir())
+    except OSError:
+        return []
+    handled = []
+    for entry in sorted(entries, key=lambda e: e.name):
+        match = pattern.fullmatch(entry.name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        if match.group(2) == "old" and not (target.exists() or target.is_symlink()):
+            os.rename(entry, target)
+        else:
+            _remove(entry)
+        handled.append(entry)
+    return handled
 
 
 def _remove(path: Path) -> None:
@@ -51,6 +99,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
     tmp = _sibling(target, "tmp")
     try:
         yield tmp
@@ -97,6 +146,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
     tmp = _sibling(target, "tmp")
     tmp.mkdir()
     try:

@@ -23,6 +23,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from lmckit.atomic import atomic_dir, write_json
+from lmckit.bounded import FileLimitError, read_text, regular_file
 from lmckit.models import ModelConfig, ZooModel, build_module, get_model_class
 from lmckit.params import Params, check_finite
 
@@ -42,6 +43,10 @@ WEIGHTS_FILE = "model.safetensors"
 # Looked for in this order when ``load`` is given a directory.
 _WEIGHT_NAMES = (WEIGHTS_FILE, "model.pt", "model.pth", "model.bin")
 _PICKLE_SUFFIXES = (".pt", ".pth", ".bin")
+#: A config.json larger than this is not one lmckit wrote (nor any sane config).
+MAX_CONFIG_BYTES = 1 << 20
+_MAX_HEADER_BYTES = 100 << 20
+_SAFETENSORS_FLOATS = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})
 
 
 class CheckpointError(ValueError):
@@ -82,22 +87,27 @@ def _build(config: ModelConfig, where: Path, *, meta: bool = False) -> ZooModel:
                 except (RuntimeError, NotImplementedError):
                     pass  # an __init__ that computes on tensors: build it for real
             return build_module(config)
-    except (ValueError, TypeError) as err:
-        raise CheckpointError(f"{where}: cannot build {config}: {err}") from None
+    except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise CheckpointError(f"{where}: cannot build {config.name}: {reason}") from None
 
 
 def _check_layout(params: Mapping[str, Tensor], module: ZooModel, where: Path) -> None:
     """Keys and shapes of ``params`` must equal those of ``module.state_dict()``."""
+    _check_shapes({k: tuple(v.shape) for k, v in params.items()}, module, where)
+
+
+def _check_shapes(shapes: Mapping[str, tuple[int, ...]], module: ZooModel, where: Path) -> None:
     expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
     name = module.config.name
     for key in expected:
-        if key not in params:
+        if key not in shapes:
             raise CheckpointError(f"{where}: parameter {key!r} of {name!r} is missing")
-    for key in params:
+    for key in shapes:
         if key not in expected:
             raise CheckpointError(f"{where}: unexpected parameter {key!r} (not in {name!r})")
     for key, shape in expected.items():
-        got = tuple(params[key].shape)
+        got = tuple(shapes[key])
         if got != shape:
             raise CheckpointError(
                 f"{where}: parameter {key!r} has shape {got} but {name!r} expects {shape}"
@@ -189,11 +199,14 @@ def load_params_file(path: str | os.PathLike[str], *, require_finite: bool = Tru
             f"{p}: unknown weights format {p.suffix!r}; expected .safetensors, .pt, .pth or .bin"
         )
     try:
+        regular_file(p, what="weights file")
         # Reading a byte first separates "cannot read" from "corrupt" below.
         with open(p, "rb") as fh:
             fh.read(1)
     except FileNotFoundError:
         raise CheckpointError(f"{p} does not exist") from None
+    except FileLimitError as err:
+        raise CheckpointError(str(err)) from None
     except OSError as err:
         raise CheckpointError(f"cannot read {p}: {err}") from None
     if suffix == ".safetensors":
@@ -228,16 +241,18 @@ def _locate(path: Path) -> tuple[Path, Path]:
 
 def _read_config_json(config_path: Path) -> dict[str, Any]:
     try:
-        text = config_path.read_text(encoding="utf-8")
+        text = read_text(config_path, max_bytes=MAX_CONFIG_BYTES, what="config")
     except FileNotFoundError:
         raise CheckpointError(
             f"{config_path} is missing: a checkpoint needs {CONFIG_FILE} beside its weights"
         ) from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise CheckpointError(f"cannot read {config_path}: {err}") from None
+    except FileLimitError as err:
+        raise CheckpointError(str(err)) from None
     try:
         data = json.loads(text)
-    except json.JSONDecodeError as err:
+    except RecursionError:
+        raise CheckpointError(f"{config_path} is nested too deeply to be a config") from None
+    except ValueError as err:  # JSONDecodeError, or an integer of thousands of digits
         raise CheckpointError(f"{config_path} is not valid JSON: {err}") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{config_path} must hold a JSON object")
@@ -252,23 +267,103 @@ def _read_config(config_path: Path) -> ModelConfig:
         raise CheckpointError(f"{config_path}: {err}") from None
 
 
-def load(path: str | os.PathLike[str]) -> Checkpoint:
+def _safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """``{name: (dtype, shape)}`` from a safetensors header, reading nothing else.
+
+    The format: an unsigned little-endian 64-bit header length, then that many bytes
+    of JSON mapping each tensor's name to its dtype, shape and byte offsets.
+    """
+    try:
+        size = regular_file(path, what="weights file").stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n < 2 or n > min(size - 8, _MAX_HEADER_BYTES):
+                raise CheckpointError(f"{path} is corrupt or truncated: bad header length")
+            header = json.loads(fh.read(n))
+    except FileLimitError as err:
+        raise CheckpointError(str(err)) from None
+    except (ValueError, RecursionError, UnicodeDecodeError) as err:
+        raise CheckpointError(f"{path} is corrupt or truncated: bad header ({err})") from None
+    except OSError as err:
+        raise CheckpointError(f"cannot read {path}: {err}") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path} is corrupt or truncated: bad header")
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if not (
+            isinstance(entry, dict)
+            and isinstance(entry.get("dtype"), str)
+            and isinstance(entry.get("shape"), list)
+            and all(isinstance(d, int) and d >= 0 for d in entry["shape"])
+        ):
+            raise CheckpointError(f"{path} is corrupt or truncated: bad entry {name!r}")
+        out[name] = (entry["dtype"], tuple(entry["shape"]))
+    return out
+
+
+def _check_header(
+    header: Mapping[str, tuple[str, tuple[int, ...]]], module: ZooModel, where: Path
+) -> None:
+    """The weights' names, shapes and kinds of dtype against the module's, before loading."""
+    state = module.state_dict()
+    _check_shapes({k: shape for k, (_, shape) in header.items()}, module, where)
+    for key, (dtype, _shape) in header.items():
+        stored_float = dtype in _SAFETENSORS_FLOATS
+        _check_kind(key, dtype, stored_float, state[key], where)
+
+
+def _check_kind(key: str, dtype: object, stored_float: bool, expected: Tensor, where: Path) -> None:
+    wants_float = expected.is_floating_point()
+    if wants_float and not stored_float:
+        raise CheckpointError(
+            f"{where}: parameter {key!r} is stored as {dtype}, not floating point; lmckit "
+            "needs floating-point weights (float32, float16, bfloat16 or float64)"
+        )
+    if stored_float and not wants_float:
+        raise CheckpointError(
+            f"{where}: {key!r} is stored as {dtype} but the model keeps it as {expected.dtype}"
+        )
+
+
+def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32) -> Checkpoint:
     """Load a checkpoint directory, or a weights file with ``config.json`` beside it.
 
-    The module is rebuilt from the config, the file's keys and shapes must match its
-    state dict exactly, and the weights are loaded into it (eval mode). ``params`` are
-    the tensors as stored (dtypes included), in the module's state-dict order.
+    Nothing large is allocated before the weights are known to fit the config: the
+    module is first built on the meta device (shapes only) and a safetensors file's
+    header (names, shapes, dtypes) is checked against it. Then the weights are read,
+    checked again, and loaded into the real module (eval mode).
+
+    Args:
+        path: a checkpoint folder or a weights file.
+        dtype: floating-point weights are converted to this dtype (float16, bfloat16,
+            float64 checkpoints all compute in float32 by default); ``None`` keeps them
+            as stored. Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) stay
+            integers; integer or boolean weights are refused, naming the parameter.
 
     Raises:
         CheckpointError: naming the file and the first problem found.
     """
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
     weights_path, config_path = _locate(Path(path))
     config = _read_config(config_path)
-    module = _build(config, config_path)
+    shapes = _build(config, config_path, meta=True)
+    if weights_path.suffix.lower() == ".safetensors":
+        _check_header(_safetensors_header(weights_path), shapes, weights_path)
     params = load_params_file(weights_path)
-    _check_layout(params, module, weights_path)
+    _check_layout(params, shapes, weights_path)
+    expected = shapes.state_dict()
+    for key, value in params.items():
+        _check_kind(key, value.dtype, value.is_floating_point(), expected[key], weights_path)
+    module = _build(config, config_path)
     # safetensors stores keys sorted; give them back in the module's own order.
-    params = {k: params[k] for k in module.state_dict()}
+    params = {
+        k: params[k].to(dtype) if dtype is not None and params[k].is_floating_point() else params[k]
+        for k in module.state_dict()
+    }
     module.load_state_dict(params, strict=True)
     module.eval()
     return Checkpoint(module, params, config)
@@ -338,4 +433,6 @@ def save(
     with atomic_dir(target) as tmp:
         save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         write_json(tmp / CONFIG_FILE, doc)
+        # safetensors creates its file 0600; give it the config's (umask) permissions
+        os.chmod(tmp / WEIGHTS_FILE, (tmp / CONFIG_FILE).stat().st_mode & 0o777)
     return target

@@ -75,16 +75,23 @@ class TrainConfig:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0 or self.weight_decay < 0:
-            raise ValueError(f"invalid training config {self}")
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.lr > 0 or not math.isfinite(self.lr):
+            raise ValueError(f"lr must be a positive number, got {self.lr}")
+        if not self.weight_decay >= 0 or not math.isfinite(self.weight_decay):
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.momentum >= 0 or not math.isfinite(self.momentum):
+            raise ValueError(f"momentum must be >= 0, got {self.momentum}")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup must be a fraction in [0, 1), got {self.warmup}")
         for name in ("max_steps", "patience", "eval_every", "eval_batch_size"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1 or None, got {value}")
-        if self.grad_clip is not None and self.grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 or None, got {self.grad_clip}")
+        if self.grad_clip is not None and not 0 < self.grad_clip < math.inf:
+            raise ValueError(f"grad_clip must be a positive number or None, got {self.grad_clip}")
         if self.min_delta < 0:
             raise ValueError(f"min_delta must be >= 0, got {self.min_delta}")
 

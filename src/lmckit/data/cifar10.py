@@ -6,6 +6,7 @@ therefore read with a restricted unpickler that rebuilds NumPy arrays and nothin
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import re
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from lmckit.bounded import read_bytes
 from lmckit.data.dataset import Dataset
 
 __all__ = ["load_cifar10"]
@@ -25,6 +27,8 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 _BATCH_RE = re.compile(r"data_batch_(\d+)")
 _PIXELS = 3 * 32 * 32
+#: Largest batch file read; the real ones are 31 MB.
+MAX_BATCH_BYTES = 512 << 20
 
 
 def _latin1_encode(text: str, encoding: str = "utf-8") -> bytes:
@@ -84,7 +88,9 @@ def _get(batch: dict[Any, Any], key: str) -> Any:
 
 def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """``(data uint8 (N, 3072), labels int64 (N,))`` of one batch file."""
-    with path.open("rb") as f:
+    # Read whole (bounded) first: a pickle's declared lengths then cannot exceed the file.
+    raw = read_bytes(path, max_bytes=MAX_BATCH_BYTES, what="CIFAR-10 batch")
+    with io.BytesIO(raw) as f:
         try:
             batch = _BatchUnpickler(f, path).load()
         except _RefusedGlobal as err:

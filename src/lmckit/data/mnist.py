@@ -7,7 +7,6 @@ gzipped; :func:`read_idx` tells by the gzip magic bytes, whatever the file is ca
 
 from __future__ import annotations
 
-import gzip
 import os
 import zlib
 from pathlib import Path
@@ -15,11 +14,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lmckit.bounded import FileLimitError, read_maybe_gzip, regular_file
 from lmckit.data.dataset import Dataset
 
 __all__ = ["load_mnist", "read_idx"]
 
 _GZIP_MAGIC = b"\x1f\x8b"
+#: Largest IDX file read (after decompression); MNIST's largest is 47 MB.
+MAX_IDX_BYTES = 1 << 30
 
 # IDX dtype codes; multi-byte types are stored big-endian.
 _IDX_DTYPES: dict[int, np.dtype] = {
@@ -47,20 +49,58 @@ _FILES = {
 }
 
 
-def read_idx(path: str | os.PathLike[str]) -> np.ndarray:
+def _declared_size(path: Path) -> int:
+    """Bytes the IDX header at the start of ``path`` declares (header included), or 0.
+
+    Only the first kilobyte is read (and gunzipped), so a file that expands to
+    gigabytes is sized before it is decompressed; 0 when the header is unreadable
+    (:func:`read_idx` then reports what is wrong with it).
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(1024)
+    if head[:2] == _GZIP_MAGIC:
+        try:
+            head = zlib.decompressobj(wbits=31).decompress(head, 4 + 4 * 255)
+        except zlib.error:
+            return 0
+    if len(head) < 4 or head[0] or head[1] or head[2] not in _IDX_DTYPES:
+        return 0
+    ndim = head[3]
+    if len(head) < 4 + 4 * ndim:
+        return 0
+    shape = np.frombuffer(head, dtype=">u4", count=ndim, offset=4)
+    return 4 + 4 * ndim + _IDX_DTYPES[head[2]].itemsize * int(np.prod(shape, dtype=object))
+
+
+def read_idx(path: str | os.PathLike[str], *, max_bytes: int = MAX_IDX_BYTES) -> np.ndarray:
     """Read an IDX file, gzipped or not, into a native-endian array of its shape.
 
+    At most ``max_bytes`` are read or decompressed: the header's declared size is
+    checked before the payload is touched, and decompression stops one byte past it.
+
     Raises:
-        ValueError: naming the file when it is truncated, has trailing bytes, a bad
-            magic number or an unknown dtype code, or is a corrupt gzip stream.
+        ValueError: naming the file when it is not a regular file, too large, truncated,
+            has trailing bytes, a bad magic number or an unknown dtype code, or is a
+            corrupt gzip stream.
     """
     path = Path(path)
-    raw = path.read_bytes()
-    if raw[:2] == _GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as err:
-            raise ValueError(f"{path}: corrupt or truncated gzip stream ({err})") from err
+    regular_file(path, what="IDX file")
+    declared = _declared_size(path)
+    if declared > max_bytes:
+        raise ValueError(
+            f"{path}: the IDX header declares {declared:,} bytes, more than the "
+            f"{max_bytes:,} allowed"
+        )
+    # one byte past the declared size is enough to report trailing bytes
+    limit = declared + 1 if declared else max_bytes
+    try:
+        raw = read_maybe_gzip(path, max_bytes=max_bytes, max_output=limit, what="IDX file")
+    except FileLimitError:
+        if not declared:
+            raise
+        raise ValueError(
+            f"{path}: IDX file has trailing bytes beyond the {declared:,} its header declares"
+        ) from None
     if len(raw) < 4:
         raise ValueError(f"{path}: truncated IDX file ({len(raw)} bytes, no complete header)")
     if raw[0] != 0 or raw[1] != 0:

@@ -145,7 +145,7 @@ def _text_arguments(spec: str, name: str, rest: str) -> tuple[str, str, dict[str
         except ValueError:
             raise _error(spec, f"block={options['block']!r} is not an integer") from None
         if not 1 <= kwargs["block"] <= MAX_BLOCK:
-            raise _error(spec, f"block={kwargs['block']} must lie in 1..{MAX_BLOCK}")
+            raise _error(spec, f"block must be >= 1 and <= {MAX_BLOCK}, got {kwargs['block']}")
     if "split" in options:
         parts = options["split"].split("/")
         try:

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lmckit.bounded import read_text, regular_file
 from lmckit.data.dataset import Dataset
 
 __all__ = ["load_text", "make_blocks", "split_tokens", "tokenize_file"]
@@ -24,15 +25,21 @@ __all__ = ["load_text", "make_blocks", "split_tokens", "tokenize_file"]
 DEFAULT_FRACTIONS = (0.9, 0.05, 0.05)
 
 
+#: Largest text file read (bytes of UTF-8).
+MAX_TEXT_BYTES = 512 << 20
+#: Largest tokenizer.json read (large vocabularies take tens of MB).
+MAX_TOKENIZER_BYTES = 256 << 20
+
+
 def _tokenizer_file(tokenizer: str | Path) -> Path:
     path = Path(tokenizer)
     if path.is_dir():
         path = path / "tokenizer.json"
-    if not path.is_file():
+    if not path.exists():
         raise FileNotFoundError(
             f"no tokenizer at {path}: give a tokenizer.json file or a directory holding one"
         )
-    return path
+    return regular_file(path, what="tokenizer")
 
 
 def tokenize_file(text_path: str | Path, tokenizer: str | Path) -> tuple[Tensor, int]:
@@ -47,8 +54,9 @@ def tokenize_file(text_path: str | Path, tokenizer: str | Path) -> tuple[Tensor,
         ``ids`` is a fresh tensor on every call (callers may modify it).
     """
     text = Path(text_path)
-    if not text.is_file():
+    if not text.exists():
         raise FileNotFoundError(f"no text file at {text}")
+    regular_file(text, what="text file")
     tok = _tokenizer_file(tokenizer)
     # Keyed on modification times so an edited file is tokenized again.
     ids, vocab = _tokenize_cached(
@@ -67,10 +75,21 @@ def _tokenize_cached(
         raise ValueError(
             "text data needs the 'tokenizers' package: pip install tokenizers"
         ) from None
-    tokenizer = Tokenizer.from_file(tokenizer_path)
-    content = Path(text_path).read_text(encoding="utf-8")
+    spec = read_text(tokenizer_path, max_bytes=MAX_TOKENIZER_BYTES, what="tokenizer")
+    try:
+        tokenizer = Tokenizer.from_str(spec)
+    except Exception as err:  # the Rust library raises a bare Exception
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise ValueError(f"{tokenizer_path} is not a valid tokenizer.json: {reason}") from None
+    content = read_text(text_path, max_bytes=MAX_TEXT_BYTES, what="text file")
     ids = torch.tensor(tokenizer.encode(content).ids, dtype=torch.int64)
-    return ids, tokenizer.get_vocab_size()
+    # with_added_tokens: ids of added special tokens lie past the base vocabulary
+    vocab = tokenizer.get_vocab_size(with_added_tokens=True)
+    if ids.numel() and int(ids.max()) >= vocab:
+        raise ValueError(
+            f"{tokenizer_path} produced token id {int(ids.max())} outside its vocabulary of {vocab}"
+        )
+    return ids, vocab
 
 
 def split_tokens(

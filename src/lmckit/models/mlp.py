@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from lmckit.models.registry import ZooModel, register_model
+from lmckit.models.registry import ZooModel, check_sizes, register_model
 from lmckit.models.spec_builder import space
 from lmckit.symmetry import Permutation, Probe, SymmetrySpec
 
@@ -52,6 +52,8 @@ class MLP(ZooModel):
         bias: bool = True,
     ) -> None:
         super().__init__()
+        check_sizes("mlp", in_features=in_features, out_features=out_features)
+        check_sizes("mlp", **{f"hidden[{i}]": w for i, w in enumerate(hidden)})
         widths = [in_features, *hidden]
         self.layers = nn.ModuleList(
             nn.Linear(widths[i], widths[i + 1], bias=bias) for i in range(len(hidden))

@@ -16,6 +16,7 @@ from lmckit.symmetry import SymmetrySpec
 __all__ = [
     "ModelConfig",
     "ZooModel",
+    "check_sizes",
     "create_model",
     "get_model_class",
     "list_models",
@@ -81,6 +82,13 @@ def register_model(name: str) -> Callable[[type[ZooModel]], type[ZooModel]]:
         return cls
 
     return deco
+
+
+def check_sizes(model: str, **sizes: object) -> None:
+    """Raise ``ValueError`` naming the first size that is not a positive integer."""
+    for name, value in sizes.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{model}: {name} must be a positive integer, got {value!r}")
 
 
 def list_models() -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from lmckit.models.norms import channel_group, check_conv_norm, conv_bias, make_norm2d
-from lmckit.models.registry import ZooModel, register_model
+from lmckit.models.registry import ZooModel, check_sizes, register_model
 from lmckit.models.spec_builder import space
 from lmckit.symmetry import Probe, SymmetrySpec
 
@@ -91,6 +91,7 @@ class ResNet20(ZooModel):
         check_conv_norm(norm)
         if isinstance(width_mult, bool) or not isinstance(width_mult, int) or width_mult < 1:
             raise ValueError(f"width_mult must be a positive int, got {width_mult!r}")
+        check_sizes("resnet20", in_channels=in_channels, num_classes=num_classes)
         self.norm = norm
         self.widths = [w * width_mult for w in STAGE_WIDTHS]
         self.stem_conv = nn.Conv2d(in_channels, self.widths[0], 3, padding=1, bias=conv_bias(norm))

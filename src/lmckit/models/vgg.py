@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from torch import Tensor, nn
 
 from lmckit.models.norms import channel_group, check_conv_norm, conv_bias, make_norm2d
-from lmckit.models.registry import ZooModel, register_model
+from lmckit.models.registry import ZooModel, check_sizes, register_model
 from lmckit.models.spec_builder import space
 from lmckit.symmetry import Probe, SymmetrySpec
 
@@ -42,6 +42,9 @@ class VGG(ZooModel):
     ) -> None:
         super().__init__()
         check_conv_norm(norm)
+        check_sizes("vgg", in_channels=in_channels, num_classes=num_classes, image_size=image_size)
+        if not (isinstance(width_mult, int | float) and 0 < width_mult < float("inf")):
+            raise ValueError(f"vgg: width_mult must be a positive number, got {width_mult!r}")
         self.norm = norm
         layers: list[nn.Module] = []
         #: ``(conv index, norm index, relu index, out channels)`` per conv, in order.
