@@ -14,23 +14,34 @@ orthonormal columns, ``m x n`` with ``m >= n``) embed a narrow space into a wide
 one; readers then use a left inverse ``L`` with ``L T = I``.
 
 Applying any element of a spec's groups leaves the network's function unchanged:
-that invariant is tested for every model in the zoo.
+that invariant is tested for every model in the zoo. The groups themselves live in
+:mod:`lmckit.groups` (one module each) and are re-exported here.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import partial
 
 import torch
 from torch import Tensor
 
+from lmckit.groups import (
+    Group,
+    HeadPermutation,
+    Invertible,
+    Orthogonal,
+    PaddedPermutation,
+    PaddedPermutationElement,
+    Permutation,
+    Role,
+    SemiPermutation,
+    SemiPermutationElement,
+)
 from lmckit.params import Params
-
-Role = Literal["write", "read", "elementwise"]
 
 __all__ = [
     "CircuitPart",
@@ -39,6 +50,8 @@ __all__ = [
     "HeadPermutation",
     "Invertible",
     "Orthogonal",
+    "PaddedPermutation",
+    "PaddedPermutationElement",
     "Permutation",
     "SemiPermutation",
     "SemiPermutationElement",
@@ -46,315 +59,11 @@ __all__ = [
     "SymmetrySpec",
     "Transform",
     "Use",
+    "act_on_axis",
     "apply",
+    "check_transform",
     "random_transform",
 ]
-
-
-# --------------------------------------------------------------------------- groups
-
-
-class Group:
-    """A group (or, for rectangular maps, a set of embeddings) acting on a space.
-
-    Elements are plain tensors (or :class:`SemiPermutationElement`). A group knows how
-    to make its identity and random elements, compose, invert, act on an axis of a
-    parameter laid out as ``(outer, n, inner)``, and turn elements into matrices.
-    """
-
-    #: whether the element may be an ``m x n`` embedding with ``m != n``.
-    rectangular: bool = False
-    #: whether elementwise parameters (norm scales and statistics) may live in the
-    #: space: only groups that move units without mixing them allow that.
-    elementwise_ok: bool = True
-
-    def identity(self, n: int) -> object:
-        raise NotImplementedError
-
-    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> object:
-        raise NotImplementedError
-
-    def compose(self, second: object, first: object) -> object:
-        """Element acting as ``first`` then ``second`` (matrix ``second @ first``)."""
-        raise NotImplementedError
-
-    def inverse(self, element: object) -> object:
-        raise NotImplementedError
-
-    def matrix(self, element: object) -> Tensor:
-        """Dense matrix ``T`` of shape ``(m, n)`` with ``h' = T h``."""
-        raise NotImplementedError
-
-    def dims(self, element: object) -> tuple[int, int]:
-        """``(m, n)``: size of the target and of the source space."""
-        raise NotImplementedError
-
-    def act(self, x: Tensor, element: object, role: Role) -> Tensor:
-        """Act on ``x`` of shape ``(outer, n, inner)`` along the middle axis."""
-        if role == "elementwise":
-            raise ValueError(f"{type(self).__name__} cannot act on elementwise parameters")
-        if role == "write":
-            mat = self.matrix(element).to(x.dtype)
-        else:
-            mat = self.reader_matrix(element).to(x.dtype)
-        return torch.einsum("mn,onk->omk", mat, x)
-
-    def reader_matrix(self, element: object) -> Tensor:
-        """Matrix ``L^T`` (``m x n``) applied to a reader's axis, ``L T = I``."""
-        return torch.linalg.pinv(self.matrix(element).double()).T
-
-
-@dataclass(frozen=True)
-class Permutation(Group):
-    """Permutations of ``n`` units; element ``perm`` with ``h'[i] = h[perm[i]]``.
-
-    ``blocks > 1`` restricts to permutations that map each of ``blocks`` contiguous
-    blocks of ``n / blocks`` units onto a block (the symmetry of GroupNorm).
-    """
-
-    blocks: int = 1
-
-    def identity(self, n: int) -> Tensor:
-        return torch.arange(n)
-
-    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
-        _check_square(m, n, self)
-        if n % self.blocks:
-            raise ValueError(f"{n} units do not split into {self.blocks} blocks")
-        size = n // self.blocks
-        order = torch.randperm(self.blocks, generator=generator)
-        inner = [torch.randperm(size, generator=generator) for _ in range(self.blocks)]
-        return torch.cat([int(b) * size + inner[i] for i, b in enumerate(order)])
-
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        # (second @ first) h = second (first h): h''[i] = h'[second[i]] = h[first[second[i]]]
-        return first[second]
-
-    def inverse(self, element: Tensor) -> Tensor:
-        return torch.argsort(element)
-
-    def matrix(self, element: Tensor) -> Tensor:
-        n = element.numel()
-        return torch.eye(n, dtype=torch.float64)[element]
-
-    def dims(self, element: Tensor) -> tuple[int, int]:
-        return element.numel(), element.numel()
-
-    def act(self, x: Tensor, element: Tensor, role: Role) -> Tensor:
-        # P^{-T} = P: writers and readers are permuted alike.
-        return x.index_select(1, element.to(x.device))
-
-    def reader_matrix(self, element: Tensor) -> Tensor:
-        return self.matrix(element)
-
-
-@dataclass(frozen=True)
-class HeadPermutation(Group):
-    """Permutations of attention heads: ``heads`` blocks of ``head_dim`` units each.
-
-    Element: a head permutation ``perm`` of length ``heads``; the space has
-    ``n = heads * head_dim`` units and moves whole heads.
-    """
-
-    heads: int
-    head_dim: int
-
-    def _expand(self, element: Tensor) -> Tensor:
-        offsets = torch.arange(self.head_dim)
-        return (element[:, None] * self.head_dim + offsets[None, :]).reshape(-1)
-
-    def identity(self, n: int) -> Tensor:
-        self._check(n)
-        return torch.arange(self.heads)
-
-    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
-        _check_square(m, n, self)
-        self._check(n)
-        return torch.randperm(self.heads, generator=generator)
-
-    def _check(self, n: int) -> None:
-        if n != self.heads * self.head_dim:
-            raise ValueError(f"space of {n} units is not {self.heads} heads x {self.head_dim}")
-
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        return first[second]
-
-    def inverse(self, element: Tensor) -> Tensor:
-        return torch.argsort(element)
-
-    def matrix(self, element: Tensor) -> Tensor:
-        n = self.heads * self.head_dim
-        return torch.eye(n, dtype=torch.float64)[self._expand(element)]
-
-    def dims(self, element: Tensor) -> tuple[int, int]:
-        n = self.heads * self.head_dim
-        return n, n
-
-    def act(self, x: Tensor, element: Tensor, role: Role) -> Tensor:
-        return x.index_select(1, self._expand(element).to(x.device))
-
-    def reader_matrix(self, element: Tensor) -> Tensor:
-        return self.matrix(element)
-
-
-@dataclass(frozen=True)
-class SemiPermutationElement:
-    """Sparse ``m x n`` column-stochastic matrix with one nonzero per row.
-
-    Row ``i`` has the value ``coef[i] > 0`` in column ``assign[i]``; the coefficients
-    of the rows assigned to one column sum to 1. Unit ``j`` of the narrow space is
-    split over the wide units ``{i : assign[i] = j}``.
-    """
-
-    assign: Tensor  # (m,) long
-    coef: Tensor  # (m,) float, positive
-    n: int
-
-    def matrix(self) -> Tensor:
-        m = self.assign.numel()
-        mat = torch.zeros(m, self.n, dtype=torch.float64)
-        mat[torch.arange(m), self.assign] = self.coef.double()
-        return mat
-
-
-@dataclass(frozen=True)
-class SemiPermutation(Group):
-    """Semi-permutations: split units of a positively homogeneous layer (ReLU).
-
-    A writer row of unit ``j`` is scaled by ``coef[i]`` into each wide unit ``i``;
-    readers copy unit ``j``'s column into every such ``i`` (the left inverse ``L``
-    with ``L[j, i] = 1`` for ``assign[i] = j``). Valid only where
-    ``relu(c x) = c relu(x)`` holds, i.e. for ReLU-like activations.
-    """
-
-    rectangular = True
-    elementwise_ok = False
-
-    def identity(self, n: int) -> SemiPermutationElement:
-        return SemiPermutationElement(torch.arange(n), torch.ones(n), n)
-
-    def random(
-        self, n: int, generator: torch.Generator, *, m: int | None = None
-    ) -> SemiPermutationElement:
-        m = n if m is None else m
-        if m < n:
-            raise ValueError(f"a semi-permutation embeds {n} units into m >= n, got m={m}")
-        # every narrow unit gets at least one wide unit, the rest are spread at random
-        extra = torch.randint(0, n, (m - n,), generator=generator)
-        assign = torch.cat([torch.arange(n), extra])[torch.randperm(m, generator=generator)]
-        raw = torch.rand(m, generator=generator, dtype=torch.float64) + 0.5
-        totals = torch.zeros(n, dtype=torch.float64).index_add_(0, assign, raw)
-        return SemiPermutationElement(assign, (raw / totals[assign]).float(), n)
-
-    def compose(
-        self, second: SemiPermutationElement, first: SemiPermutationElement
-    ) -> SemiPermutationElement:
-        assign = first.assign[second.assign]
-        coef = second.coef * first.coef[second.assign]
-        return SemiPermutationElement(assign, coef, first.n)
-
-    def inverse(self, element: SemiPermutationElement) -> SemiPermutationElement:
-        m = element.assign.numel()
-        if m != element.n or not torch.equal(torch.sort(element.assign).values, torch.arange(m)):
-            raise ValueError("only square semi-permutations (permutations) are invertible")
-        # a square semi-permutation with column sums 1 is a permutation matrix
-        return SemiPermutationElement(torch.argsort(element.assign), torch.ones(m), m)
-
-    def matrix(self, element: SemiPermutationElement) -> Tensor:
-        return element.matrix()
-
-    def dims(self, element: SemiPermutationElement) -> tuple[int, int]:
-        return element.assign.numel(), element.n
-
-    def act(self, x: Tensor, element: SemiPermutationElement, role: Role) -> Tensor:
-        if role == "elementwise":
-            # splitting a unit rescales it: a norm's per-unit parameters cannot follow
-            raise ValueError("SemiPermutation cannot act on elementwise parameters")
-        picked = x.index_select(1, element.assign.to(x.device))
-        if role == "read":
-            return picked
-        return picked * element.coef.to(x)[None, :, None]
-
-    def reader_matrix(self, element: SemiPermutationElement) -> Tensor:
-        return (element.matrix() > 0).double()
-
-
-@dataclass(frozen=True)
-class Orthogonal(Group):
-    """Orthogonal maps ``O`` (``O^T O = I``); rectangular ``m x n`` (``m >= n``) embed.
-
-    Readers are contracted with ``O`` too (``O^{-T} = O``; for a rectangular map the
-    reader becomes ``R O^T``, which satisfies ``R O^T O = R``).
-    """
-
-    rectangular = True
-    elementwise_ok = False
-
-    def identity(self, n: int) -> Tensor:
-        return torch.eye(n)
-
-    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
-        m = n if m is None else m
-        if m < n:
-            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
-        gauss = torch.randn(m, n, generator=generator, dtype=torch.float64)
-        q, r = torch.linalg.qr(gauss)
-        # sign fix makes the draw Haar-distributed
-        return (q * torch.sign(torch.diagonal(r))[None, :]).float()
-
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        return second @ first
-
-    def inverse(self, element: Tensor) -> Tensor:
-        if element.shape[0] != element.shape[1]:
-            raise ValueError("a rectangular orthogonal embedding has no inverse")
-        return element.T.contiguous()
-
-    def matrix(self, element: Tensor) -> Tensor:
-        return element.double()
-
-    def dims(self, element: Tensor) -> tuple[int, int]:
-        return element.shape[0], element.shape[1]
-
-    def reader_matrix(self, element: Tensor) -> Tensor:
-        return element.double()
-
-
-@dataclass(frozen=True)
-class Invertible(Group):
-    """General invertible maps ``A`` (``n x n``); readers get ``A^{-T}``."""
-
-    elementwise_ok = False
-
-    def identity(self, n: int) -> Tensor:
-        return torch.eye(n)
-
-    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
-        _check_square(m, n, self)
-        # well conditioned: orthogonal times a diagonal with entries in [0.5, 2]
-        q = Orthogonal().random(n, generator).double()
-        scale = 0.5 + 1.5 * torch.rand(n, generator=generator, dtype=torch.float64)
-        return (q * scale[None, :]).float()
-
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        return second @ first
-
-    def inverse(self, element: Tensor) -> Tensor:
-        return torch.linalg.inv(element.double()).to(element.dtype)
-
-    def matrix(self, element: Tensor) -> Tensor:
-        return element.double()
-
-    def dims(self, element: Tensor) -> tuple[int, int]:
-        return element.shape[0], element.shape[1]
-
-    def reader_matrix(self, element: Tensor) -> Tensor:
-        return torch.linalg.inv(element.double()).T
-
-
-def _check_square(m: int | None, n: int, group: Group) -> None:
-    if m is not None and m != n:
-        raise ValueError(f"{type(group).__name__} elements are square; got m={m}, n={n}")
 
 
 # --------------------------------------------------------------------------- spaces
@@ -525,17 +234,7 @@ class SymmetrySpec:
             for use in space.uses:
                 if use.param not in params:
                     raise ValueError(f"space {space.name!r} uses missing parameter {use.param!r}")
-                shape = params[use.param].shape
-                if not -len(shape) <= use.axis < len(shape):
-                    raise ValueError(
-                        f"{use.param!r} of shape {tuple(shape)} has no axis {use.axis}"
-                    )
-                want = use.outer * space.n * use.inner
-                if shape[use.axis] != want:
-                    raise ValueError(
-                        f"space {space.name!r} (n={space.n}) expects axis {use.axis} of "
-                        f"{use.param!r} to have size {want}, found {shape[use.axis]}"
-                    )
+                _check_axis(space, use, params[use.param].shape)
                 if use.role == "elementwise" and not space.group.elementwise_ok:
                     raise ValueError(
                         f"{type(space.group).__name__} space {space.name!r} cannot act on "
@@ -582,14 +281,17 @@ class Transform:
         return Transform(self.spec, {**self.elements, **elements})
 
 
-def _act_on_axis(x: Tensor, use: Use, group: Group, element: object, n: int) -> Tensor:
+def act_on_axis(x: Tensor, use: Use, n: int, fn: Callable[[Tensor], Tensor]) -> Tensor:
+    """``x`` with ``fn`` applied to the use's axis viewed as ``(outer, n, inner)``.
+
+    ``fn`` maps ``(outer, n, k)`` to ``(outer, m, k)`` (``k`` gathers the inner block
+    and every other axis); the result has the axis resized to ``outer * m * inner``.
+    """
     axis = use.axis % x.ndim
     moved = x.movedim(axis, 0)
     rest = moved.shape[1:]
-    blocked = moved.reshape(use.outer, n, use.inner * math.prod(rest))
-    out = group.act(blocked, element, use.role)
-    m = out.shape[1]
-    return out.reshape(use.outer * m * use.inner, *rest).movedim(0, axis)
+    out = fn(moved.reshape(use.outer, n, use.inner * math.prod(rest)))
+    return out.reshape(use.outer * out.shape[1] * use.inner, *rest).movedim(0, axis)
 
 
 def apply_to_param(
@@ -607,18 +309,60 @@ def apply_to_param(
     for space, use in spec.uses_of(name):
         if space.name == skip or use == skip_use or space.name not in transform.elements:
             continue
-        out = _act_on_axis(out, use, space.group, transform.elements[space.name], space.n)
+        element = transform.elements[space.name]
+        out = act_on_axis(
+            out, use, space.n, partial(space.group.act, element=element, role=use.role)
+        )
     return out
+
+
+def check_transform(spec: SymmetrySpec, params: Mapping[str, Tensor], transform: Transform) -> None:
+    """Raise a one-line ``ValueError`` unless ``transform`` can act on ``params``.
+
+    Checks that the transform was made for ``spec`` (same space names), that every
+    element belongs to its space's group and acts on the space's ``n`` units
+    (:meth:`~lmckit.groups.Group.validate`: linear time for unit-moving groups, one
+    ``O^T O`` for orthogonal maps), and that every axis of ``params`` a space uses has
+    the size the spec expects.
+    """
+    if transform.spec is not spec and transform.spec.names != spec.names:
+        raise ValueError("transform was made for a different spec")
+    for space in spec:
+        if space.name not in transform.elements:
+            continue
+        try:
+            space.group.validate(transform.elements[space.name], space.n)
+        except ValueError as err:
+            raise ValueError(f"transform for space {space.name!r}: {err}") from None
+    for space in spec:
+        for use in space.uses:
+            value = params.get(use.param)
+            if value is None or not value.is_floating_point():
+                continue
+            _check_axis(space, use, value.shape)
+
+
+def _check_axis(space: Space, use: Use, shape: torch.Size) -> None:
+    if not -len(shape) <= use.axis < len(shape):
+        raise ValueError(f"{use.param!r} of shape {tuple(shape)} has no axis {use.axis}")
+    want = use.outer * space.n * use.inner
+    if shape[use.axis] != want:
+        raise ValueError(
+            f"space {space.name!r} (n={space.n}) expects axis {use.axis} of "
+            f"{use.param!r} to have size {want}, found {shape[use.axis]}"
+        )
 
 
 def apply(spec: SymmetrySpec, params: Params, transform: Transform) -> Params:
     """Return new params with ``transform`` applied; ``params`` is not modified.
 
-    Parameters that no space uses are passed through (same tensor objects).
-    Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are never transformed.
+    The transform is checked first (:func:`check_transform`): an element of the wrong
+    size or outside its group is a ``ValueError`` naming the space, never a silently
+    corrupted model. Parameters that no space uses are passed through (same tensor
+    objects). Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are never
+    transformed.
     """
-    if transform.spec is not spec and transform.spec.names != spec.names:
-        raise ValueError("transform was made for a different spec")
+    check_transform(spec, params, transform)
     touched = {u.param for s in spec for u in s.uses}
     out: dict[str, Tensor] = {}
     for name, value in params.items():

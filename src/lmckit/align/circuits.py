@@ -54,7 +54,7 @@ def projection(
     rows = w.shape[0] // weight.blocks
     w = w[weight.block * rows : (weight.block + 1) * rows].float()
     b = (
-        torch.zeros(rows, dtype=torch.float32)
+        torch.zeros(rows, dtype=torch.float32, device=w.device)
         if bias is None
         else params[bias.param][bias.block * rows : (bias.block + 1) * rows].float()
     )
@@ -115,7 +115,7 @@ def head_similarity_matrix(
     """
     _, group = _check(space)
     sim = head_similarity(space, ref, other) / group.head_dim
-    eye = torch.eye(group.head_dim, dtype=sim.dtype)
+    eye = torch.eye(group.head_dim, dtype=sim.dtype, device=sim.device)
     return torch.kron(sim, eye).float()
 
 
@@ -150,18 +150,18 @@ def residual_circuit_similarity(
     ka, kb = (projection(p, circuits.key, circuits.key_bias, h) for p in (ref, other))
     va, vb = (projection(p, circuits.value, circuits.value_bias, h) for p in (ref, other))
     oa, ob = _output(ref, circuits, h), _output(other, circuits, h)
-    t = current.float()
+    t = current.float().to(qa.device)
     m, n = t.shape
-    grad = torch.zeros(m, n)
+    grad = t.new_zeros(m, n)
 
     def augmented(mat: Tensor) -> Tensor:
-        out = torch.zeros(mat.shape[0] + 1, mat.shape[1] + 1)
+        out = mat.new_zeros(mat.shape[0] + 1, mat.shape[1] + 1)
         out[:-1, :-1] = mat
         out[-1, -1] = 1.0
         return out
 
-    t_in = augmented(t) if inputs else torch.eye(qa.shape[-1])
-    t_out = t if outputs else torch.eye(oa.shape[1])
+    t_in = augmented(t) if inputs else torch.eye(qa.shape[-1], device=qa.device)
+    t_out = t if outputs else torch.eye(oa.shape[1], device=qa.device)
 
     def sandwich(x: Tensor, mid: Tensor, y: Tensor) -> Tensor:
         # sum_h X_h^T Mid_h Y_h, ``X, Y: (h, k, e)``, ``Mid: (h, k, k)``

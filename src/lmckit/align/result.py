@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmckit.symmetry import Transform
+from lmckit.params import Params
+from lmckit.symmetry import Transform, apply
 
 __all__ = ["AlignmentResult", "SpaceDiagnostics"]
 
 
 @dataclass(frozen=True)
 class SpaceDiagnostics:
-    """Objective of one space, ``<T, C>``, for the identity and for the solution."""
+    """Objective of one space, ``<T, C>``, for the starting element and for the solution."""
 
     objective_before: float
     objective_after: float
@@ -21,6 +22,10 @@ class SpaceDiagnostics:
 class AlignmentResult:
     """A transform that aligns the second model to the first, and how it was found.
 
+    Methods with more to say return a subclass with extra fields (universe matching's
+    per-model transforms, head bases' within-head maps); :meth:`apply` always moves the
+    second model into the first one's frame.
+
     Attributes:
         transform: apply it to the second model's params (``lmckit.apply``).
         spaces: per-space objective before/after.
@@ -28,6 +33,8 @@ class AlignmentResult:
             steps for learned matching (see ``iteration_unit``).
         converged: whether the method met its stopping rule.
         seconds: wall time.
+        history: the method's objective (or validation loss) after each iteration.
+        iteration_unit: what ``iterations`` counts.
     """
 
     transform: Transform
@@ -37,6 +44,10 @@ class AlignmentResult:
     seconds: float = 0.0
     history: list[float] = field(default_factory=list)
     iteration_unit: str = "sweeps"
+
+    def apply(self, params: Params) -> Params:
+        """``params`` (the second model, or one of its architecture) aligned to the first."""
+        return apply(self.transform.spec, params, self.transform)
 
     def summary(self) -> str:
         before = sum(d.objective_before for d in self.spaces.values())

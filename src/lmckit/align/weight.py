@@ -2,16 +2,17 @@
 
 Maximises ``sum_p <theta_a[p], T(theta_b)[p]>`` over the spec's groups by coordinate
 descent: one space at a time, holding the others fixed, the objective is linear in
-that space's element, ``<T_s, C_s>`` with ``C_s = sum_{uses u} A_u B_u^T`` where
-``B_u`` is the other model's parameter with the *other* spaces' elements applied.
-Each group's solver (assignment, Procrustes, least squares) maximises it exactly.
+that space's element, ``<T_s, C_s>`` (:mod:`lmckit.align.similarity`), and the
+space's group solves it (:meth:`lmckit.groups.Group.solve`: assignment, Procrustes,
+least squares, or a semi-permutation split). Groups whose solver is exact are updated
+only when the objective rises, so the objective never falls; the others (least
+squares, semi-permutations) take every new element until nothing changes.
 
-Transformers: heads are compared by their QK/OV circuits, and a space the heads read
-from or write to (the residual stream) sees them through those circuits too, not
-through the raw projections, whose within-head bases differ between models
-(:func:`lmckit.align.circuits.residual_circuit_similarity`; the circuit terms are
-quadratic in the residual map, so each update solves their linearisation at the
-current map).
+Every group is covered, rectangular ones included: when ``params_a`` is wider than
+``params_b`` along a space whose group is rectangular (``SemiPermutation``,
+``PaddedPermutation``, ``Orthogonal``), the space starts at the group's plain
+embedding (:meth:`lmckit.groups.Group.embedding`) and the solution embeds B into A's
+widths (:func:`lmckit.align.width.width_matching` is this with B the narrow model).
 """
 
 from __future__ import annotations
@@ -21,24 +22,29 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from lmckit.align.circuits import head_similarity_matrix, residual_circuit_similarity
+from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.solvers import objective, solve
-from lmckit.params import Params, check_compatible, check_finite
-from lmckit.symmetry import (
-    Invertible,
-    Space,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply_to_param,
-    random_transform,
-)
+from lmckit.align.similarity import fold_single_use_params, space_problem, space_similarity
+from lmckit.data import Dataset
+from lmckit.params import IncompatibleModelsError, Params, check_compatible, check_finite
+from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param, random_transform
 
-__all__ = ["WeightMatchingConfig", "space_similarity", "weight_matching"]
+__all__ = [
+    "GIT_REBASIN",
+    "WeightMatchingConfig",
+    "space_objective",
+    "space_similarity",
+    "space_widths",
+    "weight_matching",
+]
+
+GIT_REBASIN = (
+    "Ainsworth, Hayase, Srinivasa, 2023, Git Re-Basin: Merging Models modulo "
+    "Permutation Symmetries, https://arxiv.org/abs/2209.04836"
+)
 
 
 @dataclass(frozen=True)
@@ -64,131 +70,51 @@ class WeightMatchingConfig:
             raise ValueError(f"invalid weight matching config {self}")
 
 
-def _unit_major(x: Tensor, use: Use, n: int) -> Tensor:
-    """``(n, -1)`` view of a parameter with the space's units first."""
-    moved = x.movedim(use.axis % x.ndim, 0)
-    blocked = moved.reshape(use.outer, n, -1)
-    return blocked.transpose(0, 1).reshape(n, -1)
+def space_widths(spec: SymmetrySpec, params: Mapping[str, Tensor]) -> dict[str, int]:
+    """Width of every space of ``spec`` in ``params`` (read from the first use)."""
+    out = {}
+    for space in spec:
+        use = space.uses[0]
+        if use.param not in params:
+            raise ValueError(f"space {space.name!r} uses missing parameter {use.param!r}")
+        size = params[use.param].shape[use.axis]
+        if size % (use.outer * use.inner):
+            raise ValueError(f"{use.param!r} axis {use.axis} does not fit space {space.name!r}")
+        out[space.name] = size // (use.outer * use.inner)
+    return out
 
 
-def space_similarity(
-    spec: SymmetrySpec,
-    space: Space,
-    ref: Mapping[str, Tensor],
-    other: Mapping[str, Tensor],
-    transform: Transform,
-    *,
-    with_gram: bool = False,
-    circuits: bool = True,
-) -> tuple[Tensor, Tensor | None]:
-    """``C_s = sum_u A_u B_u^T`` with the other spaces' elements applied to B.
-
-    With ``circuits``, the uses of attention projections by a space that is not a head
-    space (see the module docstring) are replaced by the heads' circuit terms,
-    linearised at the space's element in ``transform``.
-
-    Returns:
-        ``(C, G)``: ``C`` is ``(m, n)`` (reference units x other units); ``G`` is the
-        other model's writer Gram ``sum_{writers} B_u B_u^T`` (``(n, n)``) when
-        ``with_gram``, else ``None``.
-    """
-    if space.circuits is not None:
-        # attention heads are compared through their QK/OV circuits (align.circuits)
-        moved = {
-            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in space.params
-        }
-        return head_similarity_matrix(space, ref, moved), None
-    sim: Tensor | None = None
-    gram: Tensor | None = None
-    replaced: set[str] = set()
-    if circuits and not isinstance(space.group, Invertible):
-        sim, replaced = _circuit_terms(spec, space, ref, other, transform)
-    for use in space.uses:
-        if not use.compare or use.param in replaced:
-            continue
-        # the space's own element stays on its other axes of this parameter (both sides
-        # of a QK circuit): the term is the objective's linearisation at that element
-        b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=use)
-        a = ref[use.param]
-        if any(b.shape[i] != a.shape[i] for i in range(a.ndim) if i != use.axis % a.ndim):
-            continue  # a rectangular space's square start: left to the next sweep
-        b_mat = _unit_major(b, use, space.n)
-        m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
-        a_mat = _unit_major(a, use, m)
-        term = a_mat @ b_mat.T
-        sim = term if sim is None else sim + term
-        if with_gram and use.role == "write":
-            g = b_mat @ b_mat.T
-            gram = g if gram is None else gram + g
-    assert sim is not None  # a spec's spaces always have uses
-    return sim, gram
-
-
-def _circuit_terms(
-    spec: SymmetrySpec,
-    space: Space,
-    ref: Mapping[str, Tensor],
-    other: Mapping[str, Tensor],
-    transform: Transform,
-) -> tuple[Tensor | None, set[str]]:
-    """Circuit similarity of every head space that ``space`` feeds or is fed by.
-
-    Returns the summed ``(m, n)`` term (``None`` if no head space touches ``space``) and
-    the parameters whose raw uses it replaces.
-    """
-    reads = {u.param for u in space.uses if u.role == "read"}
-    writes = {u.param for u in space.uses if u.role == "write"}
-    total: Tensor | None = None
-    replaced: set[str] = set()
-    current: Tensor | None = None  # built only if a head space touches this space
-    for heads in spec:
-        c = heads.circuits
-        if c is None or heads.name == space.name:
-            continue
-        projections = {c.query.param, c.key.param, c.value.param}
-        inputs, outputs = bool(projections & reads), c.output in writes
-        if not (inputs or outputs):
-            continue
-        replaced |= (projections if inputs else set()) | ({c.output} if outputs else set())
-        if current is None:
-            current = space.group.matrix(transform[space.name])
-        a_width = ref[c.output].shape[0] if outputs else ref[c.query.param].shape[1]
-        b_width = other[c.output].shape[0] if outputs else other[c.query.param].shape[1]
-        if tuple(current.shape) != (a_width, b_width):
-            continue  # a rectangular space's square start: raw-free linear terms first
-        moved = {
-            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in heads.params
-        }
-        term = residual_circuit_similarity(
-            heads, ref, moved, current, inputs=inputs, outputs=outputs
-        )
-        total = term if total is None else total + term
-    return total, replaced
-
-
-def _fold_single_use_params(
-    spec: SymmetrySpec, ref: dict[str, Tensor], other: dict[str, Tensor]
+def _check_widths(
+    spec: SymmetrySpec, params_a: Params, params_b: Params, widths: Mapping[str, int]
 ) -> None:
-    """Replace large parameters that only one space touches by an exact small surrogate.
+    """Every parameter of A has B's shape with each space's axis at A's width."""
+    check_compatible(
+        {k: v.flatten()[:0] for k, v in params_a.items()},
+        {k: v.flatten()[:0] for k, v in params_b.items()},
+    )
+    for name, b in params_b.items():
+        want = list(b.shape)
+        for space, use in spec.uses_of(name):
+            want[use.axis % b.ndim] = use.outer * widths[space.name] * use.inner
+        if list(params_a[name].shape) != want:
+            raise IncompatibleModelsError(
+                f"parameter {name!r} has shape {tuple(params_a[name].shape)} in the first "
+                f"model; the spec's widths {dict(widths)} give {tuple(want)}"
+            )
 
-    A matrix ``X`` (``(rows, n)`` with its space on axis 1, e.g. a token embedding)
-    enters every similarity and the objective only through ``A^T B``, linearly in B's
-    space axis. ``A' = I_m`` and ``B' = A^T B`` (both ``m`` rows) give the same terms,
-    so the ``rows``-sized product is computed once instead of at every step.
-    Skipped for least-squares spaces, whose Gram needs ``B^T B``.
-    """
-    for name in list(ref):
-        uses = spec.uses_of(name)
-        if len(uses) != 1 or name not in other:
-            continue
-        space, use = uses[0]
-        a, b = ref[name], other[name]
-        if a.ndim != 2 or use.axis % 2 != 1 or use.outer != 1 or use.inner != 1:
-            continue
-        if isinstance(space.group, Invertible) or a.shape[0] <= a.shape[1]:
-            continue
-        ref[name] = torch.eye(a.shape[1], dtype=a.dtype)
-        other[name] = (a.double().T @ b.double()).to(b.dtype)
+
+def _start(spec: SymmetrySpec, widths: Mapping[str, int]) -> Transform:
+    """Identity for square spaces, the group's plain embedding for wider ones."""
+    elements = {}
+    for space in spec:
+        m = widths[space.name]
+        if m < space.n:
+            raise ValueError(
+                f"space {space.name!r}: the first model's width {m} is below the second's "
+                f"{space.n}; embed the narrow model into the wide one"
+            )
+        elements[space.name] = space.group.embedding(space.n, m)
+    return Transform(spec, elements)
 
 
 def _coordinate_descent(
@@ -213,28 +139,21 @@ def _coordinate_descent(
         improved = False
         for idx in torch.randperm(len(names), generator=generator).tolist():
             space = spec[names[idx]]
-            # least squares is not a maximiser of <T, C>: accept its answer as is
-            least_squares = isinstance(space.group, Invertible)
-            sim, gram = space_similarity(
-                spec,
-                space,
-                ref,
-                other,
-                transform,
-                with_gram=least_squares,
-                circuits=config.residual_circuits,
+            group = space.group
+            problem = space_problem(
+                spec, space, ref, other, transform, circuits=config.residual_circuits
             )
-            element = solve(space.group, sim, gram=gram)
-            new = objective(space.group, element, sim)
-            # a rectangular space starts from a square element (the identity) that does
-            # not fit its (m, n) similarity: the first solution is always taken
-            fits = space.group.dims(transform[space.name]) == tuple(sim.shape)
-            old = objective(space.group, transform[space.name], sim) if fits else new
-            gain = not fits or new > old + config.tol * max(abs(old), 1.0)
-            if gain or least_squares:
+            element = group.solve(problem.sim, gram=problem.gram, norms=problem.norms)
+            new = group.objective(element, problem.sim)
+            old = group.objective(transform[space.name], problem.sim)
+            if group.exact:
+                gain = new > old + config.tol * max(abs(old), 1.0)
+            else:  # least squares / heuristic split: take any new answer
+                gain = not group.close(element, transform[space.name])
+            if gain:
                 transform = transform.replace(**{space.name: element})
             improved = improved or gain
-            current[space.name] = new if gain or least_squares else old
+            current[space.name] = new if gain else old
         history.append(sum(current.values()))
         bar.update(1)
         bar.set_postfix(objective=f"{history[-1]:.5g}")
@@ -243,26 +162,21 @@ def _coordinate_descent(
     return transform, config.max_iter, False, history
 
 
-def _space_objective(
+def space_objective(
     spec: SymmetrySpec, space: Space, ref: Params, other: Params, transform: Transform
 ) -> float:
-    """``<T_s, C_s>`` of one space under ``transform`` (NaN if the widths differ).
+    """The objective of one space under ``transform``.
 
-    For unit-moving and orthogonal groups this is ``sum_u <A_u, T(B)_u>`` over the
-    space's uses, an elementwise inner product that needs no ``n x n`` product; head
-    spaces compared by circuits and least-squares spaces go through the similarity.
+    For most groups ``sum_u <A_u, T(B)_u>`` over the space's compared uses, an
+    elementwise inner product that needs no ``n x n`` product; head spaces compared by
+    circuits and least-squares spaces report ``<T_s, C_s>`` of their subproblem.
     """
-    if space.circuits is not None or isinstance(space.group, Invertible):
-        sim, _ = space_similarity(spec, space, ref, other, transform)
-        element = transform[space.name]
-        if space.group.dims(element) != tuple(sim.shape):
-            return float("nan")
-        return objective(space.group, element, sim)
+    if space.circuits is not None or space.group.least_squares:
+        sim = space_problem(spec, space, ref, other, transform).sim
+        return space.group.objective(transform[space.name], sim)
     total = 0.0
     for use in (u for u in space.uses if u.compare):
         b = apply_to_param(spec, use.param, other[use.param], transform)
-        if b.shape != ref[use.param].shape:
-            return float("nan")
         total += float((ref[use.param].double() * b.double()).sum())
     return total
 
@@ -271,8 +185,7 @@ def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform)
     total = 0.0
     for name in {u.param for s in spec for u in s.uses if u.compare}:
         b = apply_to_param(spec, name, other[name], transform)
-        if b.shape == ref[name].shape:
-            total += float((ref[name].double() * b.double()).sum())
+        total += float((ref[name].double() * b.double()).sum())
     return total
 
 
@@ -286,30 +199,80 @@ def _check_rows(
         raise ValueError(f"axis 0 of {name!r} is in a space; it cannot be masked or weighted")
 
 
+def _weigh_rows(
+    spec: SymmetrySpec,
+    ref: dict[str, Tensor],
+    other: dict[str, Tensor],
+    row_masks: Mapping[str, Tensor] | None,
+    row_weights: Mapping[str, Tensor] | None,
+) -> None:
+    """Scale (then select) rows of the private float copies ``ref`` and ``other``."""
+    for name, weight in (row_weights or {}).items():
+        _check_rows(spec, ref, name, weight, "row weights")
+        if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()):
+            raise ValueError(f"row weights of {name!r} must be finite floats")
+        if bool((weight < 0).any()):
+            raise ValueError(f"row weights of {name!r} must be non-negative")
+        # both sides scaled by sqrt(w): every product of two rows counts w times
+        shape = (-1, *[1] * (ref[name].ndim - 1))
+        root = weight.float().sqrt().reshape(shape).to(ref[name].device)
+        ref[name], other[name] = ref[name] * root, other[name] * root
+    for name, mask in (row_masks or {}).items():
+        _check_rows(spec, ref, name, mask, "row mask")
+        if mask.dtype != torch.bool:
+            raise ValueError(f"row mask of {name!r} must be a bool tensor over its axis 0")
+        mask = mask.to(ref[name].device)
+        ref[name], other[name] = ref[name][mask], other[name][mask]
+
+
+def _check_init(spec: SymmetrySpec, init: Transform, start: Transform) -> None:
+    """``init`` holds group members of the start's shapes (a one-line error if not)."""
+    for space in spec:
+        element = init[space.name]
+        try:
+            space.group.validate(element, space.n)
+        except ValueError as err:
+            raise ValueError(f"init for space {space.name!r}: {err}") from None
+        got, want = space.group.dims(element), space.group.dims(start[space.name])
+        if got != want:
+            raise ValueError(
+                f"init for space {space.name!r} maps {got[1]} -> {got[0]} "
+                f"units, the models need {want[1]} -> {want[0]}"
+            )
+
+
+@register_aligner("weight_matching", paper=GIT_REBASIN, config=WeightMatchingConfig)
 def weight_matching(
     spec: SymmetrySpec,
     params_a: Params,
     params_b: Params,
     config: WeightMatchingConfig | None = None,
     *,
-    init: Transform | None = None,
-    spaces: Sequence[str] | None = None,
+    model: nn.Module | None = None,
+    data: Dataset | None = None,
     seed: int = 0,
     progress: bool = False,
+    device: str | torch.device | None = None,
+    init: Transform | None = None,
+    spaces: Sequence[str] | None = None,
     row_masks: Mapping[str, Tensor] | None = None,
     row_weights: Mapping[str, Tensor] | None = None,
 ) -> AlignmentResult:
-    """Align ``params_b`` to ``params_a`` by weight matching.
+    """Weight matching: align ``params_b`` to ``params_a`` by their weights alone.
 
     Args:
         spec: symmetry spec of the architecture (of ``params_b``'s widths).
-        params_a: reference model; unchanged.
+        params_a: reference model; unchanged. It may be wider than ``params_b`` along
+            spaces with rectangular groups (module docstring).
         params_b: model to align; unchanged.
         config: iterations, tolerance, restarts.
-        init: initial transform (default identity).
-        spaces: solve only these spaces (others stay at ``init``); default all.
+        model, data: unused (data-free); accepted for the common aligner signature.
         seed: order of spaces in each sweep and restart draws.
         progress: show a progress bar over sweeps.
+        device: where the similarities are computed (default CPU); the solvers run on
+            the CPU and the transform comes back there.
+        init: initial transform (default identity, or plain embeddings).
+        spaces: solve only these spaces (others stay at ``init``); default all.
         row_masks: per parameter, a boolean mask over its axis 0 (which must be in no
             space): only the selected rows count in the similarities, e.g. the
             embedding rows of tokens that occur in the training data (rows of tokens
@@ -320,44 +283,38 @@ def weight_matching(
             the residual map. Applied before ``row_masks``.
 
     Returns:
-        An :class:`AlignmentResult`; ``apply(spec, params_b, result.transform)``.
+        An :class:`AlignmentResult`; ``result.apply(params_b)`` is B aligned to A.
     """
     config = config or WeightMatchingConfig()
     # compatibility first: models of different widths must be reported as such (naming
     # the first mismatched parameter), not as a spec that does not fit one of them
     if any(s.group.rectangular for s in spec):
-        # widths may differ along rectangular spaces; names must still agree
-        check_compatible(
-            {k: v.flatten()[:0] for k, v in params_a.items()},
-            {k: v.flatten()[:0] for k, v in params_b.items()},
-        )
+        spec.validate(params_b)
+        widths = space_widths(spec, params_a)
+        _check_widths(spec, params_a, params_b, widths)
     else:
         check_compatible(params_a, params_b)
-    spec.validate(params_b)
+        spec.validate(params_b)
+        widths = {s.name: s.n for s in spec}
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
     names = list(spec.names if spaces is None else spaces)
     for name in names:
         spec[name]  # noqa: B018  (raises KeyError naming the valid spaces)
-    start = time.perf_counter()
-    ref = {k: v.detach().float() for k, v in params_a.items() if v.is_floating_point()}
-    other = {k: v.detach().float() for k, v in params_b.items() if v.is_floating_point()}
-    for name, weight in (row_weights or {}).items():
-        _check_rows(spec, ref, name, weight, "row weights")
-        if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()):
-            raise ValueError(f"row weights of {name!r} must be finite floats")
-        if bool((weight < 0).any()):
-            raise ValueError(f"row weights of {name!r} must be non-negative")
-        # both sides scaled by sqrt(w): every product of two rows counts w times
-        root = weight.float().sqrt().reshape(-1, *[1] * (ref[name].ndim - 1))
-        ref[name], other[name] = ref[name] * root, other[name] * root
-    for name, mask in (row_masks or {}).items():
-        _check_rows(spec, ref, name, mask, "row mask")
-        if mask.dtype != torch.bool:
-            raise ValueError(f"row mask of {name!r} must be a bool tensor over its axis 0")
-        ref[name], other[name] = ref[name][mask], other[name][mask]
-    _fold_single_use_params(spec, ref, other)
-    base = init or Transform.identity(spec)
+    start = _start(spec, widths)
+    if init is not None:
+        _check_init(spec, init, start)
+    begin = time.perf_counter()
+    dev = torch.device(device or "cpu")
+    ref = {
+        k: v.detach().to(dev, torch.float32) for k, v in params_a.items() if v.is_floating_point()
+    }
+    other = {
+        k: v.detach().to(dev, torch.float32) for k, v in params_b.items() if v.is_floating_point()
+    }
+    _weigh_rows(spec, ref, other, row_masks, row_weights)
+    fold_single_use_params(spec, ref, other)
+    base = init or start
     generator = torch.Generator().manual_seed(seed)
 
     bar = tqdm(desc="weight matching", unit="sweep", disable=not progress, leave=False)
@@ -367,7 +324,7 @@ def weight_matching(
         )
         best_total = _total(spec, ref, other, best) if config.restarts else 0.0
         for _ in range(config.restarts):
-            draw = random_transform(spec, generator)
+            draw = random_transform(spec, generator, widths=widths)
             init_r = base.replace(**{name: draw[name] for name in names})
             cand, s2, c2, h2 = _coordinate_descent(
                 spec, names, ref, other, init_r, config, generator, bar
@@ -380,8 +337,8 @@ def weight_matching(
 
     diagnostics = {
         name: SpaceDiagnostics(
-            _space_objective(spec, spec[name], ref, other, Transform.identity(spec)),
-            _space_objective(spec, spec[name], ref, other, best),
+            space_objective(spec, spec[name], ref, other, start),
+            space_objective(spec, spec[name], ref, other, best),
         )
         for name in names
     }
@@ -390,6 +347,6 @@ def weight_matching(
         spaces=diagnostics,
         iterations=sweeps,
         converged=converged,
-        seconds=time.perf_counter() - start,
+        seconds=time.perf_counter() - begin,
         history=history,
     )

@@ -1,0 +1,139 @@
+"""Registry of aligners: ``@register_aligner``, ``get_aligner``, ``list_aligners``.
+
+Every aligner has one signature (the :class:`Aligner` protocol)::
+
+    aligner(spec, params_a, params_b, config=None, *, model=None, data=None,
+            seed=0, progress=False, device=None, **method_options) -> AlignmentResult
+
+- ``spec``: the architecture's :class:`~lmckit.symmetry.SymmetrySpec`;
+  ``params_a`` the reference, ``params_b`` the model to align (neither is changed).
+- ``config``: the method's frozen config dataclass (what to compute), ``None`` for
+  its defaults; :attr:`AlignerInfo.config` names the type.
+- ``model``: the ``nn.Module`` both parameter sets run through, for methods that run
+  the network (:attr:`AlignerInfo.needs_model`); data-free methods ignore it.
+- ``data``: an :class:`lmckit.data.Dataset` (its training split), for methods that
+  need data (:attr:`AlignerInfo.needs_data`); data-free methods ignore it.
+- ``seed``, ``progress``, ``device``: how to run it (randomness, a progress bar,
+  where the heavy tensor work runs; results always come back on the CPU).
+- method options after those are keyword-only and optional (``init``, ``spaces``,
+  ``row_masks``, ``others``, ``loss``, ...); see each method.
+
+The result is an :class:`~lmckit.align.result.AlignmentResult` (a subclass where a
+method has more to say); ``result.apply(params_b)`` is the aligned model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import torch
+from torch import nn
+
+from lmckit.align.result import AlignmentResult
+from lmckit.data import Dataset
+from lmckit.params import Params
+from lmckit.symmetry import SymmetrySpec
+
+__all__ = [
+    "Aligner",
+    "AlignerInfo",
+    "aligner_info",
+    "get_aligner",
+    "list_aligners",
+    "register_aligner",
+]
+
+
+class Aligner(Protocol):
+    """The signature every registered aligner has (module docstring)."""
+
+    def __call__(
+        self,
+        spec: SymmetrySpec,
+        params_a: Params,
+        params_b: Params,
+        config: Any = None,
+        *,
+        model: nn.Module | None = None,
+        data: Dataset | None = None,
+        seed: int = 0,
+        progress: bool = False,
+        device: str | torch.device | None = None,
+    ) -> AlignmentResult: ...
+
+
+@dataclass(frozen=True)
+class AlignerInfo:
+    """A registered aligner and what it needs.
+
+    Attributes:
+        name: registry name, e.g. ``"weight_matching"``.
+        fn: the aligner.
+        paper: where the method comes from (citation and link).
+        config: its config dataclass, or ``None`` if it takes none.
+        needs_model: it runs the network (``model=`` is required).
+        needs_data: it reads data (``data=`` is required).
+    """
+
+    name: str
+    fn: Aligner
+    paper: str
+    config: type | None
+    needs_model: bool
+    needs_data: bool
+
+    @property
+    def summary(self) -> str:
+        """First line of the aligner's docstring."""
+        return ((self.fn.__doc__ or "").strip().splitlines() or [""])[0]
+
+
+_ALIGNERS: dict[str, AlignerInfo] = {}
+F = TypeVar("F", bound=Callable[..., AlignmentResult])
+
+
+def register_aligner(
+    name: str,
+    *,
+    paper: str,
+    config: type | None = None,
+    needs_model: bool = False,
+    needs_data: bool = False,
+) -> Callable[[F], F]:
+    """Decorator adding an aligner under ``name``; ``paper`` cites the method."""
+
+    def deco(fn: F) -> F:
+        if name in _ALIGNERS:
+            raise ValueError(f"aligner {name!r} is already registered")
+        _ALIGNERS[name] = AlignerInfo(name, fn, paper, config, needs_model, needs_data)
+        return fn
+
+    return deco
+
+
+def _load_all() -> None:
+    # importing the package imports (and so registers) every aligner module
+    import lmckit.align  # noqa: F401
+
+
+def list_aligners() -> list[str]:
+    """Names of the registered aligners, sorted."""
+    _load_all()
+    return sorted(_ALIGNERS)
+
+
+def aligner_info(name: str) -> AlignerInfo:
+    """The registry entry of ``name``; ``KeyError`` listing the valid names on a typo."""
+    _load_all()
+    try:
+        return _ALIGNERS[name]
+    except KeyError:
+        known = ", ".join(sorted(_ALIGNERS))
+        raise KeyError(f"unknown aligner {name!r}; known aligners: {known}") from None
+
+
+def get_aligner(name: str) -> Aligner:
+    """The aligner registered as ``name`` (``KeyError`` listing the valid names)."""
+    return aligner_info(name).fn

@@ -1,0 +1,197 @@
+"""One space's linear subproblem: the similarity ``C`` (and what its solver needs).
+
+With every other space's element held fixed, the weight-matching objective
+``sum_p <theta_a[p], T(theta_b)[p]>`` is linear in one space's element ``T_s``:
+``<T_s, C_s>`` with ``C_s = sum_{uses u} A_u B_u^T``, where ``B_u`` is the other
+model's parameter with the *other* spaces' elements applied and both sides are laid
+out with the space's units first. Least-squares groups get the writers' terms only
+and the other model's writer Gram ``G = sum_w B_w B_w^T``; groups that compare units
+by cosine get the unit norms.
+
+Transformers: heads are compared by their QK/OV circuits, and a space the heads read
+from or write to (the residual stream) sees them through those circuits too, not
+through the raw projections, whose within-head bases differ between models
+(:func:`lmckit.align.circuits.residual_circuit_similarity`; the circuit terms are
+quadratic in the residual map, so each update solves their linearisation at the
+current map).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from lmckit.align.circuits import head_similarity_matrix, residual_circuit_similarity
+from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
+
+__all__ = ["Subproblem", "fold_single_use_params", "space_problem", "space_similarity"]
+
+
+class Subproblem(NamedTuple):
+    """What a group's solver gets for one space (see :meth:`lmckit.groups.Group.solve`).
+
+    Attributes:
+        sim: ``(m, n)`` similarity, reference units x other units.
+        gram: ``(n, n)`` writer Gram of the other model, or ``None``.
+        norms: ``(m,)`` and ``(n,)`` unit feature norms of the two models, or ``None``.
+    """
+
+    sim: Tensor
+    gram: Tensor | None = None
+    norms: tuple[Tensor, Tensor] | None = None
+
+
+def _unit_major(x: Tensor, use: Use, n: int) -> Tensor:
+    """``(n, -1)`` view of a parameter with the space's units first."""
+    moved = x.movedim(use.axis % x.ndim, 0)
+    blocked = moved.reshape(use.outer, n, -1)
+    return blocked.transpose(0, 1).reshape(n, -1)
+
+
+def _add(total: Tensor | None, term: Tensor) -> Tensor:
+    return term if total is None else total + term
+
+
+def space_problem(
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    *,
+    circuits: bool = True,
+    with_gram: bool = False,
+) -> Subproblem:
+    """The subproblem of ``space`` with ``transform``'s other elements applied to B.
+
+    Args:
+        spec: the spec; ``space`` one of its spaces.
+        ref, other: the two models' float parameters (``other`` untransformed).
+        transform: current elements; ``space``'s own element is used only to
+            linearise terms in which it appears twice (circuits, QK-like uses).
+        circuits: replace raw attention projections by circuit terms (module docstring).
+        with_gram: also return the writer Gram for a group that does not need it.
+    """
+    group = space.group
+    if space.circuits is not None:
+        # attention heads are compared through their QK/OV circuits (align.circuits)
+        moved = {
+            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in space.params
+        }
+        return Subproblem(head_similarity_matrix(space, ref, moved))
+    sim: Tensor | None = None
+    gram: Tensor | None = None
+    sq_a: Tensor | None = None
+    sq_b: Tensor | None = None
+    replaced: set[str] = set()
+    if circuits and not group.least_squares:
+        sim, replaced = _circuit_terms(spec, space, ref, other, transform)
+    for use in space.uses:
+        if not use.compare or use.param in replaced:
+            continue
+        if group.least_squares and use.role != "write":
+            continue  # least squares fits the writers (readers move by T^{-T})
+        # the space's own element stays on its other axes of this parameter (both sides
+        # of a QK circuit): the term is the objective's linearisation at that element
+        b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=use)
+        a = ref[use.param]
+        b_mat = _unit_major(b, use, space.n)
+        m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
+        a_mat = _unit_major(a, use, m)
+        sim = _add(sim, a_mat @ b_mat.T)
+        if (with_gram or group.least_squares) and use.role == "write":
+            gram = _add(gram, b_mat @ b_mat.T)
+        if group.needs_norms:
+            sq_a = _add(sq_a, a_mat.double().pow(2).sum(1))
+            sq_b = _add(sq_b, b_mat.double().pow(2).sum(1))
+    if sim is None:
+        raise ValueError(f"space {space.name!r} has no use to compare the two models on")
+    norms = None if sq_a is None or sq_b is None else (sq_a.sqrt(), sq_b.sqrt())
+    return Subproblem(sim, gram, norms)
+
+
+def space_similarity(
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    *,
+    with_gram: bool = False,
+    circuits: bool = True,
+) -> tuple[Tensor, Tensor | None]:
+    """``(C, G)`` of :func:`space_problem`: ``C`` is ``(m, n)``, ``G`` the other
+    model's writer Gram ``(n, n)`` when ``with_gram`` (or the group needs it)."""
+    problem = space_problem(
+        spec, space, ref, other, transform, circuits=circuits, with_gram=with_gram
+    )
+    return problem.sim, problem.gram
+
+
+def _circuit_terms(
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+) -> tuple[Tensor | None, set[str]]:
+    """Circuit similarity of every head space that ``space`` feeds or is fed by.
+
+    Returns the summed ``(m, n)`` term (``None`` if no head space touches ``space``) and
+    the parameters whose raw uses it replaces.
+    """
+    reads = {u.param for u in space.uses if u.role == "read"}
+    writes = {u.param for u in space.uses if u.role == "write"}
+    total: Tensor | None = None
+    replaced: set[str] = set()
+    current: Tensor | None = None  # built only if a head space touches this space
+    for heads in spec:
+        c = heads.circuits
+        if c is None or heads.name == space.name:
+            continue
+        projections = {c.query.param, c.key.param, c.value.param}
+        inputs, outputs = bool(projections & reads), c.output in writes
+        if not (inputs or outputs):
+            continue
+        replaced |= (projections if inputs else set()) | ({c.output} if outputs else set())
+        if current is None:
+            device = ref[c.output].device
+            current = space.group.matrix(transform[space.name]).to(device, torch.float32)
+        moved = {
+            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in heads.params
+        }
+        term = residual_circuit_similarity(
+            heads, ref, moved, current, inputs=inputs, outputs=outputs
+        )
+        total = _add(total, term)
+    return total, replaced
+
+
+def fold_single_use_params(
+    spec: SymmetrySpec, ref: dict[str, Tensor], other: dict[str, Tensor]
+) -> None:
+    """Replace large parameters that only one space touches by an exact small surrogate.
+
+    A matrix ``X`` (``(rows, n)`` with its space on axis 1, e.g. a token embedding)
+    enters every similarity and the objective only through ``A^T B``, linearly in B's
+    space axis. ``A' = I_m`` and ``B' = A^T B`` (both ``m`` rows) give the same terms,
+    so the ``rows``-sized product is computed once instead of at every step. Skipped
+    for least-squares spaces, whose Gram needs ``B^T B``, and for groups that compare
+    units by their norms, which the surrogate does not keep. Edits the dicts in place
+    (they are the caller's private float copies).
+    """
+    for name in list(ref):
+        uses = spec.uses_of(name)
+        if len(uses) != 1 or name not in other:
+            continue
+        space, use = uses[0]
+        a, b = ref[name], other[name]
+        if a.ndim != 2 or use.axis % 2 != 1 or use.outer != 1 or use.inner != 1:
+            continue
+        if space.group.least_squares or space.group.needs_norms or a.shape[0] <= a.shape[1]:
+            continue
+        ref[name] = torch.eye(a.shape[1], dtype=a.dtype, device=a.device)
+        other[name] = (a.double().T @ b.double()).to(b.dtype)

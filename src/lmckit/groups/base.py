@@ -1,0 +1,199 @@
+"""The group protocol: what every symmetry group of a hidden space knows how to do.
+
+A *group* acts on one hidden space of ``n`` units. Its elements ``T`` move a hidden
+vector as ``h' = T h``; rectangular groups also hold ``m x n`` embeddings (``m >= n``)
+of a narrow space into a wide one. Everything an aligner needs is a method here, so
+an aligner never asks which group it holds, and a new group is one new module:
+
+- algebra: :meth:`~Group.identity`, :meth:`~Group.random`, :meth:`~Group.embedding`,
+  :meth:`~Group.compose`, :meth:`~Group.inverse`, :meth:`~Group.matrix`,
+  :meth:`~Group.reader_matrix`, :meth:`~Group.dims`;
+- action on a parameter axis laid out ``(outer, n, inner)``: :meth:`~Group.act`;
+- the linear subproblem of coordinate descent, ``argmax_T <T, C>``:
+  :meth:`~Group.solve` and :meth:`~Group.objective`; :meth:`~Group.project` (the
+  nearest element to a dense matrix, for learned matching) and
+  :meth:`~Group.soft_matrix` (a differentiable relaxation, where there is one);
+- membership: :meth:`~Group.validate`, cheap enough to run on every ``apply``.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import ClassVar, Generic, Literal, TypeVar
+
+import torch
+from torch import Tensor
+
+__all__ = ["E", "Group", "Role", "Statistic", "check_square", "check_tensor"]
+
+Role = Literal["write", "read", "elementwise"]
+#: activation statistic whose ``argmax_T <T, C>`` is the group's natural match.
+Statistic = Literal["correlation", "covariance"]
+#: a group's element type (a tensor or a small frozen dataclass).
+E = TypeVar("E")
+
+
+class Group(abc.ABC, Generic[E]):
+    """A group (or, for rectangular maps, a set of embeddings) acting on a space.
+
+    Subclasses are frozen dataclasses whose fields parameterise the group (e.g.
+    ``Permutation(blocks=2)``) and implement the abstract methods; the class
+    attributes below tell the aligners how the group's solver behaves.
+    """
+
+    #: elements may be ``m x n`` embeddings with ``m > n`` (width-heterogeneous maps).
+    rectangular: ClassVar[bool] = False
+    #: elementwise parameters (norm scales, statistics) may live in the space: only
+    #: groups that move units without mixing or rescaling them allow that.
+    elementwise_ok: ClassVar[bool] = True
+    #: readers are contracted with the element's own matrix (``T^{-T} = T``, true for
+    #: orthonormal columns): a dense, differentiable stand-in can be applied to every
+    #: use alike, which is what learned matching does.
+    self_dual: ClassVar[bool] = False
+    #: :meth:`solve` returns the exact maximiser of ``<T, C>``, so coordinate descent
+    #: accepts a new element only when it raises the objective. Otherwise (least
+    #: squares, heuristics) any element that differs from the current one is taken.
+    exact: ClassVar[bool] = True
+    #: :meth:`solve` fits writers by least squares: it needs the other model's writer
+    #: Gram matrix, and the similarity is built from writers only.
+    least_squares: ClassVar[bool] = False
+    #: :meth:`solve` compares units by cosine and needs both models' unit norms.
+    needs_norms: ClassVar[bool] = False
+    #: activation matching solves this group on the cross-correlation (Pearson) or on
+    #: the cross-covariance (what Procrustes wants: Pearson normalisation is not
+    #: orthogonally equivariant).
+    natural_statistic: ClassVar[Statistic] = "correlation"
+
+    @property
+    def name(self) -> str:
+        return type(self).__name__
+
+    # ----------------------------------------------------------------------- algebra
+
+    @abc.abstractmethod
+    def identity(self, n: int) -> E:
+        """The identity of a space of ``n`` units."""
+
+    @abc.abstractmethod
+    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> E:
+        """A random element (``m x n``; ``m`` defaults to ``n``) drawn from ``generator``."""
+
+    def embedding(self, n: int, m: int) -> E:
+        """The plain embedding of ``n`` units into ``m`` (the identity when ``m == n``).
+
+        Weight matching starts a rectangular space here; square groups refuse
+        ``m != n``.
+        """
+        check_square(m, n, self)
+        return self.identity(n)
+
+    @abc.abstractmethod
+    def compose(self, second: E, first: E) -> E:
+        """Element acting as ``first`` then ``second`` (matrix ``second @ first``)."""
+
+    @abc.abstractmethod
+    def inverse(self, element: E) -> E:
+        """The inverse (square elements only)."""
+
+    @abc.abstractmethod
+    def matrix(self, element: E) -> Tensor:
+        """Dense float64 matrix ``T`` of shape ``(m, n)`` with ``h' = T h``."""
+
+    @abc.abstractmethod
+    def dims(self, element: E) -> tuple[int, int]:
+        """``(m, n)``: size of the target and of the source space."""
+
+    def reader_matrix(self, element: E) -> Tensor:
+        """Matrix ``L^T`` (``m x n``) applied along a reader's axis, where ``L T = I``."""
+        return torch.linalg.pinv(self.matrix(element)).T
+
+    def act(self, x: Tensor, element: E, role: Role) -> Tensor:
+        """Act on ``x`` of shape ``(outer, n, inner)`` along the middle axis."""
+        if role == "elementwise":
+            raise ValueError(f"{self.name} cannot act on elementwise parameters")
+        mat = self.matrix(element) if role == "write" else self.reader_matrix(element)
+        return torch.einsum("mn,onk->omk", mat.to(device=x.device, dtype=x.dtype), x)
+
+    def close(self, first: E, second: E, *, atol: float = 1e-6) -> bool:
+        """Whether two elements are the same map (entries within ``atol``)."""
+        if self.dims(first) != self.dims(second):
+            return False
+        return bool(torch.allclose(self.matrix(first), self.matrix(second), rtol=0, atol=atol))
+
+    def with_options(self, **options: object) -> Group[E]:
+        """A copy with those of ``options`` that are fields of this group set.
+
+        Lets an aligner pass a solver option (e.g. a semi-permutation's
+        ``coefficients``) to every group that has it without asking which group it is.
+        """
+        names = {f.name for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        chosen = {k: v for k, v in options.items() if k in names}
+        return dataclasses.replace(self, **chosen) if chosen else self  # type: ignore[type-var]
+
+    # ----------------------------------------------------------------------- solving
+
+    @abc.abstractmethod
+    def solve(
+        self,
+        sim: Tensor,
+        *,
+        gram: Tensor | None = None,
+        norms: tuple[Tensor, Tensor] | None = None,
+    ) -> E:
+        """The element maximising ``<T, sim> = tr(T^T sim)``.
+
+        Args:
+            sim: ``(m, n)`` similarity between reference units (rows) and the other
+                model's units (columns), e.g. ``C = sum_u A_u B_u^T``.
+            gram: ``(n, n)`` Gram matrix of the other model's writers; needed by
+                least-squares groups (see :attr:`least_squares`).
+            norms: ``(m,)`` and ``(n,)`` Euclidean norms of the two models' unit
+                features; used by groups that compare units by cosine.
+
+        Returns:
+            The element, on the CPU whatever ``sim``'s device.
+        """
+
+    def objective(self, element: E, sim: Tensor) -> float:
+        """``<T, sim>`` for ``element``."""
+        mat = self.matrix(element).to(sim.device)
+        return float((mat * sim.double()).sum())
+
+    def project(self, dense: Tensor) -> E:
+        """The element nearest a dense ``(m, n)`` matrix: ``argmax_T <T, dense>``.
+
+        For groups whose elements all have one Frobenius norm (permutations,
+        orthogonal maps) this is the nearest element in Frobenius distance.
+        """
+        return self.solve(dense.detach().float())
+
+    def soft_matrix(self, logits: Tensor, *, temperature: float, iters: int) -> Tensor | None:
+        """A differentiable relaxation of the element nearest ``logits``, or ``None``."""
+        return None
+
+    # -------------------------------------------------------------------- membership
+
+    @abc.abstractmethod
+    def validate(self, element: object, n: int) -> None:
+        """Raise a one-line ``ValueError`` unless ``element`` belongs to the group and
+        acts on ``n`` units. Cheap: linear in the element's size for unit-moving
+        groups, one ``T^T T`` or factorisation for continuous ones."""
+
+
+def check_square(m: int | None, n: int, group: Group) -> None:
+    if m is not None and m != n:
+        raise ValueError(f"{group.name} elements are square; got m={m}, n={n}")
+
+
+def check_tensor(element: object, group: Group, *, ndim: int, integer: bool) -> Tensor:
+    """``element`` as a tensor of the right rank and kind, else a one-line error."""
+    kind = "integer" if integer else "floating-point"
+    if not isinstance(element, Tensor):
+        raise ValueError(f"{group.name} element must be a {ndim}-D {kind} tensor, got {element!r}")
+    floating = element.is_floating_point() or element.is_complex()
+    if floating == integer or element.dtype == torch.bool:
+        raise ValueError(f"{group.name} element must be a {kind} tensor, got {element.dtype}")
+    if element.ndim != ndim:
+        raise ValueError(f"{group.name} element must be {ndim}-D, got shape {tuple(element.shape)}")
+    return element

@@ -1,0 +1,94 @@
+"""Orthogonal maps, square or rectangular (orthonormal columns embed a narrow space)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+
+from lmckit.groups.base import Group, check_tensor
+
+__all__ = ["Orthogonal"]
+
+
+@dataclass(frozen=True)
+class Orthogonal(Group[Tensor]):
+    """Orthogonal maps ``O`` (``O^T O = I``); rectangular ``m x n`` (``m >= n``) embed.
+
+    Readers are contracted with ``O`` too (``O^{-T} = O``; for a rectangular map the
+    reader becomes ``R O^T``, which satisfies ``R O^T O = R``).
+    """
+
+    rectangular = True
+    elementwise_ok = False
+    self_dual = True
+    natural_statistic = "covariance"
+    #: largest ``|O^T O - I|`` entry :meth:`validate` accepts (float32 round-off of
+    #: products of a few hundred-dimensional maps stays below 1e-5).
+    atol: ClassVar[float] = 1e-4
+
+    def identity(self, n: int) -> Tensor:
+        return torch.eye(n)
+
+    def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
+        m = n if m is None else m
+        if m < n:
+            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
+        gauss = torch.randn(m, n, generator=generator, dtype=torch.float64)
+        q, r = torch.linalg.qr(gauss)
+        # sign fix makes the draw Haar-distributed
+        return (q * torch.sign(torch.diagonal(r))[None, :]).float()
+
+    def embedding(self, n: int, m: int) -> Tensor:
+        """``[I; 0]``: the narrow space as the first ``n`` wide coordinates."""
+        if m < n:
+            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
+        return torch.eye(m, n)
+
+    def compose(self, second: Tensor, first: Tensor) -> Tensor:
+        return second @ first
+
+    def inverse(self, element: Tensor) -> Tensor:
+        if element.shape[0] != element.shape[1]:
+            raise ValueError("a rectangular orthogonal embedding has no inverse")
+        return element.T.contiguous()
+
+    def matrix(self, element: Tensor) -> Tensor:
+        return element.double()
+
+    def reader_matrix(self, element: Tensor) -> Tensor:
+        return element.double()
+
+    def dims(self, element: Tensor) -> tuple[int, int]:
+        return element.shape[0], element.shape[1]
+
+    def solve(
+        self,
+        sim: Tensor,
+        *,
+        gram: Tensor | None = None,
+        norms: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        m, n = sim.shape
+        if m < n:
+            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
+        # orthogonal Procrustes: argmax_O tr(O^T C) = U V^T for C = U S V^T
+        u, _, vh = torch.linalg.svd(sim.detach().cpu().double(), full_matrices=False)
+        return (u @ vh).float()
+
+    def validate(self, element: object, n: int) -> None:
+        mat = check_tensor(element, self, ndim=2, integer=False)
+        m, cols = mat.shape
+        if cols != n:
+            raise ValueError(f"Orthogonal element acts on {cols} units, the space has {n}")
+        if m < n:
+            raise ValueError(f"Orthogonal element maps {n} units into only m={m}")
+        gram = mat.double().T @ mat.double()
+        deviation = float((gram - torch.eye(n, dtype=torch.float64, device=mat.device)).abs().max())
+        if not deviation <= self.atol:  # also catches NaN
+            raise ValueError(
+                f"Orthogonal element is not orthogonal: max |O^T O - I| = {deviation:.3g} "
+                f"(tolerance {self.atol:g})"
+            )
