@@ -219,7 +219,17 @@ def parameter_bytes(config: ModelConfig, *, dtype: torch.dtype = torch.float32) 
 
 
 def memory_bytes() -> int | None:
-    """Physical memory of this machine in bytes, or ``None`` where it cannot be read."""
+    """Memory available to a new allocation, in bytes (``None`` where unknown).
+
+    ``MemAvailable`` from ``/proc/meminfo`` where there is one, else physical memory.
+    """
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
