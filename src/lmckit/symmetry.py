@@ -105,10 +105,16 @@ class Use:
 
 @dataclass(frozen=True)
 class Probe:
-    """Where a space's features can be observed: a module's output and its feature axis."""
+    """Where a space's features can be observed: a module's output and its feature axis.
+
+    ``input=True`` observes the module's (first positional) input instead: the input of a
+    layer that reads the space holds exactly its features, also where no module outputs
+    them (concatenated attention heads, the product of a gated MLP).
+    """
 
     module: str
     axis: int = -1
+    input: bool = False
 
 
 @dataclass(frozen=True)
