@@ -2,6 +2,8 @@
 
 from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
 from lmckit.evaluate import PathResult, evaluate, evaluate_path
+from lmckit.hf import from_hf
+from lmckit.io import LoadedModel, load_model, save_model
 from lmckit.params import Params, check_compatible, interpolate, weighted_average
 from lmckit.symmetry import (
     HeadPermutation,
@@ -20,6 +22,10 @@ from lmckit.symmetry import (
 __all__ = [
     "Checkpoint",
     "CheckpointError",
+    "LoadedModel",
+    "from_hf",
+    "load_model",
+    "save_model",
     "PathResult",
     "evaluate",
     "evaluate_path",

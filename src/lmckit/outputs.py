@@ -26,6 +26,7 @@ from typing import Literal
 
 __all__ = [
     "CHECKPOINT_FILES",
+    "HF_MARKER",
     "RUN_MARKER",
     "OutputError",
     "OutputKind",
@@ -34,12 +35,14 @@ __all__ = [
     "is_lmckit_output",
 ]
 
-OutputKind = Literal["checkpoint", "experiment"]
+OutputKind = Literal["checkpoint", "experiment", "hf"]
 
 #: Entries of a checkpoint folder lmckit writes (``reference/``: ``align``'s rewritten A).
 CHECKPOINT_FILES = frozenset({"config.json", "model.safetensors", "reference"})
 #: File an experiment folder gets before anything else is written into it.
 RUN_MARKER = "lmckit-run.json"
+#: File a Hugging Face folder written by lmckit carries; its ``files`` lists what lmckit wrote.
+HF_MARKER = "lmckit.json"
 # Marker and config files are tiny; a larger one is not ours (and is not read whole).
 _MAX_MARKER_BYTES = 1 << 20
 
@@ -72,7 +75,8 @@ def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
 
     A checkpoint: ``config.json`` with an ``lmckit_version`` key, and no entries but
     those lmckit writes (so replacing it cannot delete a user's file). An experiment
-    folder: the run marker :data:`RUN_MARKER`.
+    folder: the run marker :data:`RUN_MARKER`. A Hugging Face folder (``"hf"``): the
+    marker :data:`HF_MARKER`, whose ``files`` list names every entry of the folder.
     """
     folder = Path(path)
     if folder.is_symlink() or not folder.is_dir():
@@ -82,6 +86,10 @@ def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
         if not isinstance(config, dict) or "lmckit_version" not in config:
             return False
         return all(entry.name in CHECKPOINT_FILES for entry in folder.iterdir())
+    if kind == "hf":
+        marker = _read_small_json(folder / HF_MARKER)
+        files = marker.get("files") if isinstance(marker, dict) else None
+        return isinstance(files, list) and all(e.name in files for e in folder.iterdir())
     marker = _read_small_json(folder / RUN_MARKER)
     return isinstance(marker, dict) and "experiment" in marker
 
@@ -170,7 +178,11 @@ def check_output_dir(
             raise OutputError(f"refusing to write {what} {target}: a file of that name exists")
         empty = not any(target.iterdir())
         if not empty and not is_lmckit_output(target, kind) and not force:
-            made = "an lmckit checkpoint" if kind == "checkpoint" else "an lmckit experiment folder"
+            made = {
+                "checkpoint": "an lmckit checkpoint",
+                "experiment": "an lmckit experiment folder",
+                "hf": "a Hugging Face folder lmckit wrote",
+            }[kind]
             raise OutputError(
                 f"refusing to replace {target}: it is not {made} "
                 f"({_example_entries(target)}); choose a new folder or pass --force"

@@ -1,11 +1,12 @@
-"""Hugging Face checkpoints -> zoo models: GPT2LMHeadModel and ViTForImageClassification.
+"""Conversions of Hugging Face GPT-2 and ViT folders into lmckit zoo models (not the HF path).
 
-Reads a local checkpoint directory from its files alone (``config.json`` and
-``model.safetensors``, a sharded ``model.safetensors.index.json``, or
-``pytorch_model.bin`` loaded with ``weights_only=True``); the ``transformers`` package
-is not needed and nothing is downloaded. Each converter is data plus a small function:
-the zoo constructor arguments read from ``config.json``, and the renaming of the
-checkpoint's weights into the zoo model's names.
+The general path, :func:`lmckit.hf.load_hf`, loads any folder as the ``transformers``
+module itself. These conversions instead rebuild a GPT2LMHeadModel or a
+ViTForImageClassification as the zoo's ``gpt2`` / ``vit`` (whose hand-written features,
+e.g. the circuit-form rewrites, experiments use). They read the folder's files alone
+(:mod:`lmckit.hf.files`); ``transformers`` is not needed. Each converter is data plus a
+small function: the zoo constructor arguments read from ``config.json``, and the
+renaming of the checkpoint's weights into the zoo model's names.
 
 Conversions (exact: the zoo model computes the same logits):
 
@@ -22,69 +23,20 @@ Conversions (exact: the zoo model computes the same logits):
 
 from __future__ import annotations
 
-import json
+import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from lmckit.hf.files import HFError, read_hf_config, read_hf_weights
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 
-__all__ = [
-    "HF_ARCHITECTURES",
-    "from_hf",
-    "hf_model_kwargs",
-    "load_hf_config",
-    "load_hf_state_dict",
-]
-
-
-def load_hf_config(path: str | Path) -> dict[str, Any]:
-    """The ``config.json`` of a Hugging Face checkpoint directory."""
-    file = Path(path) / "config.json"
-    if not file.is_file():
-        raise FileNotFoundError(f"{path} is not a Hugging Face checkpoint: no config.json")
-    try:
-        config = json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{file}: not valid JSON ({err})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{file}: expected a JSON object")
-    return config
-
-
-def load_hf_state_dict(path: str | Path) -> dict[str, Tensor]:
-    """All weights of a checkpoint directory, on the CPU, under their checkpoint names.
-
-    Looks for ``model.safetensors``, then ``model.safetensors.index.json`` (shards),
-    then ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: no code runs).
-    """
-    from safetensors.torch import load_file
-
-    root = Path(path)
-    if (root / "model.safetensors").is_file():
-        return load_file(root / "model.safetensors", device="cpu")
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
-        state: dict[str, Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            state.update(load_file(root / shard, device="cpu"))
-        return state
-    if (root / "pytorch_model.bin").is_file():
-        state = torch.load(root / "pytorch_model.bin", map_location="cpu", weights_only=True)
-        if not isinstance(state, dict) or not all(isinstance(v, Tensor) for v in state.values()):
-            raise ValueError(f"{root / 'pytorch_model.bin'}: expected a dict of tensors")
-        return state
-    raise FileNotFoundError(
-        f"no weights in {root}: expected model.safetensors, model.safetensors.index.json "
-        "or pytorch_model.bin"
-    )
+__all__ = ["ZOO_CONVERSIONS", "zoo_from_hf", "zoo_model_kwargs"]
 
 
 # --------------------------------------------------------------------------- GPT-2
@@ -93,7 +45,7 @@ def load_hf_state_dict(path: str | Path) -> dict[str, Tensor]:
 def _check(config: Mapping[str, Any], key: str, allowed: tuple[Any, ...], default: Any) -> None:
     value = config.get(key, default)
     if value not in allowed:
-        raise ValueError(
+        raise HFError(
             f"unsupported Hugging Face config: {key}={value!r} (lmckit supports "
             f"{' or '.join(repr(a) for a in allowed)})"
         )
@@ -134,7 +86,7 @@ def _gpt2_params(state: Mapping[str, Tensor], kwargs: Mapping[str, Any]) -> Para
         head = out.pop("lm_head.weight", None)
         wte = out.get("transformer.wte.weight")
         if head is not None and wte is not None and not torch.equal(head, wte):
-            raise ValueError("tie_word_embeddings is set but lm_head.weight differs from wte")
+            raise HFError("tie_word_embeddings is set but lm_head.weight differs from wte")
     return out
 
 
@@ -145,7 +97,7 @@ def _single(value: Any, key: str) -> int:
     # HF allows image_size / patch_size as a pair; the zoo ViT is square
     if isinstance(value, (list, tuple)):
         if len(set(value)) != 1:
-            raise ValueError(f"unsupported Hugging Face config: non-square {key}={value}")
+            raise HFError(f"unsupported Hugging Face config: non-square {key}={value}")
         value = value[0]
     return int(value)
 
@@ -209,56 +161,57 @@ class _Converter:
     params: Callable[[Mapping[str, Tensor], Mapping[str, Any]], Params]
 
 
-#: ``model_type`` of ``config.json`` -> how to convert it.
-HF_ARCHITECTURES: dict[str, _Converter] = {
+#: ``model_type`` of ``config.json`` -> how to convert it into a zoo model.
+ZOO_CONVERSIONS: dict[str, _Converter] = {
     "gpt2": _Converter("gpt2", "GPT2LMHeadModel", _gpt2_kwargs, _gpt2_params),
     "vit": _Converter("vit", "ViTForImageClassification", _vit_kwargs, _vit_params),
 }
 
 
-def _converter(config: Mapping[str, Any], path: str | Path) -> _Converter:
+def _converter(config: Mapping[str, Any], path: str | os.PathLike[str]) -> _Converter:
     model_type = config.get("model_type")
-    if model_type not in HF_ARCHITECTURES:
-        raise ValueError(
+    if model_type not in ZOO_CONVERSIONS:
+        raise HFError(
             f"{path}: unsupported model_type {model_type!r}; supported: "
-            f"{', '.join(f'{k} ({c.hf_class})' for k, c in HF_ARCHITECTURES.items())}"
+            f"{', '.join(f'{k} ({c.hf_class})' for k, c in ZOO_CONVERSIONS.items())}"
         )
-    return HF_ARCHITECTURES[model_type]
+    return ZOO_CONVERSIONS[model_type]
 
 
-def hf_model_kwargs(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def zoo_model_kwargs(config: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     """Zoo model name and constructor arguments for a Hugging Face ``config.json``."""
     conv = _converter(config, "config")
     return conv.zoo_name, conv.kwargs(config)
 
 
-def from_hf(
-    path: str | Path, *, dtype: torch.dtype = torch.float32, **overrides: Any
+def zoo_from_hf(
+    path: str | os.PathLike[str], *, dtype: torch.dtype = torch.float32, **overrides: Any
 ) -> tuple[ZooModel, Params]:
-    """Load a local Hugging Face GPT-2 or ViT checkpoint as a zoo model and its params.
+    """Convert a local Hugging Face GPT-2 or ViT folder into a zoo model and its params.
 
     Args:
-        path: directory with ``config.json`` and the weights (see :func:`load_hf_state_dict`).
+        path: folder with ``config.json`` and the weights (see :mod:`lmckit.hf.files`).
         dtype: floating dtype of the returned params (checkpoints may be half precision).
         overrides: zoo constructor arguments to change, e.g. ``dropout=0.0``.
 
     Returns:
-        ``(module, params)`` with ``module(x)`` equal to the HF model's logits on ``x``.
+        ``(module, params)``: the zoo module in eval mode holding ``params`` (so
+        ``module(x)`` gives the HF model's logits on ``x``), and ``params``.
 
     Raises:
-        ValueError: on an unsupported architecture or option, or weights that do not
+        HFError: on an unsupported architecture or option, or weights that do not
             match the configuration (names of missing and unexpected weights listed).
     """
-    config = load_hf_config(path)
+    config = read_hf_config(path)
     conv = _converter(config, path)
     kwargs = {**conv.kwargs(config), **overrides}
-    params = conv.params(load_hf_state_dict(path), kwargs)
-    # create_model seeds and initialises a module of the right shapes; its weights are replaced
+    params = conv.params(read_hf_weights(path), kwargs)
+    # create_model builds a module of the right shapes; its weights are replaced below
     module, template = create_model(conv.zoo_name, seed=0, **kwargs)
     missing = sorted(template.keys() - params.keys())
     unexpected = sorted(params.keys() - template.keys())
     if missing or unexpected:
-        raise ValueError(
+        raise HFError(
             f"{path}: weights do not match a {conv.zoo_name} of this config: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
@@ -267,10 +220,12 @@ def from_hf(
     for name, ref in template.items():
         value = params[name]
         if value.shape != ref.shape:
-            raise ValueError(
+            raise HFError(
                 f"{path}: weight {name} has shape {tuple(value.shape)}, "
                 f"expected {tuple(ref.shape)} for this config"
             )
         value = value.to(dtype) if value.is_floating_point() else value.to(ref.dtype)
         out[name] = value.contiguous().clone()
-    return module, out
+    # A module of this dtype holding exactly ``out`` (its random initial weights are gone).
+    module.to(dtype).load_state_dict(out, strict=True, assign=True)
+    return module.eval(), out

@@ -1,0 +1,171 @@
+"""The files of a Hugging Face folder: ``config.json`` and the weights, read boundedly and safely.
+
+A Hugging Face folder is a directory whose ``config.json`` is a JSON object with a
+``model_type``; its weights are the first of ``model.safetensors``,
+``model.safetensors.index.json`` (shards), ``pytorch_model.bin`` and
+``pytorch_model.bin.index.json`` that exists (the order ``transformers`` prefers).
+Nothing here needs ``transformers``.
+
+Safety: JSON files must be regular files (a symbolic link to one is fine, as in the
+hub's cache; a FIFO or device is refused, it could block forever) of bounded size;
+pickles are read with ``torch.load(weights_only=True)``, so a pickle that would run
+code is refused; shard names must be plain file names inside the folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from lmckit.bounded import FileLimitError, read_bytes, regular_file
+from lmckit.checkpoint import CheckpointError, load_params_file
+from lmckit.params import Params
+
+__all__ = [
+    "CONFIG_FILE",
+    "MAX_CONFIG_BYTES",
+    "MAX_INDEX_BYTES",
+    "WEIGHT_FILES",
+    "HFError",
+    "is_hf_folder",
+    "is_regular_file",
+    "read_hf_config",
+    "read_hf_weights",
+    "read_json_file",
+    "weights_path",
+]
+
+CONFIG_FILE = "config.json"
+#: Weight files of a folder, in the order they are looked for.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+#: Largest ``config.json`` read (real ones are a few KB; 21k-class label maps ~1 MB).
+MAX_CONFIG_BYTES = 4 << 20
+#: Largest shard index read (the largest public models' indexes are a few MB).
+MAX_INDEX_BYTES = 64 << 20
+
+
+class HFError(CheckpointError):
+    """A Hugging Face folder cannot be read or written; the message names the file and why."""
+
+
+def is_regular_file(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is (or links to) a regular file; never raises."""
+    try:
+        regular_file(path)
+    except (OSError, FileLimitError):
+        return False
+    return True
+
+
+def read_json_file(path: str | os.PathLike[str], *, max_bytes: int, what: str) -> Any:
+    """The JSON value in a regular file of at most ``max_bytes`` bytes.
+
+    Raises:
+        HFError: missing, not a regular file, too large, unreadable or not JSON.
+    """
+    try:
+        data = read_bytes(path, max_bytes=max_bytes, what=what)
+    except (FileNotFoundError, FileLimitError) as err:
+        raise HFError(str(err)) from None
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise HFError(f"{path} is nested too deeply to be {what}") from None
+    except (UnicodeDecodeError, ValueError) as err:  # ValueError: JSONDecodeError and kin
+        raise HFError(f"{path} is not valid JSON: {err}") from None
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``config.json`` of the Hugging Face folder ``path``, as a dict.
+
+    Raises:
+        HFError: not a folder, no or a bad ``config.json``, or one without ``model_type``.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise HFError(f"{root} is not a folder")
+    file = root / CONFIG_FILE
+    config = read_json_file(file, max_bytes=MAX_CONFIG_BYTES, what="config")
+    if not isinstance(config, dict):
+        raise HFError(f"{file} must hold a JSON object")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str) or not model_type:
+        raise HFError(f"{file} is not a Hugging Face config: it has no 'model_type'")
+    return config
+
+
+def is_hf_folder(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` is a folder with a Hugging Face ``config.json`` (never raises).
+
+    Only the config is looked at (a ``model_type`` key); the weights are checked when
+    the folder is loaded.
+    """
+    try:
+        read_hf_config(path)
+    except (HFError, OSError):
+        return False
+    return True
+
+
+def weights_path(path: str | os.PathLike[str]) -> Path:
+    """The weights file (or shard index) of a Hugging Face folder: see :data:`WEIGHT_FILES`.
+
+    Raises:
+        HFError: none of them exists.
+    """
+    root = Path(path)
+    for name in WEIGHT_FILES:
+        if (root / name).exists():
+            return root / name
+    raise HFError(f"{root} holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def _read_sharded(index: Path) -> Params:
+    """The union of the shards an index file names; every listed weight must be found."""
+    doc = read_json_file(index, max_bytes=MAX_INDEX_BYTES, what="shard index")
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise HFError(f"{index} has no 'weight_map' object naming the shards")
+    shards: dict[str, set[str]] = {}
+    for key, shard in weight_map.items():
+        # A shard must be a plain name in this folder: no paths out of it.
+        if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
+            raise HFError(f"{index}: weight {key!r} names the shard {shard!r}, not a file name")
+        shards.setdefault(shard, set()).add(key)
+    params: Params = {}
+    for shard in sorted(shards):
+        file = index.parent / shard
+        if not is_regular_file(file):
+            raise HFError(f"{index} names the shard {shard}, which is missing or not a file")
+        part = load_params_file(file)
+        missing = sorted(shards[shard] - part.keys())
+        if missing:
+            raise HFError(f"{file} lacks {missing[0]!r}, which {index.name} places in it")
+        for key in part:
+            if key in params:
+                raise HFError(f"{file}: weight {key!r} is also in another shard")
+        params.update(part)
+    return params
+
+
+def read_hf_weights(path: str | os.PathLike[str]) -> Params:
+    """Every weight of a Hugging Face folder, on the CPU, under its on-disk names and dtypes.
+
+    Raises:
+        HFError: no weights file. :class:`~lmckit.checkpoint.CheckpointError` (its base
+            class): a corrupt or truncated file, a pickle that is not a plain tensor
+            state dict (code is never run), or non-finite values.
+    """
+    file = weights_path(path)
+    if file.name.endswith(".index.json"):
+        return _read_sharded(file)
+    if not is_regular_file(file):
+        raise HFError(f"{file} is not a regular file")
+    return load_params_file(file)

@@ -1,0 +1,142 @@
+"""Loading a Hugging Face folder as the ``transformers`` module it describes; inputs to trace it.
+
+:func:`load_hf` works for any model ``transformers`` builds from its config (GPT-2, BERT,
+ViT, Llama, Mistral are tested) with no per-family code; the module computes what
+``AutoModel*.from_pretrained`` of the folder computes, in eval mode and float32 by
+default. The key-value cache is switched off (``use_cache=False``) so that the module's
+output holds only tensors and ``torch.export`` can trace it; it changes no logits.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmckit.hf.build import build_module, make_config, model_class
+from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_weights
+from lmckit.params import Params
+
+__all__ = ["HFModel", "example_inputs", "from_hf", "load_hf", "unique_params"]
+
+
+@dataclass(frozen=True, eq=False)
+class HFModel:
+    """A loaded Hugging Face folder.
+
+    Attributes:
+        module: the ``transformers`` model (eval mode, weights loaded, ``use_cache`` off).
+        params: ``module.state_dict()`` (in-memory names) with each tied weight once, under
+            its first name (``transformer.wte.weight``, not ``lm_head.weight``), as
+            ``named_parameters()`` and ``torch.export`` list it; detached, sharing memory
+            with ``module``. ``functional_call(module, params, ...)`` then ties as the
+            module does, and a transform of the embeddings reaches the tied head.
+        config: the folder's ``config.json`` as read (``use_cache`` as stored).
+        class_name: the ``transformers`` class, e.g. ``"LlamaForCausalLM"``.
+        path: the folder.
+    """
+
+    module: nn.Module
+    params: Params
+    config: dict[str, Any]
+    class_name: str
+    path: Path
+
+
+def _no_cache(config: Any) -> None:
+    # A DynamicCache in the output is not a pytree torch.export knows; the logits do not
+    # depend on it.
+    for cfg in {id(c): c for c in (config, config.get_text_config())}.values():
+        if getattr(cfg, "use_cache", None):
+            cfg.use_cache = False
+
+
+def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32) -> HFModel:
+    """Load a local Hugging Face folder (``config.json``, weights) as a ``transformers`` module.
+
+    The class is ``architectures[0]`` of ``config.json`` (else ``AutoModel``'s), built
+    from the local config alone (nothing is downloaded, custom code never runs); the
+    config and class are checked before any weight is read.
+
+    Args:
+        path: the folder (see :mod:`lmckit.hf.files` for the weight files accepted).
+        dtype: floating dtype of the module; ``None`` keeps the folder's own.
+
+    Raises:
+        HFError: naming the file and the first problem (a missing or corrupt weights
+            file, an unknown architecture, weights that do not fit the config, ...).
+    """
+    root = Path(path)
+    raw = read_hf_config(root)
+    where = root / CONFIG_FILE
+    config = make_config(raw, where)
+    cls = model_class(raw, config, where)
+    _no_cache(config)
+    module = build_module(cls, config, read_hf_weights(root), dtype=dtype, where=root)
+    return HFModel(module, unique_params(module), raw, cls.__name__, root)
+
+
+def unique_params(module: nn.Module) -> Params:
+    """``module.state_dict()`` with each tied tensor once, under its first name (detached)."""
+    seen: set[int] = set()
+    params: Params = {}
+    for name, value in module.state_dict(keep_vars=True).items():
+        if id(value) not in seen:  # a tied weight is one Parameter under several names
+            seen.add(id(value))
+            params[name] = value.detach()
+    return params
+
+
+def from_hf(
+    path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32
+) -> nn.Module:
+    """The ``transformers`` module of a local Hugging Face folder, eval mode, weights loaded.
+
+    ``from_hf(path)(x)`` gives the logits ``AutoModel*.from_pretrained(path)(x)`` gives.
+    See :func:`load_hf` (which also returns the params and config).
+    """
+    return load_hf(path, dtype=dtype).module
+
+
+def _pair(value: Any) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)):
+        return int(value[0]), int(value[-1])
+    return int(value), int(value)
+
+
+def example_inputs(
+    model: HFModel | nn.Module, *, batch: int = 2, length: int = 8, seed: int = 0
+) -> tuple[Tensor, ...]:
+    """Small valid positional inputs of a Hugging Face model, from its config alone.
+
+    Text models (main input ``input_ids``): token ids, shape ``(batch, length)``, uniform
+    in ``[0, vocab_size)``; ``length`` is capped by the model's maximum positions. Vision
+    models (``pixel_values``): standard normal images ``(batch, num_channels, H, W)`` of
+    the configured ``image_size``, in the module's dtype. For
+    ``torch.export.export(module, example_inputs(model), strict=False)``.
+
+    Raises:
+        HFError: a model whose main input is neither (audio, multimodal): pass your own.
+    """
+    module = model.module if isinstance(model, HFModel) else model
+    config = module.config
+    gen = torch.Generator().manual_seed(seed)
+    kind = getattr(module, "main_input_name", None)
+    if kind == "input_ids":
+        text = config.get_text_config()
+        limit = getattr(text, "max_position_embeddings", None)
+        t = min(length, int(limit)) if isinstance(limit, int) and limit > 0 else length
+        return (torch.randint(0, int(text.vocab_size), (batch, t), generator=gen),)
+    if kind == "pixel_values":
+        height, width = _pair(getattr(config, "image_size", 224))
+        channels = int(getattr(config, "num_channels", 3))
+        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+        image = torch.randn(batch, channels, height, width, generator=gen)
+        return (image.to(dtype or torch.float32),)
+    raise HFError(
+        f"no example inputs for {type(module).__name__} (main input {kind!r}): pass your own"
+    )

@@ -1,0 +1,197 @@
+"""Writing parameters back as a Hugging Face folder that ``transformers`` loads.
+
+:func:`save_hf` builds the source's class from its config (with the requested changes)
+holding the new parameters, lets ``transformers`` write it (``save_pretrained``:
+safetensors, its own on-disk names, a tied weight once), copies the source's other
+files (tokenizer, generation config, model card) and adds :data:`~lmckit.outputs.HF_MARKER`
+(``lmckit.json``): lmckit's version, the source folder, the config changes, the caller's
+metadata and the list of files written, which marks the folder as lmckit's own for
+:func:`lmckit.outputs.is_lmckit_output`. The folder appears at once (atomic rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from importlib import metadata as _metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from lmckit.atomic import atomic_dir, write_json
+from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
+from lmckit.hf.files import CONFIG_FILE, HFError, is_regular_file
+from lmckit.hf.model import HFModel
+from lmckit.outputs import HF_MARKER
+from lmckit.params import Params, check_finite
+
+__all__ = ["WEIGHT_SUFFIXES", "save_hf"]
+
+#: Files of the source that are never copied: weights in any format (they would hold
+#: the source's values), and what :func:`save_hf` writes itself.
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".ckpt",
+    ".h5",
+    ".msgpack",
+    ".onnx",
+    ".gguf",
+    ".tflite",
+    ".ot",
+    ".index.json",
+)
+
+
+def _version() -> str:
+    try:
+        return _metadata.version("lmckit")
+    except _metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _files_to_copy(source: Path) -> list[Path]:
+    """Regular, non-hidden, non-weight files at the top of ``source`` (links followed)."""
+    if not source.is_dir():
+        return []
+    skip = {CONFIG_FILE, HF_MARKER}
+    return sorted(
+        entry
+        for entry in source.iterdir()
+        if not entry.name.startswith(".")
+        and entry.name not in skip
+        and not entry.name.lower().endswith(WEIGHT_SUFFIXES)
+        and is_regular_file(entry)
+    )
+
+
+def _checked_params(params: Mapping[str, Tensor], target: Path) -> Params:
+    state: Params = {}
+    for key, value in params.items():
+        if not isinstance(key, str) or not isinstance(value, Tensor):
+            raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
+        state[key] = value.detach()
+    try:
+        check_finite(state, what=f"refusing to write {target}")
+    except ValueError as err:
+        raise HFError(str(err)) from None
+    return state
+
+
+def _float_dtype(state: Params, target: Path) -> torch.dtype | None:
+    dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
+    if len(dtypes) > 1:
+        names = ", ".join(sorted(str(d) for d in dtypes))
+        raise HFError(f"cannot write {target}: params mix floating dtypes ({names})")
+    return dtypes.pop() if dtypes else None
+
+
+def _differing_ties(tied: Mapping[str, str], state: Params) -> list[tuple[str, str]]:
+    return [
+        (target, source)
+        for target, source in sorted(tied.items())
+        if target in state and source in state and not torch.equal(state[target], state[source])
+    ]
+
+
+def save_hf(
+    path: str | os.PathLike[str],
+    like: HFModel,
+    params: Mapping[str, Tensor],
+    *,
+    config_changes: Mapping[str, Any] | None = None,
+    metadata: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``params`` as a Hugging Face folder of ``like``'s class.
+
+    ``AutoModel*.from_pretrained(path)`` (the class of ``like``) then computes the
+    function of ``like.module`` holding ``params``. Tied weights (an LM head equal to the
+    embeddings) are written once while they are still equal; when they differ the
+    config gets ``tie_word_embeddings: false`` and both are written. Check ``path`` first
+    with :func:`lmckit.outputs.check_output_dir` (``kind="hf"``).
+
+    Args:
+        path: the folder to write; an existing one is replaced as a whole.
+        like: the loaded source (class, config, files to copy).
+        params: the weights, under ``like.params``' names (in-memory names; on-disk names
+            are accepted too), one floating dtype (written as is).
+        config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
+        metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        HFError: params that do not fit the class and config (missing, unexpected or
+            misshapen weights), non-finite or mixed-dtype params, or config changes or
+            metadata that are not JSON. Nothing is written then.
+    """
+    target = Path(path)
+    changes = dict(config_changes or {})
+    meta = dict(metadata or {})
+    try:
+        json.dumps({"config_changes": changes, "metadata": meta}, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise HFError(
+            f"cannot write {target}: config changes or metadata not JSON: {err}"
+        ) from None
+    state = _checked_params(params, target)
+    dtype = _float_dtype(state, target)
+
+    transformers = import_transformers()
+    cls = type(like.module)
+    raw = {**like.config, **changes}
+    config = make_config(raw, target)
+    differ = _differing_ties(tied_keys(cls, config), state)
+    untied: list[list[str]] = []
+    if differ and getattr(config, "tie_word_embeddings", False):
+        # The weights were tied when loaded and no longer are (e.g. an aligned LM head):
+        # untie in the config, so that both are written and loaded as they are.
+        changes["tie_word_embeddings"] = False
+        raw["tie_word_embeddings"] = False
+        config = make_config(raw, target)
+        untied = [list(pair) for pair in differ]
+        differ = _differing_ties(tied_keys(cls, config), state)
+    if differ:
+        t, s = differ[0]
+        raise HFError(f"cannot write {target}: {cls.__name__} ties {t} to {s}, but they differ")
+
+    module = build_module(cls, config, state, dtype=dtype, where=target)
+    built = module.state_dict()
+    for key, value in state.items():
+        # build_module checked names and shapes; this guards against silent re-tying.
+        if key in built and not torch.equal(built[key], value):
+            raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
+
+    copies = _files_to_copy(like.path)
+    with atomic_dir(target) as tmp:
+        with quiet(transformers):
+            module.save_pretrained(tmp)
+        for file in copies:
+            # The source's generation config (and tokenizer files) win over defaults.
+            shutil.copyfile(file, tmp / file.name)
+        # safetensors creates its files 0600; give them the config's (umask) permissions
+        mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777
+        for weights in tmp.glob("*.safetensors"):
+            os.chmod(weights, mode)
+        files = sorted({entry.name for entry in tmp.iterdir()} | {HF_MARKER})
+        write_json(
+            tmp / HF_MARKER,
+            {
+                "lmckit_version": _version(),
+                "format": "hf",
+                "class": cls.__name__,
+                "source": str(like.path),
+                "config_changes": changes,
+                "untied": untied,
+                "metadata": meta,
+                "files": files,
+            },
+        )
+    return target

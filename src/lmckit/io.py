@@ -1,0 +1,139 @@
+"""Models in and out, in either format: an lmckit checkpoint or a Hugging Face folder.
+
+:func:`load_model` tells the two apart by ``config.json`` (lmckit's names an
+``architecture``, Hugging Face's a ``model_type``) and returns one :class:`LoadedModel`;
+:func:`save_model` writes new parameters in the format the model came in, so a result
+goes back to the ecosystem its input came from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
+from lmckit.checkpoint import load as load_checkpoint
+from lmckit.checkpoint import save as save_checkpoint
+from lmckit.hf.files import MAX_CONFIG_BYTES, HFError, is_hf_folder, read_json_file
+from lmckit.hf.model import HFModel, load_hf
+from lmckit.hf.save import save_hf
+from lmckit.models import ZooModel
+from lmckit.outputs import OutputKind
+from lmckit.params import Params
+
+__all__ = ["ModelFormat", "LoadedModel", "load_model", "model_format", "save_model"]
+
+ModelFormat = Literal["lmckit", "hf"]
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A model loaded from either format.
+
+    Attributes:
+        module: the module, eval mode, weights loaded (a zoo model or a ``transformers`` model).
+        params: its state dict (flat, detached).
+        format: ``"lmckit"`` (a checkpoint) or ``"hf"`` (a Hugging Face folder).
+        path: what was loaded.
+        source: the format's own object: a :class:`~lmckit.checkpoint.Checkpoint` or a
+            :class:`~lmckit.hf.HFModel`; :func:`save_model` writes from it.
+    """
+
+    module: nn.Module
+    params: Params
+    format: ModelFormat
+    path: Path
+    source: Checkpoint | HFModel
+
+    @property
+    def output_kind(self) -> OutputKind:
+        """The ``kind`` for :func:`lmckit.outputs.check_output_dir` of a result in this format."""
+        return "hf" if self.format == "hf" else "checkpoint"
+
+
+def model_format(path: str | os.PathLike[str]) -> ModelFormat:
+    """``"hf"`` for a folder with a Hugging Face ``config.json``, else ``"lmckit"``.
+
+    Raises:
+        CheckpointError: a folder whose ``config.json`` is neither format's.
+    """
+    if is_hf_folder(path):
+        return "hf"
+    config = Path(path) / CONFIG_FILE
+    if Path(path).is_dir() and config.is_file():
+        try:
+            data = read_json_file(config, max_bytes=MAX_CONFIG_BYTES, what="config")
+        except HFError:
+            return "lmckit"  # checkpoint.load reports the problem in its own words
+        if isinstance(data, dict) and "architecture" not in data:
+            raise CheckpointError(
+                f"{config} is neither an lmckit checkpoint's config (no 'architecture') "
+                "nor a Hugging Face config (no 'model_type')"
+            )
+    return "lmckit"
+
+
+def load_model(
+    path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32
+) -> LoadedModel:
+    """Load an lmckit checkpoint (folder or weights file) or a Hugging Face folder.
+
+    Args:
+        path: the checkpoint or folder.
+        dtype: floating dtype of the weights; ``None`` keeps them as stored.
+
+    Raises:
+        CheckpointError: (or its subclass :class:`~lmckit.hf.HFError`) naming the file
+            and the problem.
+    """
+    if model_format(path) == "hf":
+        hf = load_hf(path, dtype=dtype)
+        return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
+    ckpt = load_checkpoint(path, dtype=dtype)
+    return LoadedModel(ckpt.model, ckpt.params, "lmckit", Path(path), ckpt)
+
+
+def save_model(
+    path: str | os.PathLike[str],
+    like: LoadedModel,
+    params: Mapping[str, Tensor],
+    *,
+    metadata: Mapping[str, Any] | None = None,
+    module: ZooModel | None = None,
+    config_changes: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``params`` in the format ``like`` came in; check ``path`` first with
+    :func:`lmckit.outputs.check_output_dir` (``kind=like.output_kind``).
+
+    Args:
+        path: the output folder (replaced atomically).
+        like: the loaded model whose architecture ``params`` belong to.
+        params: the weights to write.
+        metadata: what lmckit did and its inputs (a checkpoint's ``config.json``
+            ``metadata``; a Hugging Face folder's ``lmckit.json``).
+        module: lmckit format only: the architecture to write when it differs from
+            ``like``'s (e.g. after a rewrite to RMSNorm).
+        config_changes: Hugging Face format only: ``config.json`` entries to change.
+
+    Raises:
+        ValueError: an option of the other format. CheckpointError / HFError: params
+            that do not fit, or that cannot be written; nothing is written then.
+    """
+    if like.format == "hf":
+        if module is not None:
+            raise ValueError(
+                "module= is for lmckit checkpoints; a Hugging Face folder keeps its class"
+            )
+        assert isinstance(like.source, HFModel)
+        return save_hf(path, like.source, params, config_changes=config_changes, metadata=metadata)
+    if config_changes is not None:
+        raise ValueError("config_changes= is for Hugging Face folders; pass module= instead")
+    assert isinstance(like.source, Checkpoint)
+    arch = module if module is not None else like.source.config
+    return save_checkpoint(path, arch, params, metadata=metadata)
