@@ -1,18 +1,34 @@
-"""Aligners: each returns an :class:`AlignmentResult` whose transform aligns B to A."""
+"""Aligners: each returns an :class:`AlignmentResult` whose transform aligns B to A.
+
+Every aligner has one signature (see :mod:`lmckit.align.registry`) and is registered
+by name: ``get_aligner("weight_matching")(spec, params_a, params_b)``.
+"""
 
 from lmckit.align.activation import (
+    ActivationMatchingConfig,
     activation_matching,
     collect_cross_statistics,
     orthogonal_activation_matching,
 )
 from lmckit.align.head_bases import (
     HeadBases,
+    HeadBasesResult,
     align_head_bases,
     apply_head_bases,
+    head_bases_matching,
     match_head_bases,
 )
 from lmckit.align.learned import LearnedMatchingConfig, learned_matching
 from lmckit.align.multi import UniverseConfig, UniverseResult, universe_matching
+from lmckit.align.naive import naive
+from lmckit.align.registry import (
+    Aligner,
+    AlignerInfo,
+    aligner_info,
+    get_aligner,
+    list_aligners,
+    register_aligner,
+)
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.solvers import solve
 from lmckit.align.weight import WeightMatchingConfig, weight_matching
@@ -24,8 +40,12 @@ from lmckit.align.width import (
 )
 
 __all__ = [
+    "ActivationMatchingConfig",
+    "Aligner",
+    "AlignerInfo",
     "AlignmentResult",
     "HeadBases",
+    "HeadBasesResult",
     "LearnedMatchingConfig",
     "PaddedPermutation",
     "SpaceDiagnostics",
@@ -35,12 +55,18 @@ __all__ = [
     "WidthMatchingConfig",
     "activation_matching",
     "align_head_bases",
+    "aligner_info",
     "apply_head_bases",
     "collect_cross_statistics",
+    "get_aligner",
+    "head_bases_matching",
     "learned_matching",
+    "list_aligners",
     "match_head_bases",
+    "naive",
     "naive_embedding",
     "orthogonal_activation_matching",
+    "register_aligner",
     "solve",
     "universe_matching",
     "weight_matching",

@@ -10,22 +10,27 @@ Procrustes on the cross-covariance for orthogonal maps).
 
 from __future__ import annotations
 
+import copy
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
+from lmckit.align._compat import legacy_call, module_first
+from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.solvers import objective, solve
+from lmckit.align.weight import GIT_REBASIN
+from lmckit.data import Dataset, batches
 from lmckit.params import Params, check_compatible, check_finite
-from lmckit.symmetry import Orthogonal, SymmetrySpec, Transform
+from lmckit.symmetry import SymmetrySpec, Transform
 
 __all__ = [
+    "ActivationMatchingConfig",
     "CrossStatistics",
     "activation_matching",
     "collect_cross_statistics",
@@ -33,6 +38,34 @@ __all__ = [
 ]
 
 Statistic = Literal["correlation", "covariance", "natural"]
+_STATISTICS = ("correlation", "covariance", "natural")
+
+
+@dataclass(frozen=True)
+class ActivationMatchingConfig:
+    """What to compute.
+
+    Attributes:
+        statistic: ``"correlation"`` (Pearson; the default, for permutations),
+            ``"covariance"`` (what Procrustes wants for orthogonal maps), or
+            ``"natural"``: each group's own choice
+            (:attr:`lmckit.groups.Group.natural_statistic`).
+        batch_size: training examples per batch streamed through both models.
+        batches: how many training batches (the first ones, in order) are used.
+    """
+
+    statistic: Statistic = "correlation"
+    batch_size: int = 500
+    batches: int = 20
+
+    def __post_init__(self) -> None:
+        if self.statistic not in _STATISTICS:
+            raise ValueError(
+                f"statistic must be 'correlation', 'covariance' or 'natural', got "
+                f"{self.statistic!r}"
+            )
+        if self.batch_size < 1 or self.batches < 1:
+            raise ValueError(f"batch_size and batches must be >= 1 in {self}")
 
 
 @dataclass
@@ -47,17 +80,11 @@ class CrossStatistics:
     sum_ab: Tensor  # (m, n)
 
     @classmethod
-    def zeros(cls, m: int, n: int) -> CrossStatistics:
-        z = torch.zeros
-        f64 = torch.float64
-        return cls(
-            0,
-            z(m, dtype=f64),
-            z(n, dtype=f64),
-            z(m, dtype=f64),
-            z(n, dtype=f64),
-            z(m, n, dtype=f64),
-        )
+    def zeros(cls, m: int, n: int, *, device: torch.device | None = None) -> CrossStatistics:
+        def z(*shape: int) -> Tensor:
+            return torch.zeros(*shape, dtype=torch.float64, device=device)
+
+        return cls(0, z(m), z(n), z(m), z(n), z(m, n))
 
     def update(self, a: Tensor, b: Tensor) -> None:
         """Add samples ``a`` (``(N, m)``) and ``b`` (``(N, n)``)."""
@@ -101,11 +128,13 @@ def collect_cross_statistics(
     *,
     spaces: Sequence[str] | None = None,
     progress: bool = False,
+    device: str | torch.device | None = None,
 ) -> dict[str, CrossStatistics]:
     """Stream ``inputs`` through both models and accumulate per-space cross statistics.
 
     Each space's probes (module outputs) are hooked; a space with several probes (a
-    residual stream) pools the samples of all of them.
+    residual stream) pools the samples of all of them. With ``device``, the passes
+    and the sums run there (on a copy of ``model``); the statistics stay there.
     """
     names = list(spec.names if spaces is None else spaces)
     wanted = {}
@@ -115,6 +144,11 @@ def collect_cross_statistics(
             raise ValueError(f"space {name!r} has no probes: activation matching cannot see it")
         for probe in space.probes:
             wanted.setdefault(probe.module, []).append((name, probe.axis))
+    dev = torch.device(device or "cpu")
+    if dev.type != "cpu":
+        model = copy.deepcopy(model).to(dev)
+        params_a = {k: v.to(dev) for k, v in params_a.items()}
+        params_b = {k: v.to(dev) for k, v in params_b.items()}
     modules = dict(model.named_modules())
     missing = [m for m in wanted if m not in modules]
     if missing:
@@ -135,6 +169,7 @@ def collect_cross_statistics(
     try:
         with torch.no_grad():
             for x in tqdm(inputs, desc="activation statistics", disable=not progress, leave=False):
+                x = x.to(dev)
                 captured.clear()
                 functional_call(model, params_a, (x,))
                 acts_a = dict(captured)
@@ -145,7 +180,9 @@ def collect_cross_statistics(
                         fa = _features(acts_a[module_name], axis)
                         fb = _features(captured[module_name], axis)
                         if space_name not in stats:
-                            stats[space_name] = CrossStatistics.zeros(fa.shape[1], fb.shape[1])
+                            stats[space_name] = CrossStatistics.zeros(
+                                fa.shape[1], fb.shape[1], device=fa.device
+                            )
                         stats[space_name].update(fa, fb)
     finally:
         for h in handles:
@@ -156,7 +193,7 @@ def collect_cross_statistics(
     return stats
 
 
-def activation_matching(
+def _match(
     model: nn.Module,
     spec: SymmetrySpec,
     params_a: Params,
@@ -166,21 +203,10 @@ def activation_matching(
     statistic: Statistic = "correlation",
     spaces: Sequence[str] | None = None,
     progress: bool = False,
+    device: str | torch.device | None = None,
 ) -> AlignmentResult:
-    """Align ``params_b`` to ``params_a`` by matching activations on ``inputs``.
-
-    Args:
-        model: the module both parameter sets run through.
-        spec: its symmetry spec (every solved space needs probes).
-        params_a, params_b: reference and model to align; unchanged.
-        inputs: iterable of input batches (e.g. training images, no labels).
-        statistic: ``"correlation"`` (default for permutations), ``"covariance"``
-            (natural for orthogonal maps: Procrustes on the cross-covariance), or
-            ``"natural"``: covariance for ``Orthogonal`` spaces, correlation for the rest.
-        spaces: solve only these spaces; default all.
-        progress: progress bar over batches.
-    """
-    if statistic not in ("correlation", "covariance", "natural"):
+    """Activation matching on the input batches ``inputs`` (the aligners' core)."""
+    if statistic not in _STATISTICS:
         raise ValueError(
             f"statistic must be 'correlation', 'covariance' or 'natural', got {statistic!r}"
         )
@@ -188,27 +214,98 @@ def activation_matching(
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
     spec.validate(params_b)
+    for name in spec.names if spaces is None else spaces:
+        if spec[name].group.least_squares:
+            raise ValueError(
+                f"activation matching cannot solve space {name!r}: {spec[name].group.name} "
+                "is fitted by least squares; pass spaces=... to leave it out"
+            )
     start = time.perf_counter()
     stats = collect_cross_statistics(
-        model, spec, params_a, params_b, inputs, spaces=spaces, progress=progress
+        model, spec, params_a, params_b, inputs, spaces=spaces, progress=progress, device=device
     )
     elements = {}
     diagnostics = {}
     for name, st in stats.items():
         group = spec[name].group
-        use = statistic
-        if use == "natural":
-            use = "covariance" if isinstance(group, Orthogonal) else "correlation"
-        sim = (st.correlation() if use == "correlation" else st.covariance()).float()
-        element = solve(group, sim)
+        chosen = group.natural_statistic if statistic == "natural" else statistic
+        sim = (st.correlation() if chosen == "correlation" else st.covariance()).float().cpu()
+        element = group.solve(sim)
         elements[name] = element
         diagnostics[name] = SpaceDiagnostics(
-            objective(group, group.identity(spec[name].n), sim), objective(group, element, sim)
+            group.objective(group.identity(spec[name].n), sim), group.objective(element, sim)
         )
     return AlignmentResult(
         transform=Transform(spec, elements),
         spaces=diagnostics,
         seconds=time.perf_counter() - start,
+    )
+
+
+def _old_form(
+    _new: Callable[..., AlignmentResult],
+    model: nn.Module,
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    inputs: Iterable[Tensor],
+    **options: Any,
+) -> AlignmentResult:
+    # ``activation_matching(model, spec, a, b, inputs, *, statistic, spaces, progress)``
+    return _match(model, spec, params_a, params_b, inputs, **options)
+
+
+@register_aligner(
+    "activation_matching",
+    paper=GIT_REBASIN + " (Sec. 3.1); Li et al., 2015, Convergent Learning, "
+    "https://arxiv.org/abs/1511.07543",
+    config=ActivationMatchingConfig,
+    needs_model=True,
+    needs_data=True,
+)
+@legacy_call(module_first, _old_form)
+def activation_matching(
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    config: ActivationMatchingConfig | None = None,
+    *,
+    model: nn.Module | None = None,
+    data: Dataset | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    device: str | torch.device | None = None,
+    spaces: Sequence[str] | None = None,
+) -> AlignmentResult:
+    """Activation matching: align ``params_b`` to ``params_a`` by their activations.
+
+    Args:
+        spec: the spec of ``model`` (every solved space needs probes).
+        params_a, params_b: reference and model to align; unchanged.
+        config: statistic and how much training data to stream.
+        model: the module both parameter sets run through (required).
+        data: its first ``config.batches`` training batches are streamed (required).
+        seed: unused (the batches are the first ones, in order).
+        progress: progress bar over batches.
+        device: where the passes and statistics run (default CPU).
+        spaces: solve only these spaces; default all.
+    """
+    config = config or ActivationMatchingConfig()
+    if model is None or data is None:
+        raise ValueError("activation matching needs model=... and data=...")
+    inputs = (
+        x for x, _ in batches(data.x_train, data.y_train, config.batch_size, limit=config.batches)
+    )
+    return _match(
+        model,
+        spec,
+        params_a,
+        params_b,
+        inputs,
+        statistic=config.statistic,
+        spaces=spaces,
+        progress=progress,
+        device=device,
     )
 
 
@@ -221,6 +318,8 @@ def orthogonal_activation_matching(
 ) -> Transform:
     """Activation matching with each space's natural statistic, e.g. RMSNorm transformers.
 
+    Kept for existing callers; new code calls :func:`activation_matching` with
+    ``ActivationMatchingConfig(statistic="natural")`` and gets an ``AlignmentResult``.
     Orthogonal spaces (a residual stream) get the map maximising ``tr(O^T C)`` for the
     cross-covariance ``C`` of the two models' activations (Pearson normalisation is not
     orthogonally equivariant); every other space (heads, MLP units) is permuted by
@@ -229,8 +328,6 @@ def orthogonal_activation_matching(
     Returns:
         The transform aligning ``params_b`` to ``params_a``.
     """
-    if not any(isinstance(s.group, Orthogonal) for s in spec):
+    if not any(s.group.natural_statistic == "covariance" for s in spec):
         raise ValueError("orthogonal activation matching needs an Orthogonal space")
-    return activation_matching(
-        model, spec, params_a, params_b, inputs, statistic="natural"
-    ).transform
+    return _match(model, spec, params_a, params_b, inputs, statistic="natural").transform

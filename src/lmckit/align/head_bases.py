@@ -11,28 +11,41 @@ whose projections sit in unrelated bases average to a head that computes neither
 :func:`match_head_bases` solves, per head, the two Procrustes problems
 ``max_R <[Q_a|K_a], R [Q_b|K_b]>`` and ``max_S <V_a, S V_b> + <O_a, O_b S^T>`` on the
 bias-augmented projections; :func:`apply_head_bases` applies them, and
-:func:`align_head_bases` does both. Use them after a transform has matched heads and the
+:func:`head_bases_matching` is the aligner (registered as ``head_bases``): its result's
+``apply`` rotates the bases. Use it after a transform has matched heads and the
 residual stream (``params_b`` already aligned), e.g.
 
-    moved = apply(spec, params_b, weight_matching(spec, params_a, params_b).transform)
-    moved = align_head_bases(spec, params_a, moved)
+    moved = weight_matching(spec, params_a, params_b).apply(params_b)
+    moved = head_bases_matching(spec, params_a, moved).apply(moved)
 
 The result computes the same function as ``params_b`` (tested to 1e-5).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lmckit.align.circuits import projection
+from lmckit.align.registry import register_aligner
+from lmckit.align.result import AlignmentResult, SpaceDiagnostics
+from lmckit.align.width import GENERALIZED_LMC
+from lmckit.data import Dataset
 from lmckit.params import Params, check_compatible
-from lmckit.symmetry import CircuitPart, HeadPermutation, Space, SymmetrySpec
+from lmckit.symmetry import CircuitPart, HeadPermutation, Space, SymmetrySpec, Transform
 
-__all__ = ["HeadBases", "align_head_bases", "apply_head_bases", "match_head_bases"]
+__all__ = [
+    "HeadBases",
+    "HeadBasesResult",
+    "align_head_bases",
+    "apply_head_bases",
+    "head_bases_matching",
+    "match_head_bases",
+]
 
 
 @dataclass(frozen=True)
@@ -62,17 +75,16 @@ def _output_columns(params: Mapping[str, Tensor], param: str, heads: int) -> Ten
     return o.reshape(o.shape[0], heads, -1).permute(1, 0, 2)
 
 
-def match_head_bases(spec: SymmetrySpec, params_a: Params, params_b: Params) -> HeadBases:
-    """Orthogonal within-head maps taking ``params_b``'s heads onto ``params_a``'s.
-
-    ``params_b`` must already have its heads (and residual stream) aligned to
-    ``params_a``: head ``h`` of one is compared with head ``h`` of the other.
-    """
+def _cross_products(
+    spec: SymmetrySpec, params_a: Params, params_b: Params
+) -> dict[str, tuple[Tensor, Tensor]]:
+    """Per head space, the ``(heads, head_dim, head_dim)`` QK and OV cross-products of
+    A's heads against B's (whose polar factors are the best within-head maps)."""
     check_compatible(params_a, params_b)
     spaces = _head_spaces(spec)
     if not spaces:
         raise ValueError("the spec has no attention head spaces with circuits")
-    maps = {}
+    out = {}
     for space, group in spaces:
         c = space.circuits
         assert c is not None
@@ -81,11 +93,21 @@ def match_head_bases(spec: SymmetrySpec, params_a: Params, params_b: Params) -> 
         k = [projection(p, c.key, c.key_bias, h) for p in (params_a, params_b)]
         v = [projection(p, c.value, c.value_bias, h) for p in (params_a, params_b)]
         o = [_output_columns(p, c.output, h) for p in (params_a, params_b)]
-        # (h, hd, hd) cross-products: rows of A's head against rows of B's
+        # rows of A's head against rows of B's
         qk = q[0] @ q[1].transpose(1, 2) + k[0] @ k[1].transpose(1, 2)
         ov = v[0] @ v[1].transpose(1, 2) + o[0].transpose(1, 2) @ o[1]
-        maps[space.name] = (_polar(qk), _polar(ov))
-    return HeadBases(maps)
+        out[space.name] = (qk, ov)
+    return out
+
+
+def match_head_bases(spec: SymmetrySpec, params_a: Params, params_b: Params) -> HeadBases:
+    """Orthogonal within-head maps taking ``params_b``'s heads onto ``params_a``'s.
+
+    ``params_b`` must already have its heads (and residual stream) aligned to
+    ``params_a``: head ``h`` of one is compared with head ``h`` of the other.
+    """
+    crosses = _cross_products(spec, params_a, params_b)
+    return HeadBases({name: (_polar(qk), _polar(ov)) for name, (qk, ov) in crosses.items()})
 
 
 def _rotate_rows(
@@ -129,5 +151,64 @@ def apply_head_bases(spec: SymmetrySpec, params: Params, bases: HeadBases) -> Pa
 
 
 def align_head_bases(spec: SymmetrySpec, params_a: Params, params_b: Params) -> Params:
-    """``params_b`` with its heads' bases matched to ``params_a``'s (same function)."""
+    """``params_b`` with its heads' bases matched to ``params_a``'s (same function).
+
+    Kept for existing callers; new code uses :func:`head_bases_matching`.
+    """
     return apply_head_bases(spec, params_b, match_head_bases(spec, params_a, params_b))
+
+
+@dataclass(frozen=True)
+class HeadBasesResult(AlignmentResult):
+    """An identity ``transform`` plus the within-head maps, which no spec space holds;
+    :meth:`apply` rotates them into a parameter set."""
+
+    bases: HeadBases = field(default_factory=lambda: HeadBases({}))
+
+    def apply(self, params: Params) -> Params:
+        return apply_head_bases(self.transform.spec, params, self.bases)
+
+
+def _traces(maps: tuple[Tensor, Tensor], cross: tuple[Tensor, Tensor]) -> float:
+    """``sum_h <R_h, X_h>`` over the QK and OV maps and their cross-products."""
+    return sum(float((r.double() * x.double()).sum()) for r, x in zip(maps, cross, strict=True))
+
+
+@register_aligner("head_bases", paper=GENERALIZED_LMC)
+def head_bases_matching(
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    config: None = None,
+    *,
+    model: nn.Module | None = None,
+    data: Dataset | None = None,
+    seed: int = 0,
+    progress: bool = False,
+    device: str | torch.device | None = None,
+) -> HeadBasesResult:
+    """Head bases: orthogonal maps aligning the bases inside already matched heads.
+
+    Data-free and exact (the function of ``params_b`` is unchanged); ``params_b`` must
+    already have its heads matched to ``params_a``'s (e.g. by weight matching).
+    ``spaces`` report, per head space, ``sum_h <R_h, X_h>`` over the QK and OV
+    cross-products ``X_h`` at the identity and at the solution. ``config``, ``model``,
+    ``data``, ``seed``, ``progress`` and ``device`` are accepted for the common aligner
+    signature and unused.
+    """
+    start = time.perf_counter()
+    bases = match_head_bases(spec, params_a, params_b)
+    crosses = _cross_products(spec, params_a, params_b)
+    diagnostics = {
+        name: SpaceDiagnostics(
+            _traces(tuple(torch.eye(x.shape[-1]).expand_as(x) for x in cross), cross),
+            _traces(bases.maps[name], cross),
+        )
+        for name, cross in crosses.items()
+    }
+    return HeadBasesResult(
+        transform=Transform.identity(spec),
+        spaces=diagnostics,
+        seconds=time.perf_counter() - start,
+        bases=bases,
+    )

@@ -13,10 +13,11 @@ Sinkhorn soft permutations ``sinkhorn(S / temperature)`` during training and pro
 to the nearest permutation at the end.
 
 Each step draws ``lambda ~ U(low, high)`` and minimises the training loss of
-``(1 - lambda) theta_a + lambda T(theta_b)`` with AdamW on the ``S``. The transform
+``(1 - lambda) theta_a + lambda T(theta_b)`` with AdamW on the ``S``; the loss is an
+argument (default: cross-entropy of logits against labels or next tokens). The transform
 is applied to B *differentiably*: every use of a space is contracted with the dense
-matrix (writers, readers and elementwise parameters alike: for permutations and
-orthogonal maps the reader matrix ``T^{-T}`` equals ``T``). Early stopping watches the
+matrix (:mod:`lmckit.align.dense`; writers, readers and elementwise parameters alike:
+for the groups it accepts the reader matrix ``T^{-T}`` equals ``T``). Early stopping watches the
 loss of the midpoint ``lambda = 1/2`` with the *hard* transform on a validation split;
 the best hard transform seen (including the initial one) is returned.
 
@@ -30,11 +31,10 @@ throughout (no dropout), so the objective is deterministic given the batches.
 from __future__ import annotations
 
 import copy
-import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -42,33 +42,31 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
+from lmckit.align._compat import legacy_call, module_first
+from lmckit.align.dense import apply_dense, straight_through
+from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.solvers import objective, solve
-from lmckit.align.weight import space_similarity, weight_matching
+from lmckit.align.weight import GIT_REBASIN, space_objective, weight_matching
+from lmckit.align.width import GENERALIZED_LMC
 from lmckit.data import Dataset, batches
+from lmckit.groups import sinkhorn
 from lmckit.merge import has_batchnorm, reset_batchnorm
 from lmckit.params import Params, check_compatible, check_finite, interpolate
-from lmckit.symmetry import (
-    Group,
-    HeadPermutation,
-    Orthogonal,
-    Permutation,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply,
-)
+from lmckit.symmetry import SymmetrySpec, Transform, apply
 
 __all__ = [
     "LearnedMatchingConfig",
+    "Loss",
     "apply_dense",
+    "cross_entropy",
     "learned_matching",
     "sinkhorn",
     "validation_split",
 ]
 
 PermutationMode = Literal["straight_through", "sinkhorn"]
-_LEARNABLE = (Permutation, HeadPermutation, Orthogonal)
+#: ``loss(outputs, targets)``: a scalar to minimise, differentiable in ``outputs``.
+Loss = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -133,20 +131,6 @@ class LearnedMatchingConfig:
             raise ValueError(f"val_fraction must lie in (0, 1) and val_batches >= 1 in {self}")
 
 
-def sinkhorn(logits: Tensor, iters: int) -> Tensor:
-    """Doubly stochastic matrix from ``(n, n)`` logits by log-domain Sinkhorn.
-
-    Alternately normalises rows and columns of ``exp(logits)`` ``iters`` times.
-    """
-    if logits.ndim != 2 or logits.shape[0] != logits.shape[1]:
-        raise ValueError(f"sinkhorn needs square logits, got shape {tuple(logits.shape)}")
-    log_p = logits
-    for _ in range(iters):
-        log_p = log_p - torch.logsumexp(log_p, dim=1, keepdim=True)
-        log_p = log_p - torch.logsumexp(log_p, dim=0, keepdim=True)
-    return log_p.exp()
-
-
 def validation_split(
     data: Dataset, fraction: float
 ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
@@ -165,68 +149,12 @@ def validation_split(
     return (data.x_train[:cut], data.y_train[:cut]), (data.x_train[cut:], data.y_train[cut:])
 
 
-# --------------------------------------------------------------------------- dense apply
-
-
-def _contract(x: Tensor, use: Use, mat: Tensor, n: int) -> Tensor:
-    """Contract the use's axis of ``x`` (laid out ``(outer, n, inner)``) with ``mat`` (m, n)."""
-    axis = use.axis % x.ndim
-    moved = x.movedim(axis, 0)
-    rest = moved.shape[1:]
-    blocked = moved.reshape(use.outer, n, use.inner * math.prod(rest))
-    out = torch.einsum("mn,onk->omk", mat.to(x.dtype), blocked)
-    return out.reshape(use.outer * mat.shape[0] * use.inner, *rest).movedim(0, axis)
-
-
-def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tensor]) -> Params:
-    """Params with each space's dense ``(m, n)`` matrix applied along all its uses.
-
-    Differentiable in ``matrices``. Every role is contracted with the matrix itself,
-    which is exact for permutations and orthogonal maps (``T^{-T} = T``; elementwise
-    parameters of a permutation move as ``P v``). Spaces not in ``matrices`` are left
-    alone; integer tensors pass through.
-    """
-    unknown = set(matrices) - set(spec.names)
-    if unknown:
-        raise KeyError(f"matrices name unknown spaces {sorted(unknown)}")
-    out: Params = {}
-    for name, value in params.items():
-        if not value.is_floating_point():
-            out[name] = value
-            continue
-        for space, use in spec.uses_of(name):
-            if space.name in matrices:
-                value = _contract(value, use, matrices[space.name], space.n)
-        out[name] = value
-    return out
-
-
 # --------------------------------------------------------------------------- learning
 
 
-def _initial_matrix(group: Group, element: object) -> Tensor:
-    return group.matrix(element).float()
-
-
-def _project(group: Group, cont: Tensor) -> object:
-    """Nearest group element to the continuous matrix: ``argmax_T <T, S>``.
-
-    The solvers are SciPy/NumPy: ``S`` is copied to the CPU, and the element lives there.
-    """
-    return solve(group, cont.detach().float().cpu())
-
-
-def _forward_matrix(group: Group, cont: Tensor, config: LearnedMatchingConfig) -> Tensor:
-    # Sinkhorn relaxes plain permutations only: a soft matrix over a head space or a
-    # block-structured (GroupNorm) space would mix units across heads or groups
-    if config.permutations == "sinkhorn" and isinstance(group, Permutation) and group.blocks == 1:
-        return sinkhorn(cont / config.temperature, config.sinkhorn_iters)
-    hard = group.matrix(_project(group, cont)).to(cont)
-    # straight-through: the value is the hard element, the gradient goes to S as is
-    return cont + (hard - cont).detach()
-
-
-def _cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
+    """The default loss: mean cross-entropy of ``(batch, classes)`` logits against labels,
+    or of ``(batch, time, vocab)`` logits against next tokens ``(batch, time)``."""
     if logits.ndim == 3:  # language models: (batch, time, vocab) against (batch, time)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
     return F.cross_entropy(logits, y)
@@ -242,6 +170,7 @@ def _midpoint_loss(
     train_x: Tensor,
     config: LearnedMatchingConfig,
     device: torch.device,
+    loss: Loss,
 ) -> float:
     # the transform's elements live on the CPU (the solvers' side): apply there, then move
     mid = _to(interpolate(a, apply(spec, b, transform), 0.5), device)
@@ -259,7 +188,7 @@ def _midpoint_loss(
             # training-sized batches: a language model's logits are (batch, time, vocab)
             for x, y in batches(val[0], val[1], config.batch_size, limit=config.val_batches):
                 x, y = x.to(device), y.to(device)
-                total += float(_cross_entropy(functional_call(model, mid, (x,)), y)) * len(x)
+                total += float(loss(functional_call(model, mid, (x,)), y)) * len(x)
                 count += len(x)
     finally:
         model.train(was_training)
@@ -270,47 +199,77 @@ def _to(params: Params, device: torch.device) -> Params:
     return {k: v.to(device) for k, v in params.items()}
 
 
-def learned_matching(
+def _old_form(
+    new: Callable[..., AlignmentResult],
     model: nn.Module,
     spec: SymmetrySpec,
     params_a: Params,
     params_b: Params,
     data: Dataset,
     config: LearnedMatchingConfig | None = None,
+    **options: Any,
+) -> AlignmentResult:
+    # ``learned_matching(model, spec, a, b, data, config, **options)``
+    return new(spec, params_a, params_b, config, model=model, data=data, **options)
+
+
+@register_aligner(
+    "learned_matching",
+    paper=GIT_REBASIN + " (Sec. 3.3); " + GENERALIZED_LMC,
+    config=LearnedMatchingConfig,
+    needs_model=True,
+    needs_data=True,
+)
+@legacy_call(module_first, _old_form)
+def learned_matching(
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    config: LearnedMatchingConfig | None = None,
     *,
-    init: Transform | None = None,
-    spaces: Sequence[str] | None = None,
+    model: nn.Module | None = None,
+    data: Dataset | None = None,
     seed: int = 0,
     progress: bool = False,
     device: str | torch.device | None = None,
+    init: Transform | None = None,
+    spaces: Sequence[str] | None = None,
     row_masks: Mapping[str, Tensor] | None = None,
+    loss: Loss = cross_entropy,
 ) -> AlignmentResult:
-    """Align ``params_b`` to ``params_a`` by learning the transform on ``data``.
+    """Learned matching: learn the transform for the loss of the merged model.
 
     Args:
-        model: the module both parameter sets run through.
-        spec: its symmetry spec; solved spaces must have permutation, head-permutation
-            or (square) orthogonal groups.
+        spec: the spec of ``model``; solved spaces need a group whose readers move by
+            the element itself (:attr:`lmckit.groups.Group.self_dual`: permutations,
+            head and padded permutations, orthogonal maps), at equal widths.
         params_a, params_b: reference and model to align; unchanged.
-        data: training split for the steps; validation split (or a held-out slice of
-            training) for early stopping.
         config: steps, optimiser, lambda range, relaxation, early stopping.
-        init: starting transform; with ``config.weight_matching_init`` weight matching
-            starts from it (default identity).
-        spaces: learn only these spaces (the others stay at the start transform).
+        model: the module both parameter sets run through (required; not moved: a
+            copy runs on ``device``).
+        data: training split for the steps; validation split (or a held-out slice of
+            training) for early stopping (required).
         seed: batch order, lambda draws and weight matching's sweep order.
         progress: progress bar over steps.
         device: where the forward and backward passes run (default CPU). The
             projections onto the groups run on the CPU either way; the inputs and the
-            returned transform stay on the CPU, and ``model`` is not moved (a copy is).
+            returned transform stay on the CPU.
+        init: starting transform; with ``config.weight_matching_init`` weight matching
+            starts from it (default identity).
+        spaces: learn only these spaces (the others stay at the start transform).
         row_masks: passed to the weight-matching initialisation (rows left out of its
             similarities, e.g. embedding rows of tokens never seen in training).
+        loss: ``loss(outputs, targets)`` minimised at the interpolated model and
+            watched on validation (default :func:`cross_entropy`), e.g.
+            ``torch.nn.functional.mse_loss`` for regression.
 
     Returns:
         An :class:`AlignmentResult` with the best hard transform on validation;
         ``history`` holds the validation midpoint losses, ``iterations`` the steps run.
     """
     config = config or LearnedMatchingConfig()
+    if model is None or data is None:
+        raise ValueError("learned matching needs model=... and data=...")
     check_compatible(params_a, params_b)
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
@@ -320,10 +279,11 @@ def learned_matching(
         raise ValueError("learned matching needs at least one space to learn")
     for name in names:
         group = spec[name].group
-        if not isinstance(group, _LEARNABLE):
+        if not group.self_dual:
             raise ValueError(
-                f"learned matching cannot learn space {name!r} with group "
-                f"{type(group).__name__}; pass spaces=... to leave it out"
+                f"learned matching cannot learn space {name!r} with group {group.name} "
+                "(its readers do not move by the element itself); pass spaces=... to "
+                "leave it out"
             )
     start = time.perf_counter()
     device = torch.device(device or "cpu")
@@ -337,7 +297,7 @@ def learned_matching(
     fixed = base.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
     b = _to(apply(spec, {k: v.detach() for k, v in params_b.items()}, fixed), device)
     conts = {
-        n: torch.nn.Parameter(_initial_matrix(spec[n].group, base[n]).to(device, copy=True))
+        n: torch.nn.Parameter(spec[n].group.matrix(base[n]).float().to(device, copy=True))
         for n in names
     }
     opt = torch.optim.AdamW(conts.values(), lr=config.lr, weight_decay=config.weight_decay)
@@ -348,12 +308,18 @@ def learned_matching(
     # buffers outside ``params`` (masks, say) must be on the device too
     if device.type != "cpu":
         model = copy.deepcopy(model).to(device)
+    relax = config.permutations == "sinkhorn"
 
     def hard_transform() -> Transform:
-        return base.replace(**{n: _project(spec[n].group, conts[n]) for n in names})
+        return base.replace(**{n: spec[n].group.project(conts[n].detach().cpu()) for n in names})
+
+    def midpoint(transform: Transform) -> float:
+        return _midpoint_loss(
+            model, spec, params_a, params_b, transform, val, train_x, config, device, loss
+        )
 
     best = base
-    best_loss = _midpoint_loss(model, spec, params_a, params_b, best, val, train_x, config, device)
+    best_loss = midpoint(best)
     history = [best_loss]
     stale = 0
     step = 0
@@ -370,7 +336,16 @@ def learned_matching(
                 lam = config.lam_low + (config.lam_high - config.lam_low) * float(
                     torch.rand((), generator=generator)
                 )
-                mats = {n: _forward_matrix(spec[n].group, conts[n], config) for n in names}
+                mats = {
+                    n: straight_through(
+                        spec[n].group,
+                        conts[n],
+                        relax=relax,
+                        temperature=config.temperature,
+                        iters=config.sinkhorn_iters,
+                    )
+                    for n in names
+                }
                 moved = apply_dense(spec, b, mats)
                 theta = {}
                 for k, va in a.items():
@@ -382,24 +357,22 @@ def learned_matching(
                         theta[k] = ((1 - lam) * va + lam * moved[k]).detach().clone()
                     else:
                         theta[k] = (1 - lam) * va + lam * moved[k]
-                loss = _cross_entropy(functional_call(model, theta, (xb,)), yb)
-                if not torch.isfinite(loss):
+                value = loss(functional_call(model, theta, (xb,)), yb)
+                if not torch.isfinite(value):
                     raise FloatingPointError(f"learned matching diverged at step {step}")
                 opt.zero_grad(set_to_none=True)
-                loss.backward()
+                value.backward()
                 opt.step()
                 step += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss.item():.4f}", best=f"{best_loss:.4f}")
+                bar.set_postfix(loss=f"{value.item():.4f}", best=f"{best_loss:.4f}")
                 out_of_time = (
                     config.max_seconds is not None
                     and time.perf_counter() - start > config.max_seconds
                 )
                 if step % config.eval_every == 0 or step == config.steps or out_of_time:
                     candidate = hard_transform()
-                    val_loss = _midpoint_loss(
-                        model, spec, params_a, params_b, candidate, val, train_x, config, device
-                    )
+                    val_loss = midpoint(candidate)
                     history.append(val_loss)
                     if val_loss < best_loss:
                         best, best_loss, stale = candidate, val_loss, 0
@@ -415,15 +388,14 @@ def learned_matching(
 
     ref = {k: v.float() for k, v in params_a.items() if v.is_floating_point()}
     other = {k: v.float() for k, v in params_b.items() if v.is_floating_point()}
-    diagnostics = {}
-    for name in names:
-        space = spec[name]
-        sim0, _ = space_similarity(spec, space, ref, other, Transform.identity(spec))
-        sim1, _ = space_similarity(spec, space, ref, other, best)
-        diagnostics[name] = SpaceDiagnostics(
-            objective(space.group, space.group.identity(space.n), sim0),
-            objective(space.group, best[name], sim1),
+    identity = Transform.identity(spec)
+    diagnostics = {
+        name: SpaceDiagnostics(
+            space_objective(spec, spec[name], ref, other, identity),
+            space_objective(spec, spec[name], ref, other, best),
         )
+        for name in names
+    }
     return AlignmentResult(
         transform=best,
         spaces=diagnostics,

@@ -13,23 +13,42 @@ Because every model has a single map into the universe, the pairwise maps
 ``T_{i->j} = T_j^{-1} T_i`` are cycle-consistent by construction:
 ``T_{j->k} T_{i->j} = T_{i->k}``. The result is expressed in model 0's frame
 (``T_0 = I``): ``T_k <- T_0^{-1} T_k`` for every ``k``.
+
+As an aligner it follows the common signature: ``params_a`` is model 0, ``params_b``
+model 1, ``others`` any further models; the result's ``transform`` aligns model 1 to
+model 0 and ``transforms`` holds every ``T_k``.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from lmckit.align.weight import WeightMatchingConfig, weight_matching
+from lmckit.align._compat import legacy_call, models_list
+from lmckit.align.registry import register_aligner
+from lmckit.align.result import AlignmentResult, SpaceDiagnostics
+from lmckit.align.weight import (
+    GIT_REBASIN,
+    WeightMatchingConfig,
+    space_objective,
+    weight_matching,
+)
+from lmckit.data import Dataset
 from lmckit.params import Params, check_compatible, check_finite, weighted_average
 from lmckit.symmetry import SymmetrySpec, Transform, apply
 
 __all__ = ["UniverseConfig", "UniverseResult", "universe_matching"]
+
+C2M3 = (
+    "Crisostomi, Fumero, Baieri, Bernard, Rodola, 2024, C2M3: Cycle-Consistent "
+    "Multi-Model Merging, https://arxiv.org/abs/2405.17897"
+)
 
 
 @dataclass(frozen=True)
@@ -50,24 +69,18 @@ class UniverseConfig:
 
 
 @dataclass(frozen=True)
-class UniverseResult:
-    """Per-model transforms into one frame (model 0's: ``transforms[0]`` is the identity).
+class UniverseResult(AlignmentResult):
+    """An :class:`AlignmentResult` (``transform`` aligns model 1 to model 0) plus the
+    per-model transforms into one frame, model 0's (``transforms[0]`` is the identity).
 
     Attributes:
         transforms: ``T_k``; ``apply(spec, models[k], transforms[k])`` is model ``k`` in
             the common frame.
-        iterations: sweeps over the models.
-        converged: whether a sweep changed no transform.
-        seconds: wall time.
         history: the objective (sum of pairwise inner products in the universe) after
             each sweep.
     """
 
-    transforms: list[Transform]
-    iterations: int
-    converged: bool
-    seconds: float
-    history: list[float]
+    transforms: tuple[Transform, ...] = ()
 
     def pairwise(self, i: int, j: int) -> Transform:
         """``T_j^{-1} T_i``: aligns model ``i`` to model ``j``'s frame."""
@@ -91,38 +104,59 @@ def _pairwise_objective(models: Sequence[Params]) -> float:
 
 
 def _same(spec: SymmetrySpec, x: Transform, y: Transform) -> bool:
-    return all(
-        torch.allclose(s.group.matrix(x[s.name]), s.group.matrix(y[s.name]), atol=1e-6)
-        for s in spec
-    )
+    return all(s.group.close(x[s.name], y[s.name]) for s in spec)
 
 
-def universe_matching(
+def _old_form(
+    new: Callable[..., UniverseResult],
     spec: SymmetrySpec,
     models: Sequence[Params],
     config: UniverseConfig | None = None,
+    **options: Any,
+) -> UniverseResult:
+    # ``universe_matching(spec, models, config, **options)``
+    if len(models) < 2:
+        raise ValueError(f"universe matching needs at least 2 models, got {len(models)}")
+    return new(spec, models[0], models[1], config, others=tuple(models[2:]), **options)
+
+
+@register_aligner(
+    "universe_matching", paper=GIT_REBASIN + " (App. A.9); " + C2M3, config=UniverseConfig
+)
+@legacy_call(models_list, _old_form)
+def universe_matching(
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    config: UniverseConfig | None = None,
     *,
+    model: nn.Module | None = None,
+    data: Dataset | None = None,
     seed: int = 0,
     progress: bool = False,
+    device: str | torch.device | None = None,
+    others: Sequence[Params] = (),
     row_masks: Mapping[str, Tensor] | None = None,
     row_weights: Mapping[str, Tensor] | None = None,
 ) -> UniverseResult:
-    """Align ``K >= 2`` models of one architecture into a common frame.
+    """Universe matching: align ``K >= 2`` models of one architecture into one frame.
 
     Args:
         spec: symmetry spec of the architecture.
-        models: parameter sets of the same shapes (so every element is square and
-            invertible); unchanged.
+        params_a, params_b: models 0 and 1; unchanged.
         config: sweeps and the inner weight-matching settings.
+        model, data: unused (data-free); accepted for the common aligner signature.
         seed: model order per sweep and weight matching's space order.
         progress: progress bar over sweeps.
+        device: where weight matching's similarities are computed (default CPU).
+        others: models 2, 3, ... (same shapes, so every element is square and
+            invertible); unchanged.
         row_masks: rows left out of every similarity, as in :func:`weight_matching`
             (e.g. embedding rows of tokens absent from the training data).
         row_weights: rows weighted in every similarity, as in :func:`weight_matching`.
     """
     config = config or UniverseConfig()
-    if len(models) < 2:
-        raise ValueError(f"universe matching needs at least 2 models, got {len(models)}")
+    models = [params_a, params_b, *others]
     for k, params in enumerate(models):
         check_compatible(models[0], params)
         spec.validate(params)
@@ -154,6 +188,7 @@ def universe_matching(
                     config.inner,
                     init=transforms[k],
                     seed=int(torch.randint(0, 2**31 - 1, (), generator=generator)),
+                    device=device,
                     row_masks=row_masks,
                     row_weights=row_weights,
                 )
@@ -171,10 +206,20 @@ def universe_matching(
     # gauge: express the universe in model 0's frame
     to_first = transforms[0].inverse()
     transforms = [to_first.compose(t) for t in transforms]
+    identity = Transform.identity(spec)
+    diagnostics = {  # of the pair (model 0, model 1)
+        s.name: SpaceDiagnostics(
+            space_objective(spec, s, floats[0], floats[1], identity),
+            space_objective(spec, s, floats[0], floats[1], transforms[1]),
+        )
+        for s in spec
+    }
     return UniverseResult(
-        transforms=transforms,
+        transform=transforms[1],
+        spaces=diagnostics,
         iterations=sweeps,
         converged=converged,
         seconds=time.perf_counter() - start,
         history=history,
+        transforms=tuple(transforms),
     )

@@ -116,10 +116,10 @@ class Group(abc.ABC, Generic[E]):
         return torch.einsum("mn,onk->omk", mat.to(device=x.device, dtype=x.dtype), x)
 
     def close(self, first: E, second: E, *, atol: float = 1e-6) -> bool:
-        """Whether two elements are the same map (entries within ``atol``)."""
+        """Whether two elements are the same map (``torch.allclose`` of their matrices)."""
         if self.dims(first) != self.dims(second):
             return False
-        return bool(torch.allclose(self.matrix(first), self.matrix(second), rtol=0, atol=atol))
+        return bool(torch.allclose(self.matrix(first), self.matrix(second), atol=atol))
 
     def with_options(self, **options: object) -> Group[E]:
         """A copy with those of ``options`` that are fields of this group set.

@@ -1,0 +1,66 @@
+"""Transforms as dense matrices, applied differentiably (for learned matching).
+
+Learned matching holds a continuous ``(m, n)`` matrix per space and needs the
+aligned model as a differentiable function of it. :func:`apply_dense` contracts every
+use of a space with the matrix itself, which is exact for the groups whose readers
+move by ``T`` too (:attr:`lmckit.groups.Group.self_dual`: permutations, head and
+padded permutations, orthogonal maps; elementwise parameters of a permutation move as
+``P v``). :func:`straight_through` turns a continuous matrix into the group element
+it stands for, keeping the gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+from lmckit.groups import Group
+from lmckit.params import Params
+from lmckit.symmetry import SymmetrySpec, act_on_axis
+
+__all__ = ["apply_dense", "straight_through"]
+
+
+def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tensor]) -> Params:
+    """Params with each space's dense ``(m, n)`` matrix applied along all its uses.
+
+    Differentiable in ``matrices``. Spaces not in ``matrices`` are left alone; integer
+    tensors pass through.
+    """
+    unknown = set(matrices) - set(spec.names)
+    if unknown:
+        raise KeyError(f"matrices name unknown spaces {sorted(unknown)}")
+    out: Params = {}
+    for name, value in params.items():
+        if not value.is_floating_point():
+            out[name] = value
+            continue
+        for space, use in spec.uses_of(name):
+            if space.name in matrices:
+                mat = matrices[space.name].to(value.dtype)
+                value = act_on_axis(
+                    value, use, space.n, lambda x, m=mat: torch.einsum("mn,onk->omk", m, x)
+                )
+        out[name] = value
+    return out
+
+
+def straight_through(
+    group: Group, cont: Tensor, *, relax: bool = False, temperature: float = 1.0, iters: int = 20
+) -> Tensor:
+    """The matrix of the element ``cont`` stands for, with ``cont``'s gradient.
+
+    With ``relax`` and a group that has a relaxation (:meth:`Group.soft_matrix`:
+    Sinkhorn for plain permutations), the soft matrix itself; otherwise the hard
+    projection ``P`` (:meth:`Group.project`, computed on the CPU) used as
+    ``cont + (P - cont).detach()``: the value is ``P``, the gradient goes to ``cont``
+    unchanged.
+    """
+    if relax:
+        soft = group.soft_matrix(cont, temperature=temperature, iters=iters)
+        if soft is not None:
+            return soft
+    hard = group.matrix(group.project(cont.detach().cpu())).to(cont)
+    return cont + (hard - cont).detach()
