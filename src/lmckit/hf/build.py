@@ -63,9 +63,11 @@ def quiet(transformers: ModuleType) -> Iterator[None]:
             logging.enable_progress_bar()
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    """An exception's message on one line (transformers' validators span several)."""
+    text = " ".join(line.strip() for line in str(err).splitlines() if line.strip())
+    text = text or type(err).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def make_config(raw: Mapping[str, Any], where: str | os.PathLike[str]) -> Any:
@@ -85,8 +87,8 @@ def make_config(raw: Mapping[str, Any], where: str | os.PathLike[str]) -> Any:
     try:
         with quiet(transformers):
             return config_class.from_dict(dict(raw))
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
-        raise HFError(f"{where}: invalid {model_type} config: {_first_line(err)}") from None
+    except Exception as err:  # config classes validate with many exception types
+        raise HFError(f"{where}: invalid {model_type} config: {_one_line(err)}") from None
 
 
 def model_class(raw: Mapping[str, Any], config: Any, where: str | os.PathLike[str]) -> type:
@@ -166,10 +168,8 @@ def build_module(
                 # mismatches are reported below, one line, instead of a bare RuntimeError
                 ignore_mismatched_sizes=True,
             )
-        except (ValueError, TypeError, RuntimeError, KeyError, AttributeError) as err:
-            raise HFError(
-                f"{where}: transformers cannot build {name}: {_first_line(err)}"
-            ) from None
+        except Exception as err:  # whatever the model's __init__ raises on this config
+            raise HFError(f"{where}: transformers cannot build {name}: {_one_line(err)}") from None
     if info["mismatched_keys"]:
         key, got, expected = sorted(info["mismatched_keys"], key=lambda m: str(m[0]))[0]
         raise HFError(
@@ -189,6 +189,9 @@ def build_module(
 def tied_keys(cls: type, config: Any) -> dict[str, str]:
     """``{target: source}`` of the weights a ``cls`` of ``config`` ties (meta device: no memory)."""
     transformers = import_transformers()
-    with quiet(transformers), torch.random.fork_rng(devices=[]), torch.device("meta"):
-        module = cls(config)
+    try:
+        with quiet(transformers), torch.random.fork_rng(devices=[]), torch.device("meta"):
+            module = cls(config)
+    except Exception as err:  # whatever the model's __init__ raises on this config
+        raise HFError(f"cannot build {cls.__name__}: {_one_line(err)}") from None
     return dict(module.all_tied_weights_keys)
