@@ -7,16 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-import torch
 
-from lmckit.data.text import tokenize_file
 from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
-from lmckit.experiments.gpt2_shakespeare import (
-    GPT2ShakespeareConfig,
-    paper_config,
-    quick_config,
-    shakespeare_tokens,
-)
+from lmckit.experiments.gpt2_shakespeare import GPT2ShakespeareConfig, paper_config, quick_config
 
 DATA_ROOT = Path(__file__).resolve().parents[3] / "shared" / "data"
 TEXT = DATA_ROOT / "tinyshakespeare" / "input.txt"
@@ -56,20 +49,6 @@ def test_paper_config_is_the_paper_setting() -> None:
 def test_config_rejects_bad_values(changes: dict) -> None:
     with pytest.raises(ValueError):
         GPT2ShakespeareConfig(**changes)
-
-
-@needs_text
-def test_token_slice_renumbers_without_changing_the_stream() -> None:
-    data = shakespeare_tokens(TEXT, TOKENIZER, block=16, tokens=2000)
-    ids, _ = tokenize_file(TEXT, TOKENIZER)
-    vocab = torch.unique(ids[:2000])
-    assert data.num_classes == len(vocab)
-    # block 0 of train is the first 16 tokens; targets are the inputs shifted by one
-    assert torch.equal(vocab[data.x_train[0]], ids[:16])
-    assert torch.equal(data.x_train[0, 1:], data.y_train[0, :-1])
-    assert len(data.split("val")[0]) > 0 and len(data.x_test) > 0
-    with pytest.raises(ValueError):
-        shakespeare_tokens(TEXT, TOKENIZER, block=16, tokens=0)
 
 
 def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:

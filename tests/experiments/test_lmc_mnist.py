@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+import lmckit
 from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
 
 # The checkout is <root>/main; the shared data sits beside it in <root>/shared/data.
@@ -50,10 +51,12 @@ def test_mnist_mlp_quick_barriers_and_checkpoint_reuse(tmp_path: Path) -> None:
     ends = {(round(r["loss"][0], 5), round(r["loss"][-1], 5)) for r in rows.values()}
     assert len(ends) == 1
     assert rows["weight_matching"]["meta"]["align_sweeps"] >= 1
-    # a rerun reloads the saved checkpoints instead of retraining: identical paths
-    assert (tmp_path / "checkpoints" / "mlp-seed0" / "model.safetensors").is_file()
+    # a rerun reloads the saved checkpoints (lmckit checkpoints) instead of retraining
+    (saved,) = tmp_path.glob("quick-*/models/mlp-seed0")
+    assert lmckit.load(saved).config.kwargs["hidden"] == [128, 128]
     again = _run("mnist-mlp", tmp_path)
     assert again["naive"]["loss"] == rows["naive"]["loss"]
+    assert "train mlp" not in json.loads((tmp_path / "results.json").read_text())["notes"]
 
 
 @needs_mnist

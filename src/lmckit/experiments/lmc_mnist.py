@@ -10,29 +10,29 @@
   REPAIR (there are no running statistics to reset).
 
 Data: ``ctx.data("mnist")`` read by :func:`lmckit.data.load_mnist` (with only the
-10k t10k images: first 8,000 train, last 2,000 test). Trained models are saved under
-``ctx.out_dir / "checkpoints"`` and reused by a rerun whose training setup is the same.
+10k t10k images: first 8,000 train, last 2,000 test). Trained models are cached by the
+runner (:mod:`lmckit.experiments.runner`) and reused by a rerun of the same setup.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmckit import checkpoint
 from lmckit.compare import EvalSettings, align_pair, compare_alignments, format_table, measure_path
 from lmckit.data import Dataset, batches, load_mnist
 from lmckit.evaluate import PathResult
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
+from lmckit.experiments.runner import Runner
+from lmckit.experiments.tables import path_row
 from lmckit.merge import has_batchnorm, reset_batchnorm
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.plot import plot_paths
 from lmckit.symmetry import apply
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig
 
 __all__ = ["ModelSetup", "RESNET_FULL", "RESNET_LN_FULL", "MLP_FULL", "trained_pair"]
 
@@ -57,15 +57,6 @@ class ModelSetup:
     test_size: int | None
     train: TrainConfig
     eval: EvalSettings
-
-    def describe(self) -> dict[str, Any]:
-        """The training setup as JSON: a checkpoint is reused only if this matches."""
-        return {
-            "model": self.model,
-            "model_kwargs": dict(self.model_kwargs),
-            "train_size": self.train_size,
-            "train": dataclasses.asdict(self.train),
-        }
 
 
 _MLP_KWARGS = {"in_features": 784, "out_features": 10}
@@ -140,58 +131,33 @@ def _load_data(ctx: ExperimentContext, setup: ModelSetup) -> Dataset:
     return data
 
 
-def _trained(
-    ctx: ExperimentContext, setup: ModelSetup, data: Dataset, seed: int
-) -> tuple[ZooModel, Params, bool]:
-    """Train (or reload) one model; returns ``(module, params, reloaded)``."""
-    model, init = create_model(setup.model, seed=seed, **setup.model_kwargs)
-    where = ctx.out_dir / "checkpoints" / f"{setup.model}-seed{seed}"
-    wanted = {
-        "setup": setup.describe(),
-        "seed": seed,
-        "data": data.name,
-        "batchnorm_recomputed": True,
-    }
-    if where.exists():
-        try:
-            if checkpoint.load_metadata(where) == wanted:
-                ctx.log(f"reusing {where}")
-                return model, checkpoint.load(where).params, True
-        except checkpoint.CheckpointError as err:
-            ctx.log(f"retraining: cannot reuse {where} ({err})")
-    ctx.log(f"training {model.config} seed {seed} on {len(data.x_train)} images")
-    params = train(model, init, data, setup.train, seed=seed, progress=ctx.progress)
-    if has_batchnorm(model):
-        # The running statistics lag the weights, badly so after a short run at a
-        # high learning rate (eval accuracy near chance in our runs): recompute them
-        # on the training set so that each endpoint is the model it was trained to be.
-        params = reset_batchnorm(
-            model, params, [x for x, _ in batches(data.x_train, data.y_train, 500)]
+def trained_pair(run: Runner, setup: ModelSetup, data: Dataset) -> tuple[ZooModel, Params, Params]:
+    """Models of seeds ``seed`` and ``seed + 1`` (trained, or reloaded from the run's cache).
+
+    BatchNorm statistics are recomputed on the training set after training: they lag the
+    weights, badly so after a short run at a high learning rate (eval accuracy near chance
+    in our runs), so each endpoint becomes the model it was trained to be.
+    """
+    trained = []
+    for seed in (run.ctx.seed, run.ctx.seed + 1):
+        module, params = run.train(
+            f"{setup.model}-seed{seed}",
+            lambda seed=seed: create_model(setup.model, seed=seed, **setup.model_kwargs),
+            data,
+            setup.train,
+            seed=seed,
         )
-    checkpoint.save(where, model, params, metadata=wanted)
-    return model, params, False
+        if has_batchnorm(module):
+            stats = [x for x, _ in batches(data.x_train, data.y_train, 500)]
+            params = reset_batchnorm(module, params, stats)
+        trained.append(params)
+    return module, trained[0], trained[1]  # type: ignore[return-value]
 
 
-def trained_pair(
-    ctx: ExperimentContext, setup: ModelSetup, data: Dataset
-) -> tuple[ZooModel, Params, Params, float]:
-    """Models of seeds ``ctx.seed`` and ``ctx.seed + 1``, and the training wall time (s)."""
-    start = time.perf_counter()
-    model, a, _ = _trained(ctx, setup, data, ctx.seed)
-    _, b, _ = _trained(ctx, setup, data, ctx.seed + 1)
-    return model, a, b, time.perf_counter() - start
-
-
-def _row(name: str, result: PathResult) -> dict[str, Any]:
-    """One JSON row: the path's name, its points, barriers, midpoints and meta."""
-    return {"path": name, **result.to_dict()}
-
-
-def _notes(setup: ModelSetup, data: Dataset, train_seconds: float) -> str:
+def _notes(setup: ModelSetup, data: Dataset) -> str:
     return (
         f"{setup.model} {setup.model_kwargs}; trained on {len(data.x_train)} images, "
-        f"tested on {len(data.x_test)}; {setup.train}; training wall time "
-        f"{train_seconds:.0f} s (0 when reloaded)"
+        f"tested on {len(data.x_test)}; {setup.train}"
     )
 
 
@@ -199,8 +165,9 @@ def _notes(setup: ModelSetup, data: Dataset, train_seconds: float) -> str:
 def mnist_mlp(ctx: ExperimentContext) -> ExperimentResult:
     """MNIST MLP 784-512x3-10: barriers of naive, weight and activation matching."""
     setup = MLP_QUICK if ctx.quick else MLP_FULL
+    run = Runner(ctx, setup)
     data = _load_data(ctx, setup)
-    model, a, b, train_seconds = trained_pair(ctx, setup, data)
+    model, a, b = trained_pair(run, setup, data)
     ctx.log("aligning and measuring paths")
     results = compare_alignments(
         model,
@@ -215,20 +182,21 @@ def mnist_mlp(ctx: ExperimentContext) -> ExperimentResult:
     figure = plot_paths(
         results, ctx.out_dir / "paths.png", title="MNIST MLP: linear paths (test split)"
     )
-    rows = [_row(name, r) for name, r in results.items()]
+    rows = [path_row(name, r, key="path") for name, r in results.items()]
     wm = results["weight_matching"].meta
     table = format_table(results) + (
         f"\nweight matching: {wm['align_sweeps']} sweeps, {wm['align_seconds']:.2f} s"
     )
-    return ExperimentResult(table, rows, [figure], _notes(setup, data, train_seconds))
+    return run.result(table, rows, [figure], _notes(setup, data))
 
 
 def _fixed_paths(
     ctx: ExperimentContext, setup: ModelSetup, fixes: Sequence[tuple[str, str]]
 ) -> ExperimentResult:
     """Naive and weight-matched paths, each measured under every ``(label, fix)``."""
+    run = Runner(ctx, {"setup": setup, "fixes": fixes})
     data = _load_data(ctx, setup)
-    model, a, b, train_seconds = trained_pair(ctx, setup, data)
+    model, a, b = trained_pair(run, setup, data)
     spec = model.symmetry_spec()
     ctx.log("weight matching")
     wm = align_pair("weight_matching", model, spec, a, b, data, seed=ctx.seed)
@@ -252,11 +220,11 @@ def _fixed_paths(
         ctx.out_dir / "paths.png",
         title=f"ResNet20 x{setup.model_kwargs['width_mult']} ({norm} norm) on MNIST",
     )
-    rows = [_row(name, r) for name, r in results.items()]
+    rows = [path_row(name, r, key="path") for name, r in results.items()]
     table = format_table(results) + (
         f"\nweight matching: {wm.iterations} sweeps, {wm.seconds:.2f} s"
     )
-    return ExperimentResult(table, rows, [figure], _notes(setup, data, train_seconds))
+    return run.result(table, rows, [figure], _notes(setup, data))
 
 
 @register_experiment("resnet20-mnist", paper="Jordan et al. 2023, REPAIR; Git Re-Basin")

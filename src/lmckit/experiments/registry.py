@@ -39,6 +39,8 @@ class ExperimentContext:
         seed: base seed.
         progress: show progress bars.
         log: progress messages for the user.
+        device: where training and path evaluation run: ``auto`` (CUDA when
+            available), ``cpu`` or ``cuda`` (see :mod:`lmckit.experiments.runner`).
     """
 
     out_dir: Path
@@ -47,6 +49,7 @@ class ExperimentContext:
     seed: int = 0
     progress: bool = True
     log: Callable[[str], None] = field(default=lambda _msg: None)
+    device: str = "auto"
 
     def data(self, name: str) -> Path:
         """Path of a dataset folder under ``data_root``, with a clear error if absent."""

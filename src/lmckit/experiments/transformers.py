@@ -33,6 +33,7 @@ only (interpolating folded norm scales is not the same path as interpolating the
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -47,13 +48,16 @@ from lmckit.align import (
 )
 from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
 from lmckit.data import Dataset, load_mnist
+from lmckit.data.token_stats import EMBEDDING, LM_HEAD, token_counts
 from lmckit.evaluate import PathResult
+from lmckit.experiments._recipe import transformer_form
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
+from lmckit.experiments.runner import Runner
+from lmckit.experiments.tables import path_row
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, apply
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig
 
 __all__ = [
     "char_dataset",
@@ -101,8 +105,8 @@ def compare_transformer_alignments(
     out["WM permutation"] = measure_path(
         module, params_a, apply(spec, params_b, perm.transform), data, settings
     )
-    rms, rms_a = layernorm_to_rmsnorm(module, params_a)
-    _, rms_b = layernorm_to_rmsnorm(module, params_b)
+    rms, rms_a = transformer_form(module, params_a)
+    _, rms_b = transformer_form(module, params_b)
     rms_spec = rms.symmetry_spec()
     rms_masks = _masks_for(rms_a, row_masks)
     out["vanilla (RMS form)"] = measure_path(rms, rms_a, rms_b, data, settings)
@@ -117,8 +121,8 @@ def compare_transformer_alignments(
     based = align_head_bases(rms_spec, rms_a, moved)
     out["WM orthogonal + head bases"] = measure_path(rms, rms_a, based, data, settings)
     # heads as QK/OV circuits: no inner bases left, the path interpolates circuits
-    circuits, circ_a = heads_to_circuits(rms, rms_a)
-    _, circ_b = heads_to_circuits(rms, rms_b)
+    circuits, circ_a = transformer_form(rms, rms_a, circuits=True)
+    _, circ_b = transformer_form(rms, rms_b, circuits=True)
     circ_spec = circuits.symmetry_spec()
     result = weight_matching(circ_spec, circ_a, circ_b, config, seed=seed, row_masks=rms_masks)
     moved = apply(circ_spec, circ_b, result.transform)
@@ -175,17 +179,26 @@ def _masks_for(
     return None if masks is None else {k: v for k, v in masks.items() if k in params}
 
 
-def _rows(results: dict[str, PathResult]) -> list[dict[str, object]]:
-    return [
-        {
-            "method": name,
-            "barrier_loss": r.barrier_loss,
-            "barrier_acc": r.barrier_acc,
-            "loss": r.loss,
-            "acc": r.acc,
-        }
-        for name, r in results.items()
-    ]
+def _pair(
+    run: Runner, model: str, kwargs: dict[str, Any], data: Dataset, config: TrainConfig
+) -> tuple[ZooModel, Params, Params]:
+    """Two models of seeds ``seed`` and ``seed + 1`` (trained, or reloaded from the cache)."""
+    trained = []
+    for s in (run.ctx.seed, run.ctx.seed + 1):
+        module, params = run.train(
+            f"{model}-seed{s}",
+            lambda s=s: create_model(model, seed=s, **kwargs),
+            data,
+            config,
+            seed=s,
+        )
+        trained.append(params)
+    return module, trained[0], trained[1]  # type: ignore[return-value]
+
+
+def _result(run: Runner, results: dict[str, PathResult], notes: str) -> ExperimentResult:
+    rows = [path_row(name, r) for name, r in results.items()]
+    return run.result(format_table(results), rows, notes=notes)
 
 
 # --------------------------------------------------------------------------- ViT on MNIST
@@ -211,22 +224,14 @@ def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
     )
     kwargs = {"image_size": 28, "patch_size": 7, "in_channels": 1, "num_classes": 10}
     kwargs.update(arch)
-    trained = []
-    for s in (ctx.seed, ctx.seed + 1):
-        module, init = create_model("vit", seed=s, **kwargs)
-        ctx.log(f"training ViT {arch} on MNIST, seed {s}")
-        trained.append(train(module, init, data, config, seed=s, progress=ctx.progress))
+    run = Runner(ctx, {"model": kwargs, "train": config, "learned": learned})
+    ctx.log(f"training ViTs {arch} on MNIST")
+    module, a, b = _pair(run, "vit", kwargs, data, config)
     ctx.log("aligning and measuring paths")
     results = compare_transformer_alignments(
-        module,
-        trained[0],
-        trained[1],
-        data,
-        EvalSettings(fix="none"),
-        seed=ctx.seed,
-        learned=learned,
+        module, a, b, data, EvalSettings(fix="none"), seed=ctx.seed, learned=learned
     )
-    return ExperimentResult(format_table(results), _rows(results), notes=str(kwargs))
+    return _result(run, results, str(kwargs))
 
 
 # --------------------------------------------------------------------------- GPT-2 on chars
@@ -271,22 +276,18 @@ def gpt2_chars(ctx: ExperimentContext) -> ExperimentResult:
             epochs=2, batch_size=32, optimizer="adamw", lr=3e-3, weight_decay=0.01, warmup=0.05
         )
     kwargs = {"vocab_size": data.num_classes, **arch}
-    trained = []
-    for s in (ctx.seed, ctx.seed + 1):
-        module, init = create_model("gpt2", seed=s, **kwargs)
-        ctx.log(f"training GPT-2 {arch} on characters, seed {s}")
-        trained.append(train(module, init, data, config, seed=s, progress=ctx.progress))
-    seen = torch.zeros(data.num_classes, dtype=torch.bool)
-    seen[data.x_train.unique()] = True
-    masks = {"transformer.wte.weight": seen, "lm_head.weight": seen}
+    run = Runner(ctx, {"model": kwargs, "train": config, "chars": len(data.x_train)})
+    ctx.log(f"training GPT-2s {arch} on characters")
+    module, a, b = _pair(run, "gpt2", kwargs, data, config)
     ctx.log("aligning and measuring paths")
     results = compare_transformer_alignments(
         module,
-        trained[0],
-        trained[1],
+        a,
+        b,
         data,
         EvalSettings(fix="none", batch_size=256),
-        row_masks=masks,
+        # rows of characters never read in training carry no signal
+        row_masks=dict.fromkeys((EMBEDDING, LM_HEAD), token_counts(data)[0] > 0),
         seed=ctx.seed,
     )
-    return ExperimentResult(format_table(results), _rows(results), notes=str(kwargs))
+    return _result(run, results, str(kwargs))
