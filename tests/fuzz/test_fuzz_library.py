@@ -1,0 +1,217 @@
+"""The library against hostile input: issue 12's cases that are not about the command line.
+
+Each table case calls one public function with bad input and asserts the exception
+type and message, and that the inputs it was handed are unchanged. The tests after
+the table cover what a table cannot: leftovers of killed writers, file permissions,
+and a real Ctrl-C sent to a running ``lmckit`` process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import lmckit
+from lmckit.atomic import remove_stale
+from lmckit.bounded import FileLimitError, read_bytes
+from lmckit.checkpoint import CheckpointError
+from lmckit.data import load_data, load_digits
+from lmckit.data.mnist import read_idx
+from lmckit.datafit import DataMismatchError, check_data_fits
+from lmckit.measure import EvalSettings, eval_batch_size, resolve_fix
+from lmckit.models import create_model
+from lmckit.models.sizing import ModelOptions, check_fits_in_memory, sized_config
+from lmckit.paths.simplex import simplex_grid
+from lmckit.recipe import prepare_pair
+from lmckit.symmetry import Transform
+from lmckit.train import TrainConfig
+
+MLP, PARAMS = create_model("mlp", seed=0, in_features=64, hidden=[6], out_features=10)
+SPEC = MLP.symmetry_spec()
+RMS_GPT, RMS_PARAMS = create_model(
+    "gpt2", seed=0, vocab_size=7, n_layer=1, n_head=2, n_embd=4, context=4, norm="rms"
+)
+DIGITS = load_digits(seed=0)
+
+
+def _ckpt() -> lmckit.Checkpoint:
+    return lmckit.Checkpoint(MLP, PARAMS, MLP.config)
+
+
+def _wrong_width() -> None:
+    narrow, _ = create_model("mlp", in_features=64, hidden=[3], out_features=10)
+    t = lmckit.random_transform(narrow.symmetry_spec(), 0)
+    lmckit.apply(SPEC, PARAMS, Transform(SPEC, dict(t.elements)))
+
+
+def _not_orthogonal() -> None:
+    spec = RMS_GPT.symmetry_spec()
+    lmckit.apply(spec, RMS_PARAMS, Transform(spec, {"residual": torch.full((4, 4), 0.5)}))
+
+
+TABLE: list[tuple[str, Callable[[], object], type[BaseException], str]] = [
+    ("apply-wrong-width", _wrong_width, ValueError, "permutes 3 units, the space has 6"),
+    ("apply-not-a-permutation",
+     lambda: lmckit.apply(SPEC, PARAMS, Transform(SPEC, {"hidden.0": torch.zeros(6).long()})),
+     ValueError, "not a permutation"),
+    ("apply-not-orthogonal", _not_orthogonal, ValueError, "orthogonal"),
+    ("trainconfig-epochs", lambda: TrainConfig(epochs=0), ValueError, "epochs must be >= 1"),
+    ("trainconfig-batch", lambda: TrainConfig(batch_size=-2), ValueError, "batch_size must be"),
+    ("trainconfig-lr-nan", lambda: TrainConfig(lr=float("nan")), ValueError, "lr must be"),
+    ("trainconfig-wd", lambda: TrainConfig(weight_decay=-1), ValueError, "weight_decay must be"),
+    ("trainconfig-clip-nan", lambda: TrainConfig(grad_clip=float("nan")), ValueError,
+     "grad_clip must be"),
+    ("model-options-width", lambda: ModelOptions(width=0), ValueError,
+     "width must be a positive integer"),
+    ("model-options-dropout", lambda: ModelOptions(dropout=1.0), ValueError, "dropout"),
+    ("zoo-mlp-float-width",
+     lambda: create_model("mlp", in_features=4, hidden=[2.5], out_features=2), ValueError,
+     "hidden[0] must be a positive integer"),
+    ("zoo-vgg-zero-classes",
+     lambda: create_model("vgg", in_channels=1, num_classes=0, image_size=8), ValueError,
+     "num_classes must be a positive integer"),
+    ("sized-config-vit-on-features",
+     lambda: sized_config("vit", input_shape=(32,), num_classes=3, tokens=False), ValueError,
+     "vit needs square images"),
+    ("memory-budget",
+     lambda: check_fits_in_memory(sized_config("mlp", input_shape=(64,), num_classes=10,
+                                               tokens=False), limit_bytes=1000),
+     ValueError, "more than the 0.0 GiB available"),
+    ("simplex-grid-huge", lambda: simplex_grid(3, 10**9), ValueError, "grid points"),
+    ("eval-settings-2-points", lambda: EvalSettings(points=2), ValueError, "with 2 the barrier"),
+    ("eval-batch-size-0", lambda: eval_batch_size(DIGITS, 0), ValueError, ">= 1"),
+    ("fix-reset-bn-without-bn", lambda: resolve_fix(MLP, "reset_bn"), ValueError, "BatchNorm"),
+    ("prepare-pair-orthogonal-mlp",
+     lambda: prepare_pair(_ckpt(), _ckpt(), symmetry="orthogonal"), ValueError,
+     "no orthogonal-capable residual stream"),
+    ("prepare-pair-circuits-mlp", lambda: prepare_pair(_ckpt(), _ckpt(), circuits=True),
+     ValueError, "no attention heads"),
+    ("data-fit-token-model-on-images", lambda: check_data_fits(RMS_GPT, DIGITS),
+     DataMismatchError, "reads token ids"),
+    ("data-spec-unknown-text-option",
+     lambda: load_data("text:nowhere.txt,tokenizer=tok,stride=2"), ValueError,
+     "unknown text option 'stride'"),
+    ("read-dev-zero", lambda: read_bytes("/dev/zero", max_bytes=10), FileLimitError,
+     "is a device"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "call", "error", "fragment"), TABLE, ids=[t[0] for t in TABLE])
+def test_library_case(name: str, call, error: type[BaseException], fragment: str) -> None:
+    frozen = {k: v.clone() for k, v in {**PARAMS, **RMS_PARAMS}.items()}
+    with pytest.raises(error) as info:
+        call()
+    assert fragment in str(info.value), str(info.value)
+    for k, v in {**PARAMS, **RMS_PARAMS}.items():
+        assert torch.equal(v, frozen[k]), f"{name} modified {k}"
+
+
+def test_gzip_expansion_stops_at_the_limit(tmp_path: Path) -> None:
+    import gzip
+
+    path = tmp_path / "bomb.gz"
+    header = bytes([0, 0, 0x08, 1]) + (8 << 20).to_bytes(4, "big")
+    path.write_bytes(gzip.compress(header + bytes(8 << 20), compresslevel=1))
+    with pytest.raises(ValueError, match="more than the 1,000,000 allowed"):
+        read_idx(path, max_bytes=1_000_000)
+    assert read_idx(path).shape == (8 << 20,)  # within the default limit: read whole
+
+
+def test_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    with pytest.raises(FileLimitError, match="is a FIFO"):
+        read_bytes(fifo, max_bytes=10)
+
+
+def test_float_checkpoints_compute_in_float32_and_int_weights_are_named(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    lmckit.save(tmp_path / "a", MLP, PARAMS)
+    save_file({k: v.half() for k, v in PARAMS.items()}, str(tmp_path / "a" / "model.safetensors"))
+    loaded = lmckit.load(tmp_path / "a")
+    for k, v in loaded.params.items():
+        assert v.dtype == torch.float32
+        assert torch.equal(v, PARAMS[k].half().float()), k
+    assert lmckit.load(tmp_path / "a", dtype=None).params["head.weight"].dtype == torch.float16
+    save_file({**PARAMS, "head.weight": PARAMS["head.weight"].long()},
+              str(tmp_path / "a" / "model.safetensors"))  # fmt: skip
+    with pytest.raises(CheckpointError, match="'head.weight' is stored as I64, not floating"):
+        lmckit.load(tmp_path / "a")
+
+
+def test_weights_get_the_config_permissions(tmp_path: Path) -> None:
+    lmckit.save(tmp_path / "c", MLP, PARAMS)
+    weights = (tmp_path / "c" / "model.safetensors").stat().st_mode & 0o777
+    config = (tmp_path / "c" / "config.json").stat().st_mode & 0o777
+    assert weights == config and weights & 0o044 == 0o044 ^ (0o044 & _umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_leftovers_of_dead_writers_are_cleaned_by_the_next_write(tmp_path: Path) -> None:
+    dead, alive = _dead_pid(), os.getpid()
+    stale_tmp = tmp_path / f".c.{dead}.0123456789ab.tmp"
+    stale_old = tmp_path / f".c.{dead}.0123456789ab.old"
+    live_tmp = tmp_path / f".c.{alive}.ba9876543210.tmp"
+    other = tmp_path / f".d.{dead}.0123456789ab.tmp"  # another output's leftover
+    for folder in (stale_tmp, stale_old, live_tmp, other):
+        folder.mkdir()
+        (folder / "x").write_text("half")
+    lmckit.save(tmp_path / "c", MLP, PARAMS)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == sorted(["c", live_tmp.name, other.name])
+
+
+def test_a_swap_killed_between_renames_gets_the_old_version_back(tmp_path: Path) -> None:
+    dead = _dead_pid()
+    old = tmp_path / f".c.{dead}.0123456789ab.old"
+    lmckit.save(old, MLP, PARAMS)  # the previous checkpoint, moved aside, never moved back
+    assert remove_stale(tmp_path / "c") == [old]
+    assert torch.equal(lmckit.load(tmp_path / "c").params["head.weight"], PARAMS["head.weight"])
+
+
+def test_ctrl_c_in_a_running_command_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
+    out = tmp_path / "model"
+    args = ["train", "--model", "mlp", "--data", "digits", "--width", "64", "--depth", "2",
+            "--epochs", "100000", "--batch-size", "8", "--threads", "1",
+            "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lmckit", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    assert proc.stderr is not None
+    # a training step's loss on the progress bar: start-up is over and training runs
+    deadline = time.monotonic() + 120
+    seen = b""
+    while b"loss=" not in seen and time.monotonic() < deadline:
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        if not chunk:
+            break
+        seen += chunk
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    text = (seen + err).decode(errors="replace")
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and text.rstrip().endswith("interrupted"), text
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
