@@ -74,6 +74,8 @@ def test_dtype_option(hf_folder) -> None:
     inputs = example_inputs(wide)
     ref = _logits(load_hf(folder).module, inputs)
     assert (_logits(wide.module, inputs).float() - ref).abs().max().item() < 1e-5
+    with pytest.raises(ValueError, match="dtype must be a floating-point dtype"):
+        load_hf(folder, dtype=torch.int64)
 
 
 def test_half_precision_folder_loads_as_float32_by_default(make_hf_folder, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from safetensors.torch import load_file
 
 from lmckit.hf import HFError, example_inputs, load_hf, save_hf
 from lmckit.outputs import OutputError, check_output_dir, is_lmckit_output
@@ -173,6 +174,33 @@ def test_written_folder_is_an_lmckit_output_of_kind_hf(hf_folder, tmp_path: Path
     assert not is_lmckit_output(out, "hf")
     with pytest.raises(OutputError, match="it is not a Hugging Face folder lmckit wrote"):
         check_output_dir(out, kind="hf")
+
+
+def test_on_disk_names_are_accepted(hf_folder, load_with_transformers, tmp_path: Path) -> None:
+    folder = hf_folder("vit")  # transformers 5 renames ViT's weights when loading
+    model = load_hf(folder)
+    disk = {k: v + 0.01 for k, v in load_file(folder / "model.safetensors").items()}
+    assert disk.keys() != model.params.keys()
+    out = save_hf(tmp_path / "out", model, disk)
+    # what transformers itself makes of these on-disk names
+    reference = type(model.module).from_pretrained(
+        None, config=model.module.config, state_dict=disk
+    )
+    inputs = example_inputs(model)
+    expected = _logits(reference.eval(), inputs)
+    assert _max_diff(expected, _logits(model.module, inputs)) > 1e-3
+    assert _max_diff(_logits(load_with_transformers("vit", out), inputs), expected) < 1e-5
+
+
+def test_the_source_folder_is_never_written(hf_folder, tmp_path: Path) -> None:
+    source = tmp_path / "source"
+    shutil.copytree(hf_folder("gpt2"), source)
+    model = load_hf(source)
+    before = _listing(source)
+    for target in (source, source / "sub", tmp_path):
+        with pytest.raises(HFError, match="overlaps the source folder"):
+            save_hf(target, model, model.params)
+    assert _listing(source) == before
 
 
 def _listing(root: Path) -> dict[str, bytes]:

@@ -69,7 +69,10 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
     Raises:
         HFError: naming the file and the first problem (a missing or corrupt weights
             file, an unknown architecture, weights that do not fit the config, ...).
+        ValueError: a ``dtype`` that is not floating point.
     """
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
     root = Path(path)
     raw = read_hf_config(root)
     where = root / CONFIG_FILE

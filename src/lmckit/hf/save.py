@@ -129,10 +129,15 @@ def save_hf(
 
     Raises:
         HFError: params that do not fit the class and config (missing, unexpected or
-            misshapen weights), non-finite or mixed-dtype params, or config changes or
-            metadata that are not JSON. Nothing is written then.
+            misshapen weights), non-finite or mixed-dtype params, config changes or
+            metadata that are not JSON, or a ``path`` that is, contains or lies inside
+            the source folder. Nothing is written then.
     """
     target = Path(path)
+    out, source = Path(os.path.realpath(target)), Path(os.path.realpath(like.path))
+    if out == source or source in out.parents or out in source.parents:
+        # replacing the folder would destroy the source's weights and files
+        raise HFError(f"refusing to write {target}: it overlaps the source folder {like.path}")
     changes = dict(config_changes or {})
     meta = dict(metadata or {})
     try:
