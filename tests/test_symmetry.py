@@ -1,4 +1,6 @@
-"""Symmetry algebra: group elements as matrices, function invariance of ``apply``, spec checks."""
+"""Symmetry specs and transforms: function invariance of ``apply``, its checks, spec errors.
+
+The groups' own laws are tested in ``tests/groups``."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from lmckit.symmetry import (
     Orthogonal,
     Permutation,
     SemiPermutation,
+    SemiPermutationElement,
     Space,
     SymmetrySpec,
     Transform,
@@ -25,131 +28,9 @@ from lmckit.symmetry import (
     random_transform,
 )
 
-SQUARE_GROUPS: dict[str, tuple[Group, int]] = {
-    "permutation": (Permutation(), 6),
-    "permutation-blocks": (Permutation(blocks=3), 6),
-    "heads": (HeadPermutation(heads=3, head_dim=2), 6),
-    "semi-permutation": (SemiPermutation(), 6),
-    "orthogonal": (Orthogonal(), 6),
-    "invertible": (Invertible(), 6),
-}
-
 
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
-
-
-def _mat(group: Group, element: object) -> Tensor:
-    return group.matrix(element).double()
-
-
-# --------------------------------------------------------------------------- group algebra
-
-
-@pytest.mark.parametrize("name", SQUARE_GROUPS)
-def test_inverse_times_element_is_identity(name: str) -> None:
-    group, n = SQUARE_GROUPS[name]
-    t = group.random(n, _gen(0))
-    eye = torch.eye(n, dtype=torch.float64)
-    inv = _mat(group, group.inverse(t))
-    torch.testing.assert_close(inv @ _mat(group, t), eye, atol=1e-5, rtol=0)
-    torch.testing.assert_close(_mat(group, t) @ inv, eye, atol=1e-5, rtol=0)
-    torch.testing.assert_close(_mat(group, group.identity(n)), eye)
-
-
-@pytest.mark.parametrize("name", SQUARE_GROUPS)
-def test_compose_is_matrix_product(name: str) -> None:
-    group, n = SQUARE_GROUPS[name]
-    first, second = group.random(n, _gen(1)), group.random(n, _gen(2))
-    product = _mat(group, second) @ _mat(group, first)
-    torch.testing.assert_close(
-        _mat(group, group.compose(second, first)), product, atol=1e-5, rtol=0
-    )
-
-
-@pytest.mark.parametrize("name", SQUARE_GROUPS)
-def test_reader_matrix_is_inverse_transpose(name: str) -> None:
-    # readers are contracted with L^T where L T = I (T^{-T} for square elements)
-    group, n = SQUARE_GROUPS[name]
-    t = group.random(n, _gen(3))
-    left = group.reader_matrix(t).double().T
-    torch.testing.assert_close(
-        left @ _mat(group, t), torch.eye(n, dtype=torch.float64), atol=1e-5, rtol=0
-    )
-
-
-@pytest.mark.parametrize("name", ["permutation", "permutation-blocks", "heads"])
-def test_permutation_like_elements_are_permutation_matrices(name: str) -> None:
-    group, n = SQUARE_GROUPS[name]
-    mat = _mat(group, group.random(n, _gen(4)))
-    assert set(mat.unique().tolist()) == {0.0, 1.0}
-    assert torch.equal(mat.sum(0), torch.ones(n, dtype=torch.float64))
-    assert torch.equal(mat.sum(1), torch.ones(n, dtype=torch.float64))
-
-
-def test_block_permutation_maps_blocks_onto_blocks() -> None:
-    group = Permutation(blocks=4)
-    for seed in range(5):
-        perm = group.random(12, _gen(seed))
-        # h'[i] = h[perm[i]]: the sources of each target block form one whole source block
-        for block in perm.reshape(4, 3):
-            assert len(set((block // 3).tolist())) == 1
-    with pytest.raises(ValueError, match="blocks"):
-        group.random(10, _gen(0))
-
-
-def test_head_permutation_moves_whole_heads() -> None:
-    group = HeadPermutation(heads=4, head_dim=3)
-    mat = _mat(group, group.random(12, _gen(5)))
-    # block (i, j) of the matrix is either 0 or the 3x3 identity
-    blocks = mat.reshape(4, 3, 4, 3).permute(0, 2, 1, 3)
-    for i in range(4):
-        for j in range(4):
-            b = blocks[i, j]
-            assert torch.equal(b, torch.zeros(3, 3, dtype=torch.float64)) or torch.equal(
-                b, torch.eye(3, dtype=torch.float64)
-            )
-    with pytest.raises(ValueError, match="heads"):
-        group.random(10, _gen(0))
-
-
-def test_orthogonal_and_invertible_elements() -> None:
-    o = _mat(Orthogonal(), Orthogonal().random(5, _gen(6)))
-    torch.testing.assert_close(o.T @ o, torch.eye(5, dtype=torch.float64), atol=1e-5, rtol=0)
-    a = _mat(Invertible(), Invertible().random(5, _gen(7)))
-    sv = torch.linalg.svdvals(a)
-    # well conditioned by construction: singular values in [0.5, 2]
-    assert float(sv.min()) >= 0.5 - 1e-5 and float(sv.max()) <= 2 + 1e-5
-
-
-@pytest.mark.parametrize("group", [Orthogonal(), SemiPermutation()], ids=["orth", "semi"])
-def test_rectangular_elements_have_left_inverses(group: Group) -> None:
-    t = group.random(4, _gen(8), m=7)
-    assert group.dims(t) == (7, 4)
-    mat = _mat(group, t)
-    assert mat.shape == (7, 4)
-    left = group.reader_matrix(t).double().T
-    torch.testing.assert_close(left @ mat, torch.eye(4, dtype=torch.float64), atol=1e-5, rtol=0)
-    # composing embeddings 4 -> 7 -> 9 is the matrix product
-    second = group.random(7, _gen(9), m=9)
-    both = group.compose(second, t)
-    torch.testing.assert_close(_mat(group, both), _mat(group, second) @ mat, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError):
-        group.inverse(t)
-    with pytest.raises(ValueError):
-        group.random(7, _gen(0), m=4)
-
-
-def test_semi_permutation_columns_sum_to_one() -> None:
-    mat = _mat(SemiPermutation(), SemiPermutation().random(5, _gen(10), m=11))
-    torch.testing.assert_close(mat.sum(0), torch.ones(5, dtype=torch.float64))
-    assert torch.equal((mat > 0).sum(1), torch.ones(11, dtype=torch.long))
-
-
-@pytest.mark.parametrize("group", [Permutation(), HeadPermutation(2, 3), Invertible()])
-def test_square_groups_refuse_rectangular_draws(group: Group) -> None:
-    with pytest.raises(ValueError, match="square"):
-        group.random(6, _gen(0), m=8)
 
 
 # --------------------------------------------------------------------------- function invariance
@@ -381,3 +262,57 @@ def test_transform_compose_and_inverse_on_specs() -> None:
     ident = first.inverse().compose(first)
     for name in spec.names:
         assert torch.equal(ident[name], torch.arange(5))
+
+
+# --------------------------------------------------------------------------- apply checks
+
+
+def _mlp_spec(width: int) -> tuple[SymmetrySpec, Params]:
+    module, params = create_model("mlp", seed=0, in_features=5, hidden=[width], out_features=3)
+    return module.symmetry_spec(), params
+
+
+def test_a_transform_of_another_width_is_refused_naming_space_and_sizes() -> None:
+    spec64, params64 = _mlp_spec(64)
+    spec32, _ = _mlp_spec(32)
+    narrow = random_transform(spec32, 0)
+    with pytest.raises(ValueError) as info:
+        apply(spec64, params64, narrow)
+    message = str(info.value)
+    assert message == (
+        "transform for space 'hidden.0': Permutation element permutes 32 units, the space has 64"
+    )
+    # the spec and the transform agree, but the weights are wider than the spec says
+    with pytest.raises(
+        ValueError,
+        match=r"'hidden.0' \(n=32\) expects axis 0 of 'layers.0.weight' to have size 32, found 64",
+    ):
+        apply(spec32, params64, narrow)
+
+
+@pytest.mark.parametrize(
+    ("group", "element", "message"),
+    [
+        (Permutation(), torch.tensor([0, 0, 1, 2, 3, 4]), "repeats an index"),
+        (Orthogonal(), 2 * torch.eye(6), "not orthogonal"),
+        (Invertible(), torch.zeros(6, 6), "singular"),
+        (
+            SemiPermutation(),
+            SemiPermutationElement(torch.arange(6), torch.full((6,), 0.5), 6),
+            "must sum to 1",
+        ),
+    ],
+    ids=["perm", "orth", "inv", "semi"],
+)
+def test_a_hand_made_non_member_is_refused(group: Group, element: object, message: str) -> None:
+    _, params = _linear_net(5, 6, 3, seed=0)
+    spec = _linear_spec(6, group)
+    with pytest.raises(ValueError, match=f"transform for space 'hidden': .*{message}"):
+        apply(spec, params, Transform(spec, {"hidden": element}))
+
+
+def test_rectangular_transforms_pass_the_checks() -> None:
+    spec = _linear_spec(4, Orthogonal())
+    _, params = _linear_net(5, 4, 3, seed=1)
+    wide = apply(spec, params, random_transform(spec, 5, widths={"hidden": 9}))
+    assert wide["0.weight"].shape == (9, 5)

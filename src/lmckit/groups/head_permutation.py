@@ -75,8 +75,8 @@ class HeadPermutation(Group[Tensor]):
         gram: Tensor | None = None,
         norms: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
-        self._check(sim.shape[0])
         check_square(sim.shape[0], sim.shape[1], self)
+        self._check(sim.shape[0])
         d = self.head_dim
         # head similarity: the within-head diagonal of each (head, head) block
         blocks = sim.detach().cpu().double().reshape(self.heads, d, self.heads, d)
