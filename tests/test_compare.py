@@ -66,7 +66,7 @@ def test_errors(mlp_pair) -> None:
         EvalSettings(split="val")
     with pytest.raises(ValueError, match="fix"):
         EvalSettings(fix="magic")
-    with pytest.raises(ValueError, match="unknown method 'magic'"):
+    with pytest.raises(ValueError, match="unknown aligner 'magic'"):
         align_pair("magic", pair.model, spec, pair.a, pair.b, pair.data)
     with pytest.raises(ValueError, match="needs data"):
         align_pair("activation_matching", pair.model, spec, pair.a, pair.b, None)

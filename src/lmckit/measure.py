@@ -19,13 +19,15 @@ from torch import Tensor, nn
 
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import Metrics, PathResult, evaluate, evaluate_path, linear_grid
-from lmckit.merge import has_batchnorm, repair_prepare, reset_prepare
+from lmckit.merge import has_batchnorm
+from lmckit.merge_methods import path_prepare
 from lmckit.params import Params
 
 __all__ = [
     "FIXES",
     "LM_EVAL_LOGITS",
     "MAX_PATH_POINTS",
+    "MERGE_METHOD_OF_FIX",
     "EvalSettings",
     "eval_batch_size",
     "evaluate_split",
@@ -36,6 +38,8 @@ __all__ = [
 ]
 
 FIXES = ("auto", "none", "reset_bn", "repair")
+#: The merge method (:mod:`lmckit.merge_methods`) that makes each point under a fix.
+MERGE_METHOD_OF_FIX = {"none": "interpolate", "reset_bn": "reset_bn", "repair": "repair"}
 #: Logit floats per evaluation batch of a language model (batch * time * vocab), ~256 MB.
 LM_EVAL_LOGITS = 2**26
 #: Most points on one path: each point is a full evaluation of the split.
@@ -162,11 +166,7 @@ def measure_path(
     x, y = data.split(settings.split)
     fix = resolve_fix(model, settings.fix)
     inputs = train_inputs(data, settings)
-    prepare = None
-    if fix == "reset_bn":
-        prepare = reset_prepare(model, inputs)
-    elif fix == "repair":
-        prepare = repair_prepare(model, params_a, params_b, inputs)
+    prepare = path_prepare(MERGE_METHOD_OF_FIX[fix], model, params_a, params_b, inputs)
     size = settings.batch_for(data)
     return evaluate_path(
         model,

@@ -14,17 +14,25 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmckit.align import activation_matching, weight_matching
+from lmckit.align.registry import aligner_info
 from lmckit.align.result import AlignmentResult
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import Metrics, PathResult
-from lmckit.measure import EvalSettings, evaluate_split, measure_path, resolve_fix, train_inputs
-from lmckit.merge import has_batchnorm, repair, reset_batchnorm
+from lmckit.measure import (
+    MERGE_METHOD_OF_FIX,
+    EvalSettings,
+    evaluate_split,
+    measure_path,
+    resolve_fix,
+    train_inputs,
+)
+from lmckit.merge import has_batchnorm
+from lmckit.merge_methods import merge_info, path_prepare
 from lmckit.models import ModelConfig, ZooModel, create_model
 from lmckit.models.sizing import check_fits_in_memory
-from lmckit.params import Params, interpolate
+from lmckit.params import Params
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
 from lmckit.recipe import circuit_form, prepare_pair
 from lmckit.symmetry import SymmetrySpec, apply
@@ -99,6 +107,15 @@ def train_model(
 # --------------------------------------------------------------------------- align
 
 
+def _stream_config(info: Any, data: Dataset | None, settings: EvalSettings) -> Any:
+    """The config of an aligner that streams training batches (``batch_size`` and
+    ``batches`` fields, e.g. activation matching), sized by ``settings``; else ``None``."""
+    fields = getattr(info.config, "__dataclass_fields__", {})
+    if data is None or not {"batch_size", "batches"} <= set(fields):
+        return None
+    return info.config(batch_size=settings.batch_for(data), batches=settings.stat_batches)
+
+
 def align_pair(
     method: str,
     model: nn.Module,
@@ -111,19 +128,27 @@ def align_pair(
     seed: int = 0,
     progress: bool = False,
 ) -> AlignmentResult | None:
-    """Run one data-free or activation method of :data:`METHODS` (``naive``: ``None``)."""
+    """Run the registered aligner ``method`` (:mod:`lmckit.align.registry`) on one pair.
+
+    ``naive`` returns ``None`` (no transform). Aligners that stream training batches
+    take the settings' evaluation batch size and ``stat_batches``.
+
+    Raises:
+        ValueError: an unknown method (listing the valid ones) or missing data.
+    """
     settings = settings or EvalSettings()
     if method == "naive":
         return None
-    if method == "weight_matching":
-        return weight_matching(spec, params_a, params_b, seed=seed, progress=progress)
-    if method == "activation_matching":
-        if data is None:
-            raise ValueError("activation matching needs data")
-        return activation_matching(
-            model, spec, params_a, params_b, train_inputs(data, settings)(), progress=progress
-        )
-    raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    try:
+        info = aligner_info(method)
+    except KeyError as err:
+        raise ValueError(f"{err.args[0]}") from None
+    if info.needs_data and data is None:
+        raise ValueError(f"{method.replace('_', ' ')} needs data")
+    config = _stream_config(info, data, settings)
+    return info.fn(
+        spec, params_a, params_b, config, model=model, data=data, seed=seed, progress=progress
+    )
 
 
 def compare_alignments(
@@ -186,7 +211,7 @@ def align_checkpoints(
     head_bases: bool = False,
     data: Dataset | None = None,
     seed: int = 0,
-    learned: Any = None,
+    config: Any = None,
     device: str | torch.device | None = None,
     progress: bool = False,
 ) -> AlignedPair:
@@ -200,34 +225,30 @@ def align_checkpoints(
         data: training data for activation statistics or learned matching; checked to
             fit the model whenever given.
         seed: the method's randomness.
-        learned: a :class:`lmckit.align.LearnedMatchingConfig` for ``learned``.
-        device: where learned matching runs its passes.
+        config: the method's config (:attr:`lmckit.align.registry.AlignerInfo.config`,
+            e.g. a :class:`lmckit.align.LearnedMatchingConfig`); ``None``: its defaults.
+        device: where the method runs its tensor work (results come back on the CPU).
         progress: progress bars.
 
     Raises:
         ValueError: a user mistake (unknown method, missing data, incompatible options).
     """
-    from lmckit.align import align_head_bases, learned_matching
+    from lmckit.align import align_head_bases
 
     if method not in ALIGN_METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
     if circuits and head_bases:
         raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
-    if method != "weight" and data is None:
-        raise ValueError(f"{ALIGN_METHODS[method]} needs data (--data)")
+    full = ALIGN_METHODS[method]
+    info = aligner_info(full)
+    if info.needs_data and data is None:
+        raise ValueError(f"{full} needs data (--data)")
     if data is not None:
         check_data_fits(a.model, data)
     pair = prepare_pair(a, b, symmetry=symmetry, circuits=circuits)
     spec, pa, pb = pair.spec, pair.a.params, pair.b.params
-    full = ALIGN_METHODS[method]
-    if method == "learned":
-        assert data is not None
-        result = learned_matching(
-            pair.a.model, spec, pa, pb, data, learned, seed=seed, progress=progress, device=device
-        )
-    else:
-        result = align_pair(full, pair.a.model, spec, pa, pb, data, seed=seed, progress=progress)
-        assert result is not None
+    result = info.fn(spec, pa, pb, config, model=pair.a.model, data=data, seed=seed,
+                     progress=progress, device=device)  # fmt: skip
     aligned = apply(spec, pb, result.transform)
     if head_bases:
         aligned = align_head_bases(spec, pa, aligned)
@@ -239,10 +260,10 @@ def align_checkpoints(
         "circuits": circuits,
         "spaces": {k: vars(v) for k, v in result.spaces.items()},
     }
-    if method == "learned" and learned is not None:
+    if method == "learned" and config is not None:
         metadata["learned"] = {
-            "steps": learned.steps,
-            "lr": learned.lr,
+            "steps": config.steps,
+            "lr": config.lr,
             "validation_midpoint": result.history,
         }
     reference = pair.a if pair.rewritten else None
@@ -272,19 +293,15 @@ def merge_pair(
         raise ValueError(f"--t must lie in [0, 1], got {t}")
     if fix not in MERGE_FIXES:
         raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
-    if fix != "none" and data is None:
+    info = merge_info(MERGE_METHOD_OF_FIX[fix])
+    if info.needs_data and data is None:
         raise ValueError(f"{fix} needs data (--data)")
     if fix == "reset_bn" and not has_batchnorm(model):
         raise ValueError("--reset-bn: the model has no BatchNorm layers")
     if data is not None:
         check_data_fits(model, data)
-    if fix == "none":
-        return interpolate(params_a, params_b, t)
-    assert data is not None
-    inputs = train_inputs(data, settings or EvalSettings())
-    if fix == "repair":
-        return repair(model, params_a, params_b, t, inputs)
-    return reset_batchnorm(model, interpolate(params_a, params_b, t), inputs())
+    inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
+    return info.fn(params_a, params_b, t, model=model, inputs=inputs)
 
 
 # --------------------------------------------------------------------------- barriers
@@ -366,10 +383,10 @@ def simplex_barrier(
             first = models[0]
             models = [first] + [align_head_bases(spec, first, p) for p in models[1:]]
             info["head_bases"] = True
-    prepare = None
-    if fix == "reset_bn":
-        inputs = train_inputs(data, settings)
-        prepare = lambda theta, _w: reset_batchnorm(model, theta, inputs())  # noqa: E731
+    # the same fix as on a path; at a simplex point it is handed the weights, not t
+    prepare = path_prepare(
+        MERGE_METHOD_OF_FIX[fix], model, models[0], models[1], train_inputs(data, settings)
+    )
     x, y = data.split(settings.split)
     info.update(split=settings.split, fix=fix, resolution=resolution)
     size = settings.batch_for(data)

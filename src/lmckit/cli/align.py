@@ -117,7 +117,7 @@ def command(
         head_bases=head_bases,
         data=data,
         seed=seed,
-        learned=learned,
+        config=learned,
         device=torch_device,
         progress=not quiet,
     )
