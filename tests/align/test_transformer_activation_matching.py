@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from lmckit.align import activation_matching, orthogonal_activation_matching
 from lmckit.compare import EvalSettings, measure_path
@@ -50,33 +50,34 @@ def _max_diff(a: Params, b: Params) -> float:
 
 
 @pytest.mark.parametrize("name", ["gpt2", "vit"])
-def test_probes_are_parameter_free_and_see_their_spaces(name: str) -> None:
+def test_probes_see_their_spaces(name: str) -> None:
+    """Every probe observes a tensor with its space's units on the probe's axis."""
     module, params, inputs = _model(name)
     spec = module.symmetry_spec()
     modules = dict(module.named_modules())
-    shapes: dict[str, tuple[int, ...]] = {}
+    shapes: dict[tuple[str, bool], tuple[int, ...]] = {}
     hooks = []
     for space in spec:
         assert space.probes, space.name
         for probe in space.probes:
-            probe_module: nn.Module = modules[probe.module]
-            if probe.module != "" and not space.name == "residual":
-                # added probe modules (activations, head concatenation) hold no parameters,
-                # so the state dict keys are those of the Hugging Face layout
-                assert not list(probe_module.parameters()), probe.module
+            key = (probe.module, probe.input)
 
-            def hook(_m: nn.Module, _i: tuple, out: Tensor, key: str = probe.module) -> None:
-                shapes[key] = tuple(out.shape)
+            def seen(x: object, key: tuple[str, bool] = key) -> None:
+                shapes[key] = tuple((x[0] if isinstance(x, tuple) else x).shape)
 
-            hooks.append(probe_module.register_forward_hook(hook))
+            target = modules[probe.module]
+            if probe.input:
+                hooks.append(target.register_forward_pre_hook(lambda _m, a, f=seen: f(a)))
+            else:
+                hooks.append(target.register_forward_hook(lambda _m, _i, o, f=seen: f(o)))
     with torch.no_grad():
         torch.func.functional_call(module, params, (inputs[0],))
     for h in hooks:
         h.remove()
     for space in spec:
         for probe in space.probes:
-            assert shapes[probe.module][probe.axis] == space.n, (space.name, probe.module)
-    assert set(module.state_dict()) == set(params)
+            shape = shapes[(probe.module, probe.input)]
+            assert shape[probe.axis] == space.n, (space.name, probe)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "vit"])

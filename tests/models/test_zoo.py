@@ -22,6 +22,7 @@ from lmckit.models.norms import CONV_NORMS, group_norm_groups
 from lmckit.params import Params
 from lmckit.symmetry import (
     Permutation,
+    Probe,
     Space,
     SymmetrySpec,
     Transform,
@@ -273,7 +274,7 @@ def test_probes_move_with_their_space(
         assert space.probes, f"space {space.name} has no probe"
         for probe in space.probes:
             assert probe.module in modules, probe
-            seen = [_probe_output(case, params, probe.module) for params in (case.params, moved)]
+            seen = [_probe_output(case, params, probe) for params in (case.params, moved)]
             assert seen[0].shape[probe.axis] == space.n, probe
             # h' = T h along the probe's axis (an index map for permutations)
             mat = space.group.matrix(transform[space.name]).to(seen[0].dtype)
@@ -281,15 +282,19 @@ def test_probes_move_with_their_space(
             assert _rel_err(want, seen[1]) <= 1e-4, (space.name, probe)
 
 
-def _probe_output(case: Case, params: Params, module_name: str) -> Tensor:
+def _probe_output(case: Case, params: Params, probe: Probe) -> Tensor:
+    """What the probe observes: its module's output, or its input (``probe.input``)."""
     outputs: list[Tensor] = []
-    module = case.module.get_submodule(module_name)
-    handle = module.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
+    module = case.module.get_submodule(probe.module)
+    if probe.input:
+        handle = module.register_forward_pre_hook(lambda _m, args: outputs.append(args[0]))
+    else:
+        handle = module.register_forward_hook(lambda _m, _i, out: outputs.append(out.detach()))
     try:
         _logits(case, params)
     finally:
         handle.remove()
-    assert len(outputs) == 1, f"{module_name} ran {len(outputs)} times"
+    assert len(outputs) == 1, f"{probe.module} ran {len(outputs)} times"
     return outputs[0]
 
 
@@ -420,7 +425,14 @@ def test_resnet20_layout(width_mult: int) -> None:
     assert {"stages.1.0.shortcut.conv.weight", "stages.1.0.conv2.weight"} <= set(stage1.params)
     assert "stages.2.0.shortcut.conv.weight" in stage1.params  # read by the next stage
     assert "classifier.weight" in spec["residual.2"].params
-    assert len(spec["residual.0"].probes) == 4 and len(spec["residual.1"].probes) == 3
+    # probes are the inputs of the layers reading a stage: its blocks' first convs, the
+    # next stage's first conv and shortcut (or the classifier)
+    readers = [[p.module for p in spec[f"residual.{s}"].probes] for s in range(3)]
+    assert readers[0] == [f"stages.0.{b}.conv1" for b in range(3)] + [
+        "stages.1.0.conv1",
+        "stages.1.0.shortcut.conv",
+    ]
+    assert readers[2] == ["stages.2.1.conv1", "stages.2.2.conv1", "classifier"]
     out = module.eval()(torch.randn(2, 3, 32, 32))
     assert out.shape == (2, 10)
 

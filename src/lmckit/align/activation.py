@@ -119,6 +119,15 @@ def _features(x: Tensor, axis: int) -> Tensor:
     return x.movedim(axis % x.ndim, -1).reshape(-1, x.shape[axis])
 
 
+def _first_tensor(value: object) -> Tensor:
+    """The tensor a hook sees: a module's output or first input (tuples: first tensor)."""
+    if isinstance(value, Tensor):
+        return value.detach()
+    if isinstance(value, tuple | list) and value and isinstance(value[0], Tensor):
+        return value[0].detach()
+    raise TypeError(f"a probe saw a {type(value).__name__}, not a tensor")
+
+
 def collect_cross_statistics(
     model: nn.Module,
     spec: SymmetrySpec,
@@ -132,8 +141,9 @@ def collect_cross_statistics(
 ) -> dict[str, CrossStatistics]:
     """Stream ``inputs`` through both models and accumulate per-space cross statistics.
 
-    Each space's probes (module outputs) are hooked; a space with several probes (a
-    residual stream) pools the samples of all of them. With ``device``, the passes
+    Each space's probes (module outputs, or inputs with ``Probe.input``) are hooked; a
+    space with several probes (a residual stream) pools the samples of all of them.
+    With ``device``, the passes
     and the sums run there (on a copy of ``model``); the statistics stay there.
     """
     names = list(spec.names if spaces is None else spaces)
@@ -143,26 +153,34 @@ def collect_cross_statistics(
         if not space.probes:
             raise ValueError(f"space {name!r} has no probes: activation matching cannot see it")
         for probe in space.probes:
-            wanted.setdefault(probe.module, []).append((name, probe.axis))
+            wanted.setdefault((probe.module, probe.input), []).append((name, probe.axis))
     dev = torch.device(device or "cpu")
     if dev.type != "cpu":
         model = copy.deepcopy(model).to(dev)
         params_a = {k: v.to(dev) for k, v in params_a.items()}
         params_b = {k: v.to(dev) for k, v in params_b.items()}
     modules = dict(model.named_modules())
-    missing = [m for m in wanted if m not in modules]
+    missing = [m for m, _ in wanted if m not in modules]
     if missing:
         raise ValueError(f"probe modules not in the model: {missing}")
 
-    captured: dict[str, Tensor] = {}
+    captured: dict[tuple[str, bool], Tensor] = {}
 
-    def hook(name: str):
-        def fn(_module: nn.Module, _inputs: tuple, output: Tensor) -> None:
-            captured[name] = output.detach()
+    def hook(key: tuple[str, bool]):
+        def on_output(_module: nn.Module, _inputs: tuple, output: object) -> None:
+            captured[key] = _first_tensor(output)
 
-        return fn
+        def on_input(_module: nn.Module, args: tuple) -> None:
+            captured[key] = _first_tensor(args)
 
-    handles = [modules[m].register_forward_hook(hook(m)) for m in wanted]
+        return on_input if key[1] else on_output
+
+    handles = [
+        modules[m].register_forward_pre_hook(hook((m, True)))
+        if is_input
+        else modules[m].register_forward_hook(hook((m, False)))
+        for m, is_input in wanted
+    ]
     stats: dict[str, CrossStatistics] = {}
     was_training = model.training
     model.eval()
@@ -175,10 +193,10 @@ def collect_cross_statistics(
                 acts_a = dict(captured)
                 captured.clear()
                 functional_call(model, params_b, (x,))
-                for module_name, targets in wanted.items():
+                for key, targets in wanted.items():
                     for space_name, axis in targets:
-                        fa = _features(acts_a[module_name], axis)
-                        fb = _features(captured[module_name], axis)
+                        fa = _features(acts_a[key], axis)
+                        fb = _features(captured[key], axis)
                         if space_name not in stats:
                             stats[space_name] = CrossStatistics.zeros(
                                 fa.shape[1], fb.shape[1], device=fa.device

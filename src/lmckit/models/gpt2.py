@@ -38,20 +38,14 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.models.registry import ZooModel, register_model
-from lmckit.models.spec_builder import reads, writes
 from lmckit.models.transformer_blocks import (
     CircuitAttention,
     check_attention_form,
     check_transformer_norm,
-    circuit_space,
-    circuit_uses,
-    head_space,
     make_residual_norm,
     multi_head_attention,
-    residual_group,
 )
 from lmckit.params import Params
-from lmckit.symmetry import Permutation, Probe, Space, SymmetrySpec, Use
 
 __all__ = ["GPT2"]
 
@@ -62,7 +56,6 @@ class GPT2Attention(nn.Module):
     def __init__(self, n_embd: int, n_head: int, dropout: float) -> None:
         super().__init__()
         self.c_attn = nn.Linear(n_embd, 3 * n_embd)
-        self.heads = nn.Identity()  # probe: the concatenated heads, (batch, time, n_embd)
         self.c_proj = nn.Linear(n_embd, n_embd)
         self.resid_dropout = nn.Dropout(dropout)
         self.n_head = n_head
@@ -72,7 +65,7 @@ class GPT2Attention(nn.Module):
         q, k, v = self.c_attn(x).chunk(3, dim=-1)
         drop = self.dropout if self.training else 0.0
         y = multi_head_attention(q, k, v, self.n_head, causal=True, dropout=drop)
-        return self.resid_dropout(self.c_proj(self.heads(y)))
+        return self.resid_dropout(self.c_proj(y))
 
 
 class GPT2MLP(nn.Module):
@@ -137,6 +130,12 @@ class GPT2(ZooModel):
         attention: ``"heads"`` (projections) or ``"circuits"`` (each head's QK and OV
             circuit, see :func:`lmckit.rewrites.heads_to_circuits`).
     """
+
+    space_names = {
+        "transformer.h.{i}.attn": "heads.{i}",
+        "transformer.h.{i}.attn.c_attn": "heads.{i}",
+        "transformer.h.{i}.mlp.c_fc": "ffn.{i}",
+    }
 
     def __init__(
         self,
@@ -209,58 +208,10 @@ class GPT2(ZooModel):
 
     # ------------------------------------------------------------------ symmetry
 
-    def symmetry_spec(self) -> SymmetrySpec:
-        d, h = self.n_embd, self.n_head
-        res_uses = [
-            Use("transformer.wte.weight", 1, "write"),
-            Use("transformer.wpe.weight", 1, "write"),
-        ]
-        res_probes = [Probe("transformer.drop")]
-        spaces: list[Space] = []
-        for i, block in enumerate(self.transformer.h):
-            pre = f"transformer.h.{i}"
-            res_uses += writes(f"{pre}.ln_1", block.ln_1)
-            if self.attention == "circuits":
-                res_uses += circuit_uses(f"{pre}.attn")[0]
-                spaces.append(circuit_space(f"heads.{i}", h, f"{pre}.attn"))
-            else:
-                res_uses += reads(f"{pre}.attn.c_attn", block.attn.c_attn)
-                res_uses += writes(f"{pre}.attn.c_proj", block.attn.c_proj)
-                attn = f"{pre}.attn.c_attn"
-                spaces.append(
-                    head_space(
-                        f"heads.{i}",
-                        h,
-                        d // h,
-                        qkv=[(attn, 0, 3), (attn, 1, 3), (attn, 2, 3)],
-                        output=f"{pre}.attn.c_proj",
-                        biases=True,
-                        probe=f"{pre}.attn.heads",
-                    )
-                )
-            res_uses += writes(f"{pre}.ln_2", block.ln_2)
-            res_uses += reads(f"{pre}.mlp.c_fc", block.mlp.c_fc)
-            res_uses += writes(f"{pre}.mlp.c_proj", block.mlp.c_proj)
-            res_probes.append(Probe(pre))
-            spaces.append(
-                Space(
-                    f"ffn.{i}",
-                    self.n_inner,
-                    Permutation(),
-                    (
-                        *writes(f"{pre}.mlp.c_fc", block.mlp.c_fc),
-                        *reads(f"{pre}.mlp.c_proj", block.mlp.c_proj),
-                    ),
-                    (Probe(f"{pre}.mlp.act"),),
-                )
-            )
-        res_uses += writes("transformer.ln_f", self.transformer.ln_f)
-        if self.lm_head is not None:  # tied: wte.weight's one use covers the head
-            res_uses += reads("lm_head", self.lm_head)
-        residual = Space(
-            "residual", d, residual_group(self.norm), tuple(res_uses), tuple(res_probes)
-        )
-        return SymmetrySpec((residual, *spaces))
+    def example_inputs(self) -> tuple[Tensor, ...]:
+        gen = torch.Generator().manual_seed(0)
+        vocab = self.transformer.wte.num_embeddings
+        return (torch.randint(0, vocab, (2, min(self.context, 8)), generator=gen),)
 
     def repair_sites(self) -> list[str]:
         return [f"transformer.h.{i}.mlp.c_fc" for i in range(self.n_layer)]

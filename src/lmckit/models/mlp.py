@@ -5,11 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
 from lmckit.models.registry import ZooModel, check_sizes, register_model
-from lmckit.models.spec_builder import space
-from lmckit.symmetry import Permutation, Probe, SymmetrySpec
 
 __all__ = ["MLP", "make_activation", "make_norm1d"]
 
@@ -41,6 +40,8 @@ class MLP(ZooModel):
     spaces ``hidden.0``, ``hidden.1``, ...
     """
 
+    space_names = {"layers.{i}": "hidden.{i}"}
+
     def __init__(
         self,
         in_features: int,
@@ -70,25 +71,9 @@ class MLP(ZooModel):
             x = act(norm(layer(x)))
         return self.head(x)
 
-    def symmetry_spec(self) -> SymmetrySpec:
-        spaces = []
-        for i, width in enumerate(self.hidden):
-            reader = (
-                ("head", self.head)
-                if i == len(self.hidden) - 1
-                else (f"layers.{i + 1}", self.layers[i + 1])
-            )
-            spaces.append(
-                space(
-                    f"hidden.{i}",
-                    width,
-                    Permutation(),
-                    writers=[(f"layers.{i}", self.layers[i]), (f"norms.{i}", self.norms[i])],
-                    readers=[reader],
-                    probes=[Probe(f"acts.{i}", axis=-1)],
-                )
-            )
-        return SymmetrySpec(tuple(spaces))
+    def example_inputs(self) -> tuple[Tensor, ...]:
+        gen = torch.Generator().manual_seed(0)
+        return (torch.randn(2, self.layers[0].in_features, generator=gen),)
 
     def repair_sites(self) -> list[str]:
         if self.norm == "none":

@@ -9,8 +9,8 @@ Options (``norm=``):
 * ``"group"``: ``nn.GroupNorm(G, C)`` with ``G = group_norm_groups(C)``, the largest
   divisor of ``C`` not above :data:`MAX_GROUPS` (so ``G = 8`` whenever ``8`` divides
   ``C``). GroupNorm normalises each of ``G`` contiguous blocks of ``C / G`` channels,
-  so it is equivariant only under permutations that map blocks onto blocks:
-  :func:`channel_group` returns ``Permutation(blocks=G)`` for it.
+  so it is equivariant only under permutations that map blocks onto blocks
+  (symmetry inference gives such spaces ``Permutation(blocks=G)``).
 
 ``G`` depends on ``C`` alone, so all modules writing into one space (same ``C``)
 share the same ``G``.
@@ -20,12 +20,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from lmckit.symmetry import Permutation
-
 __all__ = [
     "CONV_NORMS",
     "MAX_GROUPS",
-    "channel_group",
     "check_conv_norm",
     "conv_bias",
     "group_norm_groups",
@@ -67,11 +64,6 @@ def make_norm2d(norm: str, channels: int) -> nn.Module:
     if norm == "layer":
         return nn.GroupNorm(1, channels)
     return nn.GroupNorm(group_norm_groups(channels), channels)
-
-
-def channel_group(norm: str, channels: int) -> Permutation:
-    """Permutation group of a channel space whose writers end with ``norm``."""
-    return Permutation(blocks=norm_blocks(norm, channels))
 
 
 def conv_bias(norm: str) -> bool:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lmckit.params import Params
 from lmckit.symmetry import SymmetrySpec
@@ -24,6 +24,8 @@ __all__ = [
 ]
 
 _MODELS: dict[str, type[ZooModel]] = {}
+# Inferred specs by architecture (class and configuration): a memo of a pure function.
+_SPECS: dict[str, SymmetrySpec] = {}
 
 
 @dataclass(frozen=True)
@@ -53,14 +55,36 @@ class ZooModel(nn.Module):
     """Base of built-in models: a module that knows its own symmetries.
 
     Subclasses are registered with :func:`register_model`, take JSON-serialisable
-    keyword arguments, and implement :meth:`symmetry_spec`. ``config`` is set by
-    :func:`create_model`.
+    keyword arguments and implement :meth:`example_inputs`; their spec is inferred from
+    the traced graph (:func:`lmckit.spec.infer_spec`), with :attr:`space_names` naming
+    the spaces. ``config`` is set by :func:`create_model`.
     """
 
     config: ModelConfig
+    #: Space names by the module path of the space's first writer, e.g.
+    #: ``{"layers.{i}": "hidden.{i}"}`` (see :func:`lmckit.spec.infer_spec`).
+    space_names: ClassVar[Mapping[str, str]] = {}
+
+    def example_inputs(self) -> tuple[Tensor, ...]:
+        """A small seeded batch of valid inputs (two examples), for tracing."""
+        raise NotImplementedError
 
     def symmetry_spec(self) -> SymmetrySpec:
-        raise NotImplementedError
+        """The architecture's symmetries, inferred from its graph and verified.
+
+        Inferred once per architecture configuration (the spec depends on the
+        architecture, not on the weights) and reused.
+        """
+        config = self.__dict__.get("config")
+        key = f"{type(self).__module__}.{type(self).__qualname__}:{config}"
+        if config is None or key not in _SPECS:
+            from lmckit.spec import infer_spec
+
+            spec = infer_spec(self, self.example_inputs(), names=self.space_names)
+            if config is None:
+                return spec
+            _SPECS[key] = spec
+        return _SPECS[key]
 
     def repair_sites(self) -> list[str]:
         """Modules whose per-channel outputs REPAIR rescales (Linear/Conv/norm layers).

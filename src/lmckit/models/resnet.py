@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
-from lmckit.models.norms import channel_group, check_conv_norm, conv_bias, make_norm2d
+from lmckit.models.norms import check_conv_norm, conv_bias, make_norm2d
 from lmckit.models.registry import ZooModel, check_sizes, register_model
-from lmckit.models.spec_builder import space
-from lmckit.symmetry import Probe, SymmetrySpec
 
 __all__ = ["BasicBlock", "ProjectionShortcut", "ResNet20"]
 
@@ -121,53 +120,10 @@ class ResNet20(ZooModel):
     def _blocks(self) -> list[tuple[int, int, BasicBlock]]:
         return [(s, b, blk) for s, stage in enumerate(self.stages) for b, blk in enumerate(stage)]
 
-    def symmetry_spec(self) -> SymmetrySpec:
-        writers: list[list[_Named]] = [[] for _ in self.widths]
-        readers: list[list[_Named]] = [[] for _ in self.widths]
-        probes: list[list[Probe]] = [[] for _ in self.widths]
-        writers[0] += [("stem_conv", self.stem_conv), ("stem_norm", self.stem_norm)]
-        probes[0].append(Probe("stem_relu", axis=1))
-        inner = []
-        stream = 0  # the residual space the next block reads
-        for s, b, block in self._blocks():
-            name = f"stages.{s}.{b}"
-            readers[stream].append((f"{name}.conv1", block.conv1))
-            if block.projects:
-                shortcut = block.shortcut
-                readers[stream].append((f"{name}.shortcut.conv", shortcut.conv))
-                writers[s] += [
-                    (f"{name}.shortcut.conv", shortcut.conv),
-                    (f"{name}.shortcut.norm", shortcut.norm),
-                ]
-            elif stream != s:
-                raise AssertionError(f"{name} changes stage without a projection")
-            writers[s] += [(f"{name}.conv2", block.conv2), (f"{name}.norm2", block.norm2)]
-            probes[s].append(Probe(f"{name}.relu_out", axis=1))
-            stream = s
-            width = self.widths[s]
-            inner.append(
-                space(
-                    f"{name}.conv1",
-                    width,
-                    channel_group(self.norm, width),
-                    writers=[(f"{name}.conv1", block.conv1), (f"{name}.norm1", block.norm1)],
-                    readers=[(f"{name}.conv2", block.conv2)],
-                    probes=[Probe(f"{name}.relu1", axis=1)],
-                )
-            )
-        readers[stream].append(("classifier", self.classifier))  # after the 1x1 pool
-        residual = [
-            space(
-                f"residual.{s}",
-                width,
-                channel_group(self.norm, width),
-                writers=writers[s],
-                readers=readers[s],
-                probes=probes[s],
-            )
-            for s, width in enumerate(self.widths)
-        ]
-        return SymmetrySpec((*residual, *inner))
+    def example_inputs(self) -> tuple[Tensor, ...]:
+        gen = torch.Generator().manual_seed(0)
+        # three stages halve 16x16 twice: every layer sees a spatial map
+        return (torch.randn(2, self.stem_conv.in_channels, 16, 16, generator=gen),)
 
     def repair_sites(self) -> list[str]:
         kind = "conv" if self.norm == "none" else "norm"  # modules are named alike

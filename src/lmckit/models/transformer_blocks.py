@@ -26,30 +26,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from lmckit.symmetry import (
-    CircuitPart,
-    Group,
-    HeadCircuits,
-    HeadPermutation,
-    Orthogonal,
-    Permutation,
-    Probe,
-    Space,
-    Use,
-)
-
 __all__ = [
     "ATTENTION_FORMS",
     "TRANSFORMER_NORMS",
     "CircuitAttention",
     "check_attention_form",
     "check_transformer_norm",
-    "circuit_space",
-    "circuit_uses",
-    "head_space",
     "make_residual_norm",
     "multi_head_attention",
-    "residual_group",
 ]
 
 TRANSFORMER_NORMS: tuple[str, ...] = ("layer", "rms")
@@ -80,12 +64,6 @@ def make_residual_norm(norm: str, width: int, eps: float) -> nn.Module:
     return nn.RMSNorm(width, eps=eps, elementwise_affine=False)
 
 
-def residual_group(norm: str) -> Group:
-    """Largest symmetry group of the residual stream under ``norm``."""
-    check_transformer_norm(norm)
-    return Permutation() if norm == "layer" else Orthogonal()
-
-
 def multi_head_attention(
     q: Tensor, k: Tensor, v: Tensor, heads: int, *, causal: bool, dropout: float = 0.0
 ) -> Tensor:
@@ -106,56 +84,6 @@ def multi_head_attention(
         split(q), split(k), split(v), dropout_p=dropout, is_causal=causal
     )
     return out.transpose(1, 2).reshape(b, t, n)
-
-
-def head_space(
-    name: str,
-    heads: int,
-    head_dim: int,
-    *,
-    qkv: list[tuple[str, int, int]],
-    output: str,
-    biases: bool,
-    probe: str,
-) -> Space:
-    """Attention head space: Q, K, V rows (writers) and the output's columns (reader).
-
-    Args:
-        name: space name.
-        heads, head_dim: layout; the space has ``heads * head_dim`` units.
-        qkv: ``(module, block, blocks)`` of the query, key and value projections, e.g.
-            ``[("attn.c_attn", 0, 3), ("attn.c_attn", 1, 3), ("attn.c_attn", 2, 3)]``
-            for a fused QKV layer.
-        output: the module whose weight reads the heads (axis 1).
-        biases: whether the projections have biases.
-        probe: module whose output is the concatenated heads.
-    """
-    uses: list[Use] = []
-    for module in dict.fromkeys(m for m, _, _ in qkv):
-        blocks = next(bl for m, _, bl in qkv if m == module)
-        uses.append(Use(f"{module}.weight", 0, "write", outer=blocks))
-        if biases:
-            uses.append(Use(f"{module}.bias", 0, "write", outer=blocks))
-    uses.append(Use(f"{output}.weight", 1, "read"))
-    parts = [CircuitPart(f"{m}.weight", b, bl) for m, b, bl in qkv]
-    bias_parts = [CircuitPart(f"{m}.bias", b, bl) if biases else None for m, b, bl in qkv]
-    circuits = HeadCircuits(
-        parts[0],
-        parts[1],
-        parts[2],
-        f"{output}.weight",
-        bias_parts[0],
-        bias_parts[1],
-        bias_parts[2],
-    )
-    return Space(
-        name,
-        heads * head_dim,
-        HeadPermutation(heads, head_dim),
-        tuple(uses),
-        (Probe(probe, axis=-1),),
-        circuits=circuits,
-    )
 
 
 class CircuitAttention(nn.Module):
@@ -187,9 +115,9 @@ class CircuitAttention(nn.Module):
         self.qk_bias = nn.Parameter(torch.zeros(heads, width))
         self.ov_weight = nn.Parameter(torch.empty(heads, width, width))
         self.ov_bias = nn.Parameter(torch.zeros(width))
-        # probe: attention weights (batch, heads, queries, keys); they do not depend on
-        # the residual frame, so activation matching can compare heads across models
-        self.pattern = nn.Identity()
+        # the attention weights (batch, heads, queries, keys) as a module's output: they do
+        # not depend on the residual frame, so activation matching compares heads by them
+        self.pattern = nn.Softmax(dim=-1)
         self.causal, self.dropout = causal, dropout
         self.attn_dropout = nn.Dropout(dropout)
         self.resid_dropout = nn.Dropout(dropout)
@@ -204,35 +132,7 @@ class CircuitAttention(nn.Module):
         if self.causal:
             future = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
-        weights = self.attn_dropout(self.pattern(scores.softmax(dim=-1)))
+        weights = self.attn_dropout(self.pattern(scores))
         mixed = torch.einsum("bhts,bse->bhte", weights, x)
         out = torch.einsum("bhtd,hed->bte", mixed, self.ov_weight) + self.ov_bias
         return self.resid_dropout(out)
-
-
-def circuit_uses(module: str) -> tuple[list[Use], list[Use]]:
-    """``(residual uses, head uses)`` of a :class:`CircuitAttention` named ``module``.
-
-    The residual stream is read on both sides of the QK circuit and of the OV circuit's
-    input, and written by the OV circuit's output and ``ov_bias``; the heads are axis 0.
-    """
-    residual = [
-        Use(f"{module}.qk_weight", 1, "read"),
-        Use(f"{module}.qk_weight", 2, "read"),
-        Use(f"{module}.qk_bias", 1, "read"),
-        Use(f"{module}.ov_weight", 1, "write"),
-        Use(f"{module}.ov_weight", 2, "read"),
-        Use(f"{module}.ov_bias", 0, "write"),
-    ]
-    heads = [Use(f"{module}.{p}", 0, "write") for p in ("qk_weight", "qk_bias", "ov_weight")]
-    return residual, heads
-
-
-def circuit_space(name: str, heads: int, module: str) -> Space:
-    """Head space of a :class:`CircuitAttention`: permutations of its ``heads`` circuits.
-
-    Its probe is the attention pattern: a head's inputs and outputs live in its model's
-    own residual frame, but which keys it attends to does not.
-    """
-    _, uses = circuit_uses(module)
-    return Space(name, heads, Permutation(), tuple(uses), (Probe(f"{module}.pattern", axis=1),))

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor, nn
 
-from lmckit.models.norms import channel_group, check_conv_norm, conv_bias, make_norm2d
+from lmckit.models.norms import check_conv_norm, conv_bias, make_norm2d
 from lmckit.models.registry import ZooModel, check_sizes, register_model
-from lmckit.models.spec_builder import space
-from lmckit.symmetry import Probe, SymmetrySpec
 
 __all__ = ["VGG", "VGG11_WIDTHS"]
 
@@ -46,6 +45,7 @@ class VGG(ZooModel):
         if not (isinstance(width_mult, int | float) and 0 < width_mult < float("inf")):
             raise ValueError(f"vgg: width_mult must be a positive number, got {width_mult!r}")
         self.norm = norm
+        self.image_size = image_size
         layers: list[nn.Module] = []
         #: ``(conv index, norm index, relu index, out channels)`` per conv, in order.
         self.conv_sites: list[tuple[int, int, int, int]] = []
@@ -77,28 +77,11 @@ class VGG(ZooModel):
         """``(batch, in_channels, H, W) -> (batch, num_classes)``."""
         return self.classifier(self.pool(self.features(x)).flatten(1))
 
-    def symmetry_spec(self) -> SymmetrySpec:
-        spaces = []
-        for i, (conv, norm, relu, width) in enumerate(self.conv_sites):
-            if i + 1 < len(self.conv_sites):
-                nxt = self.conv_sites[i + 1][0]
-                reader = (f"features.{nxt}", self.features[nxt])
-            else:
-                reader = ("classifier", self.classifier)  # after the 1x1 pool: inner = 1
-            spaces.append(
-                space(
-                    f"features.{conv}",
-                    width,
-                    channel_group(self.norm, width),
-                    writers=[
-                        (f"features.{conv}", self.features[conv]),
-                        (f"features.{norm}", self.features[norm]),
-                    ],
-                    readers=[reader],
-                    probes=[Probe(f"features.{relu}", axis=1)],
-                )
-            )
-        return SymmetrySpec(tuple(spaces))
+    def example_inputs(self) -> tuple[Tensor, ...]:
+        gen = torch.Generator().manual_seed(0)
+        conv = self.features[self.conv_sites[0][0]]
+        size = self.image_size
+        return (torch.randn(2, conv.in_channels, size, size, generator=gen),)
 
     def repair_sites(self) -> list[str]:
         pick = 0 if self.norm == "none" else 1

@@ -29,20 +29,14 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.models.registry import ZooModel, register_model
-from lmckit.models.spec_builder import reads, writes
 from lmckit.models.transformer_blocks import (
     CircuitAttention,
     check_attention_form,
     check_transformer_norm,
-    circuit_space,
-    circuit_uses,
-    head_space,
     make_residual_norm,
     multi_head_attention,
-    residual_group,
 )
 from lmckit.params import Params
-from lmckit.symmetry import Permutation, Probe, Space, SymmetrySpec, Use
 
 __all__ = ["ViT"]
 
@@ -80,14 +74,12 @@ class _SelfAttention(nn.Module):
         self.query = nn.Linear(width, width)
         self.key = nn.Linear(width, width)
         self.value = nn.Linear(width, width)
-        self.heads = nn.Identity()  # probe: the concatenated heads
         self.n_head = heads
 
     def forward(self, x: Tensor) -> Tensor:
-        y = multi_head_attention(
+        return multi_head_attention(
             self.query(x), self.key(x), self.value(x), self.n_head, causal=False
         )
-        return self.heads(y)
 
 
 class _Dense(nn.Module):
@@ -150,6 +142,12 @@ class ViT(ZooModel):
             circuit, see :func:`lmckit.rewrites.heads_to_circuits`).
     """
 
+    space_names = {
+        "vit.encoder.layer.{i}.attention": "heads.{i}",
+        "vit.encoder.layer.{i}.attention.attention.query": "heads.{i}",
+        "vit.encoder.layer.{i}.intermediate.dense": "ffn.{i}",
+    }
+
     def __init__(
         self,
         image_size: int,
@@ -189,6 +187,7 @@ class ViT(ZooModel):
         self.width, self.depth, self.heads, self.mlp_dim = width, depth, heads, mlp_dim
         self.norm, self.class_token, self.layer_norm_eps = norm, class_token, layer_norm_eps
         self.attention = attention
+        self.image_size, self.in_channels = image_size, in_channels
 
     def forward(self, x: Tensor) -> Tensor:
         h = self.vit.embeddings(x)
@@ -197,60 +196,10 @@ class ViT(ZooModel):
         h = self.vit.layernorm(h)
         return self.classifier(h[:, 0] if self.class_token else h.mean(1))
 
-    def symmetry_spec(self) -> SymmetrySpec:
-        d, nh = self.width, self.heads
-        emb = "vit.embeddings"
-        res_uses = [Use(f"{emb}.position_embeddings", 2, "write")]
-        if self.class_token:
-            res_uses.append(Use(f"{emb}.cls_token", 2, "write"))
-        proj = self.vit.embeddings.patch_embeddings.projection
-        res_uses += writes(f"{emb}.patch_embeddings.projection", proj)
-        res_probes = [Probe(f"{emb}.dropout")]
-        spaces: list[Space] = []
-        for i, layer in enumerate(self.vit.encoder.layer):
-            pre = f"vit.encoder.layer.{i}"
-            att = f"{pre}.attention.attention"
-            res_uses += writes(f"{pre}.layernorm_before", layer.layernorm_before)
-            if self.attention == "circuits":
-                res_uses += circuit_uses(f"{pre}.attention")[0]
-                spaces.append(circuit_space(f"heads.{i}", nh, f"{pre}.attention"))
-            else:
-                for part in ("query", "key", "value"):
-                    res_uses += reads(f"{att}.{part}", getattr(layer.attention.attention, part))
-                res_uses += writes(f"{pre}.attention.output.dense", layer.attention.output.dense)
-                spaces.append(
-                    head_space(
-                        f"heads.{i}",
-                        nh,
-                        d // nh,
-                        qkv=[(f"{att}.{part}", 0, 1) for part in ("query", "key", "value")],
-                        output=f"{pre}.attention.output.dense",
-                        biases=True,
-                        probe=f"{att}.heads",
-                    )
-                )
-            res_uses += writes(f"{pre}.layernorm_after", layer.layernorm_after)
-            res_uses += reads(f"{pre}.intermediate.dense", layer.intermediate.dense)
-            res_uses += writes(f"{pre}.output.dense", layer.output.dense)
-            res_probes.append(Probe(pre))
-            spaces.append(
-                Space(
-                    f"ffn.{i}",
-                    self.mlp_dim,
-                    Permutation(),
-                    (
-                        *writes(f"{pre}.intermediate.dense", layer.intermediate.dense),
-                        *reads(f"{pre}.output.dense", layer.output.dense),
-                    ),
-                    (Probe(f"{pre}.intermediate.intermediate_act_fn"),),
-                )
-            )
-        res_uses += writes("vit.layernorm", self.vit.layernorm)
-        res_uses += reads("classifier", self.classifier)
-        residual = Space(
-            "residual", d, residual_group(self.norm), tuple(res_uses), tuple(res_probes)
-        )
-        return SymmetrySpec((residual, *spaces))
+    def example_inputs(self) -> tuple[Tensor, ...]:
+        gen = torch.Generator().manual_seed(0)
+        size = self.image_size
+        return (torch.randn(2, self.in_channels, size, size, generator=gen),)
 
     def repair_sites(self) -> list[str]:
         return [f"vit.encoder.layer.{i}.intermediate.dense" for i in range(self.depth)]

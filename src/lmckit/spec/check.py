@@ -1,0 +1,191 @@
+"""Verify a symmetry spec on a module: random group elements must not change its outputs.
+
+This is the library's central invariant made executable. The check runs in float64
+where the module allows it, so a true symmetry leaves the outputs equal to ~1e-12 and
+any broken one (a forgotten bias, BatchNorm statistics that do not move, a nonlinearity
+that does not commute with rotations) shows as an error of order one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmckit.params import Params
+from lmckit.spec.trace import SpecInferenceError, module_params
+from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply
+
+__all__ = ["SpecCheckError", "check_spec", "output_error"]
+
+
+class SpecCheckError(SpecInferenceError):
+    """A spec's group element changes the module's outputs; the message names the space."""
+
+
+def _leaves(output: Any) -> list[Tensor]:
+    if hasattr(output, "to_tuple"):  # Hugging Face ModelOutput
+        output = output.to_tuple()
+    return [x for x in pytree.tree_leaves(output) if isinstance(x, Tensor)]
+
+
+def output_error(reference: Sequence[Tensor], other: Sequence[Tensor]) -> float:
+    """Largest ``max |a - b| / max |b|`` over the float outputs (inf on shape mismatch)."""
+    worst = 0.0
+    for ref, out in zip(reference, other, strict=True):
+        if not ref.is_floating_point():
+            if not torch.equal(ref, out):
+                return float("inf")
+            continue
+        if ref.shape != out.shape:
+            return float("inf")
+        scale = float(ref.abs().max()) if ref.numel() else 0.0
+        diff = float((ref.double() - out.double()).abs().max()) if ref.numel() else 0.0
+        worst = max(worst, diff / max(scale, 1e-30))
+    return worst
+
+
+def _runner(
+    module: nn.Module, example_inputs: Sequence[Any], kwargs: Mapping[str, Any], dtype: torch.dtype
+) -> Callable[[Params], list[Tensor]]:
+    inputs = [x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x
+              for x in example_inputs]  # fmt: skip
+
+    def run(params: Params) -> list[Tensor]:
+        with torch.no_grad():
+            return _leaves(functional_call(module, params, tuple(inputs), dict(kwargs)))
+
+    return run
+
+
+def _cast(params: Params, dtype: torch.dtype) -> Params:
+    return {k: v.to(dtype) if v.is_floating_point() else v for k, v in params.items()}
+
+
+def _random_element(space: Space, generator: torch.Generator) -> object:
+    element = space.group.random(space.n, generator)
+    if isinstance(element, Tensor) and element.is_floating_point():
+        element = element.double()
+        if isinstance(space.group, Orthogonal):
+            # drawn in float32: orthogonal to ~1e-7 only; the check runs in float64
+            u, _, vh = torch.linalg.svd(element)
+            element = u @ vh
+    return element
+
+
+def check_spec(
+    module: nn.Module,
+    spec: SymmetrySpec,
+    example_inputs: Sequence[Any],
+    *,
+    params: Params | None = None,
+    kwargs: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    rtol: float = 1e-5,
+    diagnose: bool = True,
+) -> dict[str, float]:
+    """Check that random elements of every space of ``spec`` preserve ``module``'s outputs.
+
+    All spaces are moved together first (one forward pass); only if that fails is each
+    space checked alone, to name the one that breaks.
+
+    Args:
+        module: the module (run in eval mode through ``functional_call``).
+        spec: the spec to verify.
+        example_inputs: positional inputs, e.g. a batch of token ids ``(2, 8)``.
+        params: the parameters to check at (default: the module's state dict).
+        kwargs: keyword inputs.
+        seed: seed of the random group elements.
+        rtol: largest relative output error accepted (in float64; 1e3 times larger when
+            the module only runs in float32).
+        diagnose: on failure, compare with the inferred spec to name the parameter that
+            breaks the function (traces the module once more).
+
+    Returns:
+        The relative output error of the joint check, per space when some failed.
+
+    Raises:
+        SpecCheckError: naming the first space whose random element changes the outputs,
+            and the parameter that breaks it where one can be found.
+    """
+    params = dict(module_params(module) if params is None else params)
+    spec.validate(params)
+    was_training = module.training
+    module.eval()
+    try:
+        try:
+            run = _runner(module, example_inputs, kwargs or {}, torch.float64)
+            params = _cast(params, torch.float64)
+            reference = run(params)
+        except (RuntimeError, TypeError):  # a module that hard-codes float32 somewhere
+            run = _runner(module, example_inputs, kwargs or {}, torch.float32)
+            params = _cast(params, torch.float32)
+            reference = run(params)
+            rtol *= 1e3
+        generator = torch.Generator().manual_seed(seed)
+        joint = Transform(spec, {s.name: _random_element(s, generator) for s in spec})
+        error = output_error(reference, run(apply(spec, params, joint)))
+        if error <= rtol:
+            return {"all": error}
+        errors = {}
+        for space in spec:
+            alone = Transform(spec, {space.name: _random_element(space, generator)})
+            errors[space.name] = output_error(reference, run(apply(spec, params, alone)))
+            if errors[space.name] > rtol:
+                detail = ""
+                if diagnose:
+                    detail = _diagnose(module, spec, space, example_inputs, kwargs)
+                raise SpecCheckError(
+                    f"space {space.name!r} ({type(space.group).__name__}, n={space.n}) changes "
+                    f"the outputs (relative error {errors[space.name]:.2g}){detail}"
+                )
+        return errors
+    finally:
+        module.train(was_training)
+
+
+def _diagnose(
+    module: nn.Module,
+    spec: SymmetrySpec,
+    space: Space,
+    example_inputs: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+) -> str:
+    """Which parameter makes ``space`` break the function, read off the inferred spec."""
+    from lmckit.spec.infer import analyze_symmetries
+
+    try:
+        inferred = analyze_symmetries(module, example_inputs, kwargs=kwargs, check=False).spec
+    except SpecInferenceError:
+        return ""
+    mine = {(u.param, u.axis) for u in space.uses}
+    best = max(
+        inferred, key=lambda s: len(mine & {(u.param, u.axis) for u in s.uses}), default=None
+    )
+    if best is None or not mine & {(u.param, u.axis) for u in best.uses}:
+        first = space.uses[0]
+        return f": the module's graph gives {first.param!r} (axis {first.axis}) no symmetry at all"
+    theirs = {(u.param, u.axis): u for u in best.uses}
+    order = list(module_params(module))
+    missing = sorted(set(theirs) - mine, key=lambda pa: order.index(pa[0]) if pa[0] in order else 0)
+    if missing:
+        param, axis = missing[0]
+        return f": parameter {param!r} (axis {axis}) moves with this space but the spec omits it"
+    extra = sorted(mine - set(theirs), key=lambda pa: order.index(pa[0]) if pa[0] in order else 0)
+    if extra:
+        param, axis = extra[0]
+        return f": parameter {param!r} (axis {axis}) is in the spec but not in this space"
+    for use in space.uses:
+        other = theirs[(use.param, use.axis)]
+        if (use.outer, use.inner) != (other.outer, other.inner):
+            return (
+                f": parameter {use.param!r} (axis {use.axis}) has blocks outer={use.outer}, "
+                f"inner={use.inner}; the graph says outer={other.outer}, inner={other.inner}"
+            )
+    if type(space.group) is not type(best.group):
+        return f": the graph allows {type(best.group).__name__}, not {type(space.group).__name__}"
+    return ""

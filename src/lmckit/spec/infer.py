@@ -1,0 +1,123 @@
+"""Symmetry discovery: the :class:`~lmckit.symmetry.SymmetrySpec` of any module, from its graph.
+
+``infer_spec(module, example_inputs)`` traces the module (:mod:`lmckit.spec.trace`),
+interprets every op abstractly (:mod:`lmckit.spec.interpret`: which axes share units,
+what each op lets those units do), turns the result into spaces
+(:mod:`lmckit.spec.emit`) and verifies them (:func:`lmckit.spec.check.check_spec`)
+before returning. Nothing is guessed: an axis touched by an op the rules do not
+understand is left out, and the reason is kept in :attr:`SymmetryAnalysis.left_out`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import nn
+
+from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
+from lmckit.spec.check import check_spec
+from lmckit.spec.emit import emit_spaces
+from lmckit.spec.interpret import interpret
+from lmckit.spec.trace import TracedGraph, trace
+from lmckit.symmetry import SymmetrySpec
+
+__all__ = ["SymmetryAnalysis", "analyze_symmetries", "infer_spec"]
+
+
+@dataclass(frozen=True)
+class SymmetryAnalysis:
+    """An inferred spec and what the graph said besides.
+
+    Attributes:
+        spec: the spaces found (verified unless ``check=False``).
+        left_out: why things a user might expect are not in the spec (an op the rules
+            do not understand, a slice through a feature axis, ...), one line each.
+        scales: parameter vectors scaling feature axes (norm scales), for the rewrites
+            that fold them into their readers.
+        attention: the attention sites of the graph.
+        traced: the traced graph.
+        analysis: the abstract values (per node, per axis) the spec was read from.
+    """
+
+    spec: SymmetrySpec
+    left_out: tuple[str, ...]
+    scales: tuple[ScaleSite, ...]
+    attention: tuple[AttentionSite, ...]
+    traced: TracedGraph
+    analysis: Analysis
+
+    def report(self) -> str:
+        """Spaces, groups and what was left out, as text for people."""
+        lines = [f"{len(self.spec)} spaces:"]
+        for space in self.spec:
+            kind = type(space.group).__name__
+            lines.append(f"  {space.name:<28} {kind:<16} n={space.n:<6} {len(space.uses)} uses")
+        if self.left_out:
+            lines.append("left out:")
+            lines += [f"  {line}" for line in self.left_out]
+        return "\n".join(lines)
+
+
+def analyze_symmetries(
+    module: nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    names: Mapping[str, str] | None = None,
+    check: bool = True,
+    seed: int = 0,
+) -> SymmetryAnalysis:
+    """Infer ``module``'s symmetries and keep everything the analysis learned.
+
+    Args:
+        module: any ``nn.Module`` that ``torch.export`` traces.
+        example_inputs: positional inputs of a forward pass (a small batch; use a batch
+            of at least 2 so that no axis is confused with a broadcast one).
+        kwargs: keyword inputs of the forward pass.
+        names: space names by the module path of their first writer, as patterns with
+            numbered fields, e.g. ``{"layers.{i}": "hidden.{i}"}``; unnamed spaces are
+            called ``residual`` (written by several modules), ``heads.{k}`` (attention
+            heads) or after their first writer module.
+        check: verify the spec with :func:`~lmckit.spec.check.check_spec` (random group
+            elements must not change the outputs) before returning.
+        seed: seed of the check's random elements.
+
+    Raises:
+        SpecInferenceError: the module does not trace (naming why), or (a
+            :class:`~lmckit.spec.check.SpecCheckError`) an inferred space fails its
+            check, naming the space.
+    """
+    traced = trace(module, example_inputs, kwargs=kwargs)
+    analysis = interpret(traced)
+    spaces = emit_spaces(analysis, names)
+    spec = SymmetrySpec(tuple(spaces))
+    if check and len(spec):
+        check_spec(module, spec, example_inputs, kwargs=kwargs, seed=seed, diagnose=False)
+    return SymmetryAnalysis(
+        spec,
+        tuple(analysis.notes),
+        tuple(analysis.scales),
+        tuple(analysis.attention),
+        traced,
+        analysis,
+    )
+
+
+def infer_spec(
+    module: nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    names: Mapping[str, str] | None = None,
+    check: bool = True,
+    seed: int = 0,
+) -> SymmetrySpec:
+    """The symmetry spec of ``module``, inferred from its traced graph and verified.
+
+    See :func:`analyze_symmetries` for the arguments and for what was left out.
+    """
+    return analyze_symmetries(
+        module, example_inputs, kwargs=kwargs, names=names, check=check, seed=seed
+    ).spec

@@ -1,0 +1,75 @@
+"""Run the op rules over a traced graph: one abstract value per node."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from torch.fx import Node
+
+from lmckit.spec import elementwise as _elementwise  # noqa: F401  (registers rules)
+from lmckit.spec import layers as _layers  # noqa: F401  (registers rules)
+from lmckit.spec.analysis import Analysis, Value
+from lmckit.spec.lattice import Level
+from lmckit.spec.rules import RULES, SQUARE_SAFE, out_shapes, unknown_op
+from lmckit.spec.trace import TracedGraph
+
+__all__ = ["interpret"]
+
+
+def _packet(target: Any) -> Any:
+    """The op packet a rule is registered under (every overload of an op shares it)."""
+    if target is operator.getitem:
+        return target
+    return getattr(target, "overloadpacket", target)
+
+
+def _tensors(obj: Any) -> list[Value]:
+    if isinstance(obj, Value):
+        return [obj]
+    if isinstance(obj, list | tuple):
+        return [v for item in obj for v in _tensors(item)]
+    if isinstance(obj, dict):
+        return [v for item in obj.values() for v in _tensors(item)]
+    return []
+
+
+def _placeholder(an: Analysis, node: Node) -> Any:
+    shape = out_shapes(node)
+    if not (isinstance(shape, tuple) and all(isinstance(s, int) for s in shape)):
+        return node.meta.get("val")  # a non-tensor input: passed through as is
+    traced = an.traced
+    if node.name in traced.params:
+        value = an.fresh(shape, Level.ORTH)
+        value.const = False
+        value.src = [frozenset({(node.name, i)}) for i in range(len(shape))]
+        an.param_vars[node.name] = [axis[0] for axis in value.axes]
+        return value
+    if node.name in traced.inputs:
+        value = an.free(shape, "a model input")
+        value.const = False
+        return value
+    return an.free(shape, "a constant")  # lifted constants, non-persistent buffers
+
+
+def interpret(traced: TracedGraph) -> Analysis:
+    """Abstract values of every node of ``traced``; variables constrained by the rules."""
+    an = Analysis(traced)
+    for node in traced.graph.nodes:
+        if node.op == "placeholder":
+            an.values[node.name] = _placeholder(an, node)
+        elif node.op == "call_function":
+            args = an.value(node.args)
+            kwargs = {k: an.value(v) for k, v in node.kwargs.items()}
+            packet = _packet(node.target)
+            rule = RULES.get(packet, unknown_op)
+            if packet not in SQUARE_SAFE:
+                squares = [v for v in _tensors([args, kwargs]) if v.square]
+                an.lower(squares, f"{node.target} (node {node.name!r}) uses a square")
+            an.values[node.name] = rule(an, node, args, kwargs)
+        elif node.op == "output":
+            outputs = _tensors(an.value(node.args))
+            an.pin(outputs, "reaches the model's output")
+        else:  # get_attr (submodules of higher-order ops): handled by their users
+            an.values[node.name] = None
+    return an

@@ -1,0 +1,184 @@
+"""The algebra of feature axes that symmetry inference computes with.
+
+Every axis of every tensor in a traced graph is described by a list of *factors*
+(row-major, like a shape): an axis of size 12 might be ``[h]`` or, after a reshape into
+attention heads, ``[h(3), d(4)]``. Each factor is a :class:`Var`, a union-find node
+standing for "the same units, moved by the same group element". Ops unify the factors
+of the axes they tie together (a linear layer's input axis with its weight's column
+axis; both operands of a residual addition) and constrain how much symmetry a variable
+keeps (its :class:`Level`):
+
+* ``ORTH``: every op touching it commutes with orthogonal maps (linear maps, sums,
+  scalings by invariants such as ``1 / rms(x)``);
+* ``PERM``: something acts unit by unit (an activation, a norm's scale, a product of two
+  features, a mean over the axis): only permutations remain;
+* ``FREE``: pinned, not a symmetry at all (inputs, outputs, constants that vary along
+  the axis, anything the rules do not understand).
+
+A reshape that splits a variable's units refines it into a product of new variables
+(:meth:`Lattice.split`); later unifications see the refinement. The final structure of
+a parameter axis is the expansion of its variable into leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable, Sequence
+from enum import IntEnum
+
+__all__ = ["Lattice", "Level", "Var"]
+
+
+class Level(IntEnum):
+    """How much symmetry a variable keeps: the meet of every constraint put on it."""
+
+    FREE = 0
+    PERM = 1
+    ORTH = 2
+
+
+class Var:
+    """A factor of a feature axis: ``size`` units moved together by one group element.
+
+    Only a root (``find(v) is v``) carries meaningful state. ``parts`` set means the
+    variable was refined into the product of those variables (row-major).
+    """
+
+    __slots__ = (
+        "blocks", "heads", "id", "level", "parent", "parts", "reasons", "residual", "size",
+    )  # fmt: skip
+
+    def __init__(self, vid: int, size: int, level: Level) -> None:
+        self.id = vid
+        self.size = size
+        self.parent: Var = self
+        self.level = level
+        self.reasons: list[str] = []
+        self.parts: list[Var] | None = None
+        #: GroupNorm: units must move in ``blocks`` contiguous groups.
+        self.blocks = 1
+        #: the batch axis of attention (heads): permuted as whole heads.
+        self.heads = False
+        #: two activations are added along it (a residual stream).
+        self.residual = False
+
+    def __repr__(self) -> str:
+        return f"Var#{self.id}(size={self.size}, {self.level.name})"
+
+
+class Lattice:
+    """The variables of one analysis, and the operations that constrain them."""
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def fresh(self, size: int, level: Level = Level.ORTH, reason: str | None = None) -> Var:
+        """A new variable; size-1 variables are always pinned (nothing to move)."""
+        self._count += 1
+        var = Var(self._count, size, level if size > 1 else Level.FREE)
+        if reason is not None and var.level < Level.ORTH:
+            var.reasons.append(reason)
+        return var
+
+    @staticmethod
+    def find(var: Var) -> Var:
+        root = var
+        while root.parent is not root:
+            root = root.parent
+        while var.parent is not root:  # path compression
+            var.parent, var = root, var.parent
+        return root
+
+    def leaves(self, factors: Iterable[Var]) -> list[Var]:
+        """The unrefined roots a factor list expands to, size-1 factors dropped."""
+        out: list[Var] = []
+        stack = list(factors)[::-1]
+        while stack:
+            var = self.find(stack.pop())
+            if var.parts is not None:
+                stack.extend(var.parts[::-1])
+            elif var.size > 1:
+                out.append(var)
+        return out
+
+    # ------------------------------------------------------------------ constraints
+
+    def lower(self, factors: Iterable[Var], level: Level, reason: str) -> None:
+        """Cap the level of every leaf of ``factors`` at ``level``."""
+        for leaf in self.leaves(factors):
+            if leaf.level > level:
+                leaf.level = level
+                leaf.reasons.append(reason)
+
+    def pin(self, factors: Iterable[Var], reason: str) -> None:
+        self.lower(factors, Level.FREE, reason)
+
+    def split(self, var: Var, sizes: Sequence[int]) -> list[Var]:
+        """Refine a leaf into the product of new leaves of ``sizes`` (row-major)."""
+        root = self.find(var)
+        if root.parts is not None:
+            raise ValueError(f"{root} is already refined")
+        if math.prod(sizes) != root.size:
+            raise ValueError(f"cannot split {root} into {list(sizes)}")
+        parts = []
+        for size in sizes:
+            part = self.fresh(size, root.level)
+            part.reasons = list(root.reasons)
+            part.heads = root.heads
+            part.residual = root.residual
+            parts.append(part)
+        if root.blocks > 1 and root.level > Level.FREE:
+            # a GroupNorm's blocks cannot be cut by a reshape we do not understand
+            self.pin(parts, "a reshape splits GroupNorm groups")
+        root.parts = parts
+        return parts
+
+    def _union(self, a: Var, b: Var) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra is rb:
+            return
+        rb.parent = ra
+        if rb.level < ra.level:
+            ra.level = rb.level
+        ra.reasons += [r for r in rb.reasons if r not in ra.reasons]
+        ra.blocks = math.lcm(ra.blocks, rb.blocks)
+        ra.heads = ra.heads or rb.heads
+        ra.residual = ra.residual or rb.residual
+
+    def unify(self, a: Sequence[Var], b: Sequence[Var], reason: str) -> None:
+        """Make two factor lists of one axis size describe the same units.
+
+        The lists are aligned like two shapes of one reshape: a factor on one side that
+        spans several on the other is split. If no common refinement exists (e.g.
+        ``[6, 4]`` against ``[4, 6]``) every factor involved is pinned.
+        """
+        left, right = deque(self.leaves(a)), deque(self.leaves(b))
+        total_left = math.prod(v.size for v in left)
+        total_right = math.prod(v.size for v in right)
+        if total_left != total_right:
+            self.pin([*left, *right], f"{reason}: axis sizes {total_left} and {total_right}")
+            return
+        while left and right:
+            x, y = self.find(left[0]), self.find(right[0])
+            if x.parts is not None or y.parts is not None:
+                # refined by an earlier step of this loop: expand in place
+                for side, var in ((left, x), (right, y)):
+                    if var.parts is not None:
+                        side.popleft()
+                        side.extendleft(reversed(self.leaves(var.parts)))
+                continue
+            if x is y:
+                left.popleft()
+                right.popleft()
+            elif x.size == y.size:
+                self._union(x, y)
+                left.popleft()
+                right.popleft()
+            elif y.size % x.size == 0:
+                self.split(y, [x.size, y.size // x.size])
+            elif x.size % y.size == 0:
+                self.split(x, [y.size, x.size // y.size])
+            else:
+                self.pin([*left, *right], f"{reason}: incompatible factorizations")
+                return

@@ -1,0 +1,153 @@
+"""Tracing a module into the ATen graph that symmetry inference reads.
+
+``torch.export`` (non-strict) is the tracer: it records every tensor operation the
+module runs on the example inputs, whatever the module's style (``nn.Linear``,
+``F.linear``, ``x @ W.T``, Hugging Face's ``Conv1D``), as a flat graph of ATen ops whose
+placeholders are named parameters, buffers and inputs. ``torch.fx.symbolic_trace``
+would need every model's control flow to be symbolic, which Hugging Face models are not;
+export runs the real Python code on fake tensors, so shape-dependent branches just
+specialise to the example's shapes, which inference does not depend on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.fx import Graph, Node
+
+__all__ = ["SpecInferenceError", "TracedGraph", "module_params", "module_path", "trace"]
+
+
+class SpecInferenceError(ValueError):
+    """A module cannot be traced, or its inferred symmetries fail their check."""
+
+
+@dataclass(frozen=True)
+class TracedGraph:
+    """The exported graph and what its placeholders are.
+
+    Attributes:
+        graph: the ATen graph (``torch.fx``).
+        params: placeholder name -> state-dict key of a parameter or persistent buffer
+            (the first key of tied weights: :func:`module_params` keeps only that one).
+        aliases: state-dict key -> the other keys tied to it.
+        statistics: state-dict keys that are buffers (running statistics): they move
+            with their space but are not compared by weight matching.
+        constants: placeholder names of lifted constants and non-persistent buffers.
+        inputs: placeholder names of the user inputs, in order.
+        shapes: state-dict key -> shape.
+    """
+
+    graph: Graph
+    params: Mapping[str, str]
+    aliases: Mapping[str, tuple[str, ...]]
+    statistics: frozenset[str]
+    constants: frozenset[str]
+    inputs: tuple[str, ...]
+    shapes: Mapping[str, tuple[int, ...]]
+
+
+def module_path(node: Node) -> str:
+    """Qualified name of the innermost module that ran ``node`` (``""``: the root)."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path, _cls = list(stack.values())[-1]
+    return str(path)
+
+
+def _aliases(module: nn.Module) -> dict[str, tuple[str, ...]]:
+    """State-dict key -> every key sharing its tensor (tied weights), itself first."""
+    by_id: dict[int, list[str]] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        by_id.setdefault(id(tensor), []).append(name)
+    return {name: tuple(names) for names in by_id.values() for name in names}
+
+
+def module_params(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The module's state dict with every tensor once: tied weights keep their first key.
+
+    This is the form of :class:`~lmckit.params.Params` lmckit uses for any module:
+    ``torch.func.functional_call`` fills the other tied keys from the first.
+    """
+    seen: set[int] = set()
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out[name] = tensor.detach()
+    return out
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    # export warns about things that do not concern a user of lmckit (deprecated
+    # internals of transformers, constant folding); errors still surface
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def trace(
+    module: nn.Module,
+    example_inputs: Sequence[Any],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+) -> TracedGraph:
+    """Export ``module`` (in eval mode) on ``example_inputs``.
+
+    Raises:
+        SpecInferenceError: the module does not trace, naming the reason.
+    """
+    if not isinstance(module, nn.Module):
+        raise SpecInferenceError(f"expected an nn.Module, got {type(module).__name__}")
+    was_training = module.training
+    module.eval()
+    name = type(module).__name__
+    try:
+        with _quiet(), torch.no_grad():
+            program = torch.export.export(
+                module, tuple(example_inputs), dict(kwargs or {}), strict=False
+            )
+    except Exception as err:  # export raises many types; all mean "does not trace"
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise SpecInferenceError(
+            f"cannot trace {name}: {type(err).__name__}: {first[:300]}"
+        ) from None
+    finally:
+        module.train(was_training)
+    aliases = _aliases(module)
+    state = module.state_dict()
+    params: dict[str, str] = {}
+    statistics: set[str] = set()
+    constants: set[str] = set()
+    inputs: list[str] = []
+    kinds = torch.export.graph_signature.InputKind
+    for spec in program.graph_signature.input_specs:
+        placeholder = spec.arg.name if hasattr(spec.arg, "name") else str(spec.arg)
+        if spec.kind == kinds.USER_INPUT:
+            inputs.append(placeholder)
+        elif spec.kind in (kinds.PARAMETER, kinds.BUFFER) and spec.target in state:
+            key = aliases.get(spec.target, (spec.target,))[0]
+            params[placeholder] = key
+            if spec.kind == kinds.BUFFER:
+                statistics.add(key)
+        else:
+            constants.add(placeholder)
+    shapes = {k: tuple(v.shape) for k, v in state.items()}
+    tied = {names[0]: names[1:] for names in aliases.values() if len(names) > 1}
+    return TracedGraph(
+        program.graph,
+        params,
+        tied,
+        frozenset(statistics),
+        frozenset(constants),
+        tuple(inputs),
+        shapes,
+    )
