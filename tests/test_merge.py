@@ -9,6 +9,12 @@ from lmckit.align import weight_matching
 from lmckit.data import batches
 from lmckit.evaluate import evaluate
 from lmckit.merge import channel_statistics, has_batchnorm, repair, reset_batchnorm
+from lmckit.merge_methods import (
+    get_merge_method,
+    list_merge_methods,
+    merge_info,
+    path_prepare,
+)
 from lmckit.models import create_model
 from lmckit.params import Params, interpolate
 from lmckit.symmetry import apply
@@ -145,3 +151,47 @@ def test_repair_errors() -> None:
     _, other = create_model("mlp", seed=0, in_features=4, hidden=[6], out_features=2, bias=False)
     with pytest.raises(ValueError, match="layers.0.weight"):
         repair(module, params, other, 0.5, inputs, sites=["layers.0"])
+
+
+# --------------------------------------------------------------------------- registry
+
+
+def test_merge_method_registry_lists_and_names_typos() -> None:
+    assert list_merge_methods() == ["interpolate", "repair", "reset_bn"]
+    for name in list_merge_methods():
+        assert "https://arxiv.org/abs/" in merge_info(name).paper
+    with pytest.raises(
+        KeyError,
+        match="unknown merge method 'repiar'; known merge methods: interpolate, repair, reset_bn",
+    ):
+        get_merge_method("repiar")
+
+
+def test_registered_methods_are_the_merges_they_name(bn_mlp_pair, digits) -> None:
+    model, a, b, _ = bn_mlp_pair
+    inputs = lambda: [x for x, _ in batches(digits.x_train, digits.y_train, 128, limit=3)]  # noqa: E731
+    t = 0.3
+    merged = get_merge_method("interpolate")(a, b, t)
+    for k, v in interpolate(a, b, t).items():
+        assert torch.equal(merged[k], v)
+    reset = get_merge_method("reset_bn")(a, b, t, model=model, inputs=inputs)
+    expected = reset_batchnorm(model, interpolate(a, b, t), inputs())
+    for k, v in expected.items():
+        assert torch.equal(reset[k], v)
+    repaired = get_merge_method("repair")(a, b, t, model=model, inputs=inputs)
+    # the path hook measures the endpoints once and gives the same point
+    hook = path_prepare("repair", model, a, b, inputs)
+    assert hook is not None
+    for k, v in hook(interpolate(a, b, t), t).items():
+        torch.testing.assert_close(repaired[k], v)
+    assert path_prepare("interpolate", model, a, b, inputs) is None
+
+
+def test_merge_methods_say_what_they_need(mlp_pair) -> None:
+    model, a, b, _ = mlp_pair
+    with pytest.raises(ValueError, match="'repair' needs model"):
+        get_merge_method("repair")(a, b, 0.5)
+    with pytest.raises(ValueError, match="'reset_bn' needs inputs"):
+        get_merge_method("reset_bn")(a, b, 0.5, model=model)
+    with pytest.raises(ValueError, match="'reset_bn' needs a network with BatchNorm"):
+        path_prepare("reset_bn", model, a, b, lambda: [])

@@ -7,11 +7,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lmckit.align import activation_matching, collect_cross_statistics
+from lmckit.align import ActivationMatchingConfig, activation_matching, collect_cross_statistics
 from lmckit.align.activation import CrossStatistics
+from lmckit.data import Dataset
 from lmckit.models import create_model
 from lmckit.params import Params
 from lmckit.symmetry import (
+    Invertible,
     Orthogonal,
     Permutation,
     Probe,
@@ -131,3 +133,60 @@ def test_collected_statistics_do_not_depend_on_batching() -> None:
     h_b = torch.relu(x @ b["layers.0.weight"].T + b["layers.0.bias"]).double().numpy()
     direct = np.cov(h_a.T, h_b.T, bias=True)[:7, 7:]
     np.testing.assert_allclose(whole["hidden.0"].covariance().numpy(), direct, atol=1e-5)
+
+
+def _dataset(x: Tensor) -> Dataset:
+    y = torch.zeros(len(x), dtype=torch.long)
+    return Dataset("toy", x, y, x[:4], y[:4], 3)
+
+
+def test_common_signature_streams_the_first_training_batches() -> None:
+    module, params = create_model(
+        "mlp", seed=0, in_features=10, hidden=[24, 24], out_features=3, norm="layer"
+    )
+    spec = module.symmetry_spec()
+    permuted = apply(spec, params, random_transform(spec, 1))
+    x = torch.randn(256, 10, generator=_gen(2))
+    config = ActivationMatchingConfig(batch_size=64, batches=2)
+    result = activation_matching(spec, params, permuted, config, model=module, data=_dataset(x))
+    _assert_params_equal(params, result.apply(permuted))
+    # exactly the first two batches of 64: the same statistics as those inputs given directly
+    direct = activation_matching(module, spec, params, permuted, list(x[:128].split(64)))
+    for name, diag in result.spaces.items():
+        assert diag.objective_before == pytest.approx(direct.spaces[name].objective_before)
+    with pytest.raises(ValueError, match="needs model=... and data=..."):
+        activation_matching(spec, params, permuted, config, data=_dataset(x))
+
+
+def test_natural_statistic_solves_orthogonal_spaces_by_covariance() -> None:
+    # Pearson correlation of h against O h is not orthogonally equivariant: only the
+    # covariance recovers O; "natural" picks it for the Orthogonal space
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(6, 5), nn.Identity(), nn.Linear(5, 2))
+    params = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    uses = (Use("0.weight", 0, "write"), Use("0.bias", 0, "write"), Use("2.weight", 1, "read"))
+    spec = SymmetrySpec((Space("h", 5, Orthogonal(), uses, (Probe("1"),)),))
+    moved = apply(spec, params, random_transform(spec, 5))
+    data = _dataset(torch.randn(150, 6, generator=_gen(6)))
+    results = {
+        stat: activation_matching(
+            spec, params, moved, ActivationMatchingConfig(stat, 50, 3), model=net, data=data
+        )
+        for stat in ("natural", "correlation")
+    }
+    aligned = results["natural"].apply(moved)
+    for k in params:
+        torch.testing.assert_close(aligned[k], params[k], atol=1e-4, rtol=1e-4)
+    wrong = results["correlation"].apply(moved)
+    assert not torch.allclose(wrong["0.weight"], params["0.weight"], atol=1e-2)
+
+
+def test_least_squares_spaces_and_bad_configs_are_refused() -> None:
+    module, params = create_model("mlp", seed=0, in_features=4, hidden=[5], out_features=2)
+    spec = module.symmetry_spec().with_groups(**{"hidden.0": Invertible()})
+    with pytest.raises(ValueError, match="cannot solve space 'hidden.0': Invertible"):
+        activation_matching(module, spec, params, params, [torch.randn(3, 4)])
+    for bad in ({"statistic": "cosine"}, {"batch_size": 0}, {"batches": 0}):
+        with pytest.raises(ValueError):
+            ActivationMatchingConfig(**bad)  # type: ignore[arg-type]

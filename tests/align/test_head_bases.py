@@ -9,7 +9,9 @@ from torch.func import functional_call
 from lmckit.align import (
     HeadBases,
     WeightMatchingConfig,
+    align_head_bases,
     apply_head_bases,
+    head_bases_matching,
     match_head_bases,
     weight_matching,
 )
@@ -122,3 +124,26 @@ def test_head_bases_raise_the_attention_weights_inner_product() -> None:
         return sum(float((a[k] * p[k]).sum()) for k in attn)
 
     assert inner(based) > inner(moved)
+
+
+def test_the_aligner_reports_the_inner_product_it_raised() -> None:
+    ln, a, _ = _model("gpt2", 0)
+    _, b, _ = _model("gpt2", 1)
+    module, a = layernorm_to_rmsnorm(ln, a)
+    _, b = layernorm_to_rmsnorm(ln, b)
+    spec = module.symmetry_spec()
+    moved = weight_matching(spec, a, b).apply(b)
+    result = head_bases_matching(spec, a, moved)
+    based = result.apply(moved)
+    for k, v in align_head_bases(spec, a, moved).items():
+        assert torch.equal(based[k], v)
+    heads = [s.name for s in spec if s.circuits is not None]
+    assert sorted(result.spaces) == sorted(heads)
+    for name in heads:  # a polar factor beats the identity on its own cross-product
+        diag = result.spaces[name]
+        assert diag.objective_after > diag.objective_before
+    assert all(
+        torch.equal(result.transform[s.name], s.group.identity(s.n))
+        for s in spec
+        if s.circuits is not None
+    )

@@ -9,7 +9,7 @@ from lmckit.align import UniverseConfig, universe_matching
 from lmckit.data import Dataset, batches
 from lmckit.models import create_model
 from lmckit.paths import evaluate_simplex
-from lmckit.symmetry import Orthogonal, apply, random_transform
+from lmckit.symmetry import Orthogonal, Transform, apply, random_transform
 from lmckit.train import TrainConfig, train
 
 
@@ -40,17 +40,35 @@ def test_recovers_permuted_copies_of_one_model(mlp_pair) -> None:
     assert all(torch.equal(result.transforms[0][s.name], torch.arange(s.n)) for s in spec)
 
 
-def test_pairwise_maps_are_cycle_consistent(three_mlps) -> None:
+def test_pairwise_maps_are_the_planted_maps_between_copies(mlp_pair) -> None:
+    # copy k = P_k(a): the map from copy i to copy j is P_j P_i^{-1}, whatever frame
+    model, a, _, _ = mlp_pair
+    spec = model.symmetry_spec()
+    planted = [Transform.identity(spec)] + [random_transform(spec, s) for s in (4, 5, 6)]
+    copies = [apply(spec, a, p) for p in planted]
+    result = universe_matching(spec, copies[0], copies[1], others=copies[2:], seed=3)
+    for i, j in [(0, 1), (1, 2), (2, 0), (3, 1), (2, 3)]:
+        truth = planted[j].compose(planted[i].inverse())
+        found = result.pairwise(i, j)
+        assert _matrices_equal(spec, found, truth), (i, j)
+        moved = apply(spec, copies[i], found)
+        for k in a:
+            torch.testing.assert_close(moved[k], copies[j][k])
+    # as an aligner, its transform aligns the second model to the first
+    assert _matrices_equal(spec, result.transform, result.pairwise(1, 0))
+
+
+def test_pairwise_maps_bring_trained_models_closer(three_mlps) -> None:
     model, models = three_mlps
     spec = model.symmetry_spec()
-    result = universe_matching(spec, models, seed=0)
-    for i, j, k in [(0, 1, 2), (1, 2, 0), (2, 0, 1), (1, 0, 2)]:
-        via = result.pairwise(j, k).compose(result.pairwise(i, j))
-        assert _matrices_equal(spec, via, result.pairwise(i, k))
-    # pairwise(i, j) maps model i into model j's frame, where model j is as it is
-    back = apply(spec, result.aligned(spec, models)[2], result.transforms[2].inverse())
-    for name in models[2]:
-        torch.testing.assert_close(back[name], models[2][name])
+    result = universe_matching(spec, models[0], models[1], others=models[2:], seed=0)
+
+    def inner(x, y) -> float:
+        return sum(float((x[k].double() * y[k].double()).sum()) for k in x)
+
+    for i, j in [(0, 1), (1, 2), (2, 0)]:
+        moved = apply(spec, models[i], result.pairwise(i, j))
+        assert inner(moved, models[j]) > inner(models[i], models[j])
 
 
 def test_objective_never_decreases(three_mlps) -> None:

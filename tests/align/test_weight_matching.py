@@ -11,6 +11,14 @@ from torch import Tensor, nn
 from lmckit.align import WeightMatchingConfig, weight_matching
 from lmckit.align.weight import space_similarity
 from lmckit.evaluate import evaluate_path
+from lmckit.groups import (
+    Group,
+    HeadPermutation,
+    Invertible,
+    PaddedPermutation,
+    Permutation,
+    SemiPermutation,
+)
 from lmckit.models import create_model
 from lmckit.params import IncompatibleModelsError, Params
 from lmckit.symmetry import (
@@ -116,6 +124,96 @@ def test_recovers_a_rectangular_orthogonal_embedding() -> None:
     embedded = apply(spec, params, result.transform)
     for k in params:
         torch.testing.assert_close(embedded[k], wide[k], atol=1e-5, rtol=1e-5)
+
+
+# every group: (group, activation the hidden space allows, narrow width, wide width)
+PLANTED: dict[str, tuple[Group, nn.Module, int, int]] = {
+    "perm": (Permutation(), nn.ReLU(), 6, 6),
+    "perm-blocks": (Permutation(blocks=2), nn.ReLU(), 6, 6),
+    "heads": (HeadPermutation(heads=3, head_dim=2), nn.Identity(), 6, 6),
+    "semi": (SemiPermutation(), nn.ReLU(), 6, 6),
+    "semi-wide": (SemiPermutation(), nn.ReLU(), 4, 9),
+    "padded-wide": (PaddedPermutation(), nn.GELU(), 4, 9),
+    "orth": (Orthogonal(), nn.Identity(), 5, 5),
+    "orth-wide": (Orthogonal(), nn.Identity(), 4, 9),
+    "inv": (Invertible(), nn.Identity(), 6, 6),
+}
+
+
+@pytest.mark.parametrize("case", PLANTED)
+def test_recovers_a_planted_element_of_every_group(case: str) -> None:
+    # B is narrow; A is B moved by a planted element (wider where the group embeds)
+    group, act, n, m = PLANTED[case]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        narrow_net = nn.Sequential(nn.Linear(7, n), act, nn.Linear(n, 3))
+        wide_net = nn.Sequential(nn.Linear(7, m), act, nn.Linear(m, 3))
+    narrow = {k: v.detach().clone() for k, v in narrow_net.state_dict().items()}
+    uses = (Use("0.weight", 0, "write"), Use("0.bias", 0, "write"), Use("2.weight", 1, "read"))
+    spec = SymmetrySpec((Space("hidden", n, group, uses),))
+    planted = random_transform(spec, 3, widths={"hidden": m} if group.rectangular else None)
+    wide = apply(spec, narrow, planted)
+    x = torch.randn(11, 7, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():  # the planted element keeps the function, so A is B
+        torch.testing.assert_close(
+            torch.func.functional_call(wide_net, wide, (x,)), narrow_net(x), atol=1e-5, rtol=0
+        )
+
+    result = weight_matching(spec, wide, narrow)
+    found = result.transform["hidden"]
+    group.validate(found, n)
+    if group.exact or group.least_squares:  # the planted element itself
+        for k, v in result.apply(narrow).items():
+            torch.testing.assert_close(v, wide[k], atol=1e-4, rtol=1e-4)
+    else:  # a split: the planted assignment, with its own (uniform) coefficients
+        assert torch.equal(found.assign, planted["hidden"].assign)
+        with torch.no_grad():
+            torch.testing.assert_close(
+                torch.func.functional_call(wide_net, result.apply(narrow), (x,)),
+                narrow_net(x),
+                atol=1e-5,
+                rtol=0,
+            )
+    assert result.converged
+
+
+def test_init_of_the_wrong_shape_is_refused() -> None:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(5, 4), nn.Linear(4, 3))
+    params = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    uses = (Use("0.weight", 0, "write"), Use("0.bias", 0, "write"), Use("1.weight", 1, "read"))
+    spec = SymmetrySpec((Space("hidden", 4, Orthogonal(), uses),))
+    wide = apply(spec, params, random_transform(spec, 1, widths={"hidden": 9}))
+    with pytest.raises(
+        ValueError, match=r"init for space 'hidden' maps 4 -> 4 units, the models need 4 -> 9"
+    ):
+        weight_matching(spec, wide, params, init=Transform.identity(spec))
+    with pytest.raises(ValueError, match="init for space 'hidden': Orthogonal element is not"):
+        weight_matching(spec, params, params, init=Transform(spec, {"hidden": 2 * torch.eye(4)}))
+    # B must be the narrow one: its spec is the wide one's here, A is narrower
+    wide_spec = SymmetrySpec((Space("hidden", 9, Orthogonal(), uses),))
+    with pytest.raises(ValueError, match="the first model's width 4 is below the second's 9"):
+        weight_matching(wide_spec, params, wide)
+
+
+def test_explicit_cpu_device_is_the_default_run(mlp_pair) -> None:
+    spec = mlp_pair.model.symmetry_spec()
+    default = weight_matching(spec, mlp_pair.a, mlp_pair.b)
+    explicit = weight_matching(spec, mlp_pair.a, mlp_pair.b, device="cpu")
+    assert default.history == explicit.history
+    for name in spec.names:
+        assert torch.equal(default.transform[name], explicit.transform[name])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_similarities_on_cuda_give_the_cpu_answer(mlp_pair) -> None:
+    spec = mlp_pair.model.symmetry_spec()
+    on_cpu = weight_matching(spec, mlp_pair.a, mlp_pair.b)
+    on_gpu = weight_matching(spec, mlp_pair.a, mlp_pair.b, device="cuda")
+    for name in spec.names:
+        assert on_gpu.transform[name].device.type == "cpu"
+        assert torch.equal(on_gpu.transform[name], on_cpu.transform[name])
 
 
 def test_objective_never_decreases_per_space(mlp_pair) -> None:

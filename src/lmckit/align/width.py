@@ -109,8 +109,8 @@ def naive_embedding(spec: SymmetrySpec, widths: Mapping[str, int]) -> Transform:
 @register_aligner("width_matching", paper=GENERALIZED_LMC, config=WidthMatchingConfig)
 def width_matching(
     spec: SymmetrySpec,
-    params_wide: Params,
-    params_narrow: Params,
+    params_a: Params,
+    params_b: Params,
     config: WidthMatchingConfig | None = None,
     *,
     model: nn.Module | None = None,
@@ -129,8 +129,8 @@ def width_matching(
     Args:
         spec: the narrow model's spec; spaces that change width need a rectangular
             group (SemiPermutation, PaddedPermutation, Orthogonal).
-        params_wide: the reference (wide) model; unchanged.
-        params_narrow: the model to embed; unchanged.
+        params_a: the reference (wide) model; unchanged.
+        params_b: the (narrow) model to embed; unchanged.
         config: sweeps and semi-permutation coefficients.
         model, data: unused (data-free); accepted for the common aligner signature.
         seed: order of spaces in each sweep.
@@ -139,23 +139,23 @@ def width_matching(
         init: starting transform (default :func:`naive_embedding`).
 
     Returns:
-        An :class:`AlignmentResult`: ``result.apply(params_narrow)`` has the wide
+        An :class:`AlignmentResult`: ``result.apply(params_b)`` has the wide
         model's shapes and the narrow model's function.
     """
     config = config or WidthMatchingConfig()
-    spec.validate(params_narrow)
-    check_finite(params_wide, what="wide model")
-    check_finite(params_narrow, what="narrow model")
-    missing = sorted(set(params_narrow) ^ set(params_wide))
+    spec.validate(params_b)
+    check_finite(params_a, what="wide model")
+    check_finite(params_b, what="narrow model")
+    missing = sorted(set(params_b) ^ set(params_a))
     if missing:
         raise ValueError(f"the two models differ in parameter names, e.g. {missing[0]!r}")
-    start = init or naive_embedding(spec, space_widths(spec, params_wide))
+    start = init or naive_embedding(spec, space_widths(spec, params_a))
     groups = {s.name: s.group.with_options(coefficients=config.coefficients) for s in spec}
     tuned = spec.with_groups(**groups)
     result = weight_matching(
         tuned,
-        params_wide,
-        params_narrow,
+        params_a,
+        params_b,
         WeightMatchingConfig(max_iter=config.max_iter),
         seed=seed,
         progress=progress,

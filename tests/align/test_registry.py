@@ -1,0 +1,108 @@
+"""The aligner registry: one signature, every registered aligner recovers a planted copy."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from lmckit.align import (
+    AlignmentResult,
+    LearnedMatchingConfig,
+    aligner_info,
+    get_aligner,
+    list_aligners,
+    register_aligner,
+)
+from lmckit.align.head_bases import HeadBases, apply_head_bases
+from lmckit.data import Dataset
+from lmckit.groups import Orthogonal
+from lmckit.models import create_model
+from lmckit.rewrites import layernorm_to_rmsnorm
+from lmckit.symmetry import apply, random_transform
+
+#: quick settings for methods whose defaults are minutes, not seconds
+QUICK = {"learned_matching": LearnedMatchingConfig(steps=10, eval_every=5)}
+
+
+def test_the_registered_aligners() -> None:
+    assert list_aligners() == [
+        "activation_matching",
+        "head_bases",
+        "learned_matching",
+        "naive",
+        "universe_matching",
+        "weight_matching",
+        "width_matching",
+    ]
+    for name in list_aligners():
+        info = aligner_info(name)
+        assert "https://arxiv.org/abs/" in info.paper, name
+        assert info.summary, name
+    assert aligner_info("learned_matching").needs_data
+    assert not aligner_info("weight_matching").needs_model
+
+
+def test_a_typo_lists_the_valid_names() -> None:
+    with pytest.raises(
+        KeyError,
+        match="unknown aligner 'weigth_matching'; known aligners: "
+        "activation_matching, head_bases, learned_matching, naive, "
+        "universe_matching, weight_matching, width_matching",
+    ):
+        get_aligner("weigth_matching")
+    with pytest.raises(ValueError, match="already registered"):
+        register_aligner("naive", paper="")(lambda *a, **k: None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", list_aligners())
+def test_every_aligner_has_the_common_signature(name: str) -> None:
+    params = inspect.signature(get_aligner(name)).parameters
+    positional = [p for p in params.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
+    assert [p.name for p in positional] == ["spec", "params_a", "params_b", "config"]
+    assert positional[-1].default is None
+    keyword = {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
+    common = {"model": None, "data": None, "seed": 0, "progress": False, "device": None}
+    assert {k: keyword[k] for k in common} == common
+    # every further option is optional
+    assert all(
+        p.default is not p.empty
+        for p in params.values()
+        if p.name not in ("spec", "params_a", "params_b")
+    )
+
+
+def _gpt2_with_random_head_bases():
+    kwargs = {"vocab_size": 30, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
+    module, a = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
+    spec = module.symmetry_spec()
+    gen = torch.Generator().manual_seed(1)
+    maps = {}
+    for space in spec:
+        if space.circuits is not None:
+            h, d = space.group.heads, space.group.head_dim
+            draw = [torch.stack([Orthogonal().random(d, gen) for _ in range(h)]) for _ in "qo"]
+            maps[space.name] = (draw[0], draw[1])
+    return module, spec, a, apply_head_bases(spec, a, HeadBases(maps))
+
+
+@pytest.mark.parametrize("name", list_aligners())
+def test_every_aligner_recovers_a_transformed_copy(name: str, digits: Dataset) -> None:
+    """B is A under a random element of the method's symmetry; aligning B gives A back."""
+    info = aligner_info(name)
+    if name == "head_bases":
+        module, spec, a, b = _gpt2_with_random_head_bases()
+    else:
+        module, a = create_model("mlp", seed=0, in_features=64, hidden=[16, 16], out_features=10)
+        spec = module.symmetry_spec()
+        b = apply(spec, a, random_transform(spec, 2))
+    config = QUICK.get(name, info.config() if info.config else None)
+    result = get_aligner(name)(spec, a, b, config, model=module, data=digits, seed=0)
+    assert isinstance(result, AlignmentResult)  # the one result type, subclasses allowed
+    moved = result.apply(b)
+    if name == "naive":  # the baseline moves nothing
+        assert all(torch.equal(moved[k], b[k]) for k in b)
+        return
+    for k in a:
+        torch.testing.assert_close(moved[k], a[k], atol=1e-4, rtol=1e-4)
