@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from lmckit.compare import EvalSettings, align_pair, compare_alignments, format_table, measure_path
-from lmckit.data import Dataset, batches, load_mnist
+from lmckit.data import Dataset, batches
 from lmckit.evaluate import PathResult
+from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import path_row
@@ -123,14 +124,6 @@ def _quick_resnet(norm: str) -> ModelSetup:
     )
 
 
-def _load_data(ctx: ExperimentContext, setup: ModelSetup) -> Dataset:
-    data = load_mnist(ctx.data("mnist"), train_size=setup.train_size)
-    if setup.test_size is not None:
-        n = setup.test_size
-        data = dataclasses.replace(data, x_test=data.x_test[:n], y_test=data.y_test[:n])
-    return data
-
-
 def trained_pair(run: Runner, setup: ModelSetup, data: Dataset) -> tuple[ZooModel, Params, Params]:
     """Models of seeds ``seed`` and ``seed + 1`` (trained, or reloaded from the run's cache).
 
@@ -138,20 +131,16 @@ def trained_pair(run: Runner, setup: ModelSetup, data: Dataset) -> tuple[ZooMode
     weights, badly so after a short run at a high learning rate (eval accuracy near chance
     in our runs), so each endpoint becomes the model it was trained to be.
     """
-    trained = []
-    for seed in (run.ctx.seed, run.ctx.seed + 1):
-        module, params = run.train(
-            f"{setup.model}-seed{seed}",
-            lambda seed=seed: create_model(setup.model, seed=seed, **setup.model_kwargs),
-            data,
-            setup.train,
-            seed=seed,
-        )
-        if has_batchnorm(module):
-            stats = [x for x, _ in batches(data.x_train, data.y_train, 500)]
-            params = reset_batchnorm(module, params, stats)
-        trained.append(params)
-    return module, trained[0], trained[1]  # type: ignore[return-value]
+    module, a, b = run.train_pair(
+        setup.model,
+        lambda seed: create_model(setup.model, seed=seed, **setup.model_kwargs),
+        data,
+        setup.train,
+    )
+    if has_batchnorm(module):
+        stats = [x for x, _ in batches(data.x_train, data.y_train, 500)]
+        a, b = (reset_batchnorm(module, p, stats) for p in (a, b))
+    return module, a, b  # type: ignore[return-value]
 
 
 def _notes(setup: ModelSetup, data: Dataset) -> str:
@@ -166,7 +155,7 @@ def mnist_mlp(ctx: ExperimentContext) -> ExperimentResult:
     """MNIST MLP 784-512x3-10: barriers of naive, weight and activation matching."""
     setup = MLP_QUICK if ctx.quick else MLP_FULL
     run = Runner(ctx, setup)
-    data = _load_data(ctx, setup)
+    data = mnist_subset(ctx, setup.train_size, setup.test_size)
     model, a, b = trained_pair(run, setup, data)
     ctx.log("aligning and measuring paths")
     results = compare_alignments(
@@ -195,7 +184,7 @@ def _fixed_paths(
 ) -> ExperimentResult:
     """Naive and weight-matched paths, each measured under every ``(label, fix)``."""
     run = Runner(ctx, {"setup": setup, "fixes": fixes})
-    data = _load_data(ctx, setup)
+    data = mnist_subset(ctx, setup.train_size, setup.test_size)
     model, a, b = trained_pair(run, setup, data)
     spec = model.symmetry_spec()
     ctx.log("weight matching")

@@ -213,6 +213,25 @@ class Runner:
         self.ctx.log(f"[train {name}] {result.steps} steps in {seconds:.1f} s")
         return module, result.params
 
+    def train_pair(
+        self,
+        name: str,
+        build: Callable[[int], tuple[nn.Module, Params]],
+        data: TrainData,
+        config: TrainConfig,
+        *,
+        task: Task = CLASSIFICATION,
+    ) -> tuple[nn.Module, Params, Params]:
+        """Two models, seeds ``ctx.seed`` and ``ctx.seed + 1``: :meth:`train` of
+        ``build(seed)`` as ``NAME-seedS``. Returns ``(module, params_a, params_b)``."""
+        trained = []
+        for seed in (self.ctx.seed, self.ctx.seed + 1):
+            module, params = self.train(
+                f"{name}-seed{seed}", lambda s=seed: build(s), data, config, seed=seed, task=task
+            )
+            trained.append(params)
+        return module, trained[0], trained[1]
+
     def _summary(self, result: TrainResult, seconds: float) -> dict[str, Any]:
         return {
             "steps": result.steps,
@@ -309,6 +328,16 @@ class Runner:
         )
 
     # ------------------------------------------------------------------ outputs
+
+    def subplots(self, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        """``matplotlib.pyplot.subplots`` on the file-only Agg backend; save with
+        :meth:`save_figure`."""
+        import matplotlib
+
+        matplotlib.use("Agg")  # no display on servers and CI
+        import matplotlib.pyplot as plt
+
+        return plt.subplots(*args, **kwargs)
 
     def save_figure(self, figure: Any, name: str) -> Path:
         """Write a matplotlib figure as ``ctx.out_dir / name`` (PNG, atomically); close it."""

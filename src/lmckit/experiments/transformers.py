@@ -32,9 +32,6 @@ only (interpolating folded norm scales is not the same path as interpolating the
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
-
 import torch
 
 from lmckit.align import (
@@ -47,10 +44,11 @@ from lmckit.align import (
     weight_matching,
 )
 from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
-from lmckit.data import Dataset, load_mnist
+from lmckit.data import Dataset
 from lmckit.data.token_stats import EMBEDDING, LM_HEAD, token_counts
 from lmckit.evaluate import PathResult
 from lmckit.experiments._recipe import transformer_form
+from lmckit.experiments.datasets import char_dataset, mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import path_row
@@ -179,23 +177,6 @@ def _masks_for(
     return None if masks is None else {k: v for k, v in masks.items() if k in params}
 
 
-def _pair(
-    run: Runner, model: str, kwargs: dict[str, Any], data: Dataset, config: TrainConfig
-) -> tuple[ZooModel, Params, Params]:
-    """Two models of seeds ``seed`` and ``seed + 1`` (trained, or reloaded from the cache)."""
-    trained = []
-    for s in (run.ctx.seed, run.ctx.seed + 1):
-        module, params = run.train(
-            f"{model}-seed{s}",
-            lambda s=s: create_model(model, seed=s, **kwargs),
-            data,
-            config,
-            seed=s,
-        )
-        trained.append(params)
-    return module, trained[0], trained[1]  # type: ignore[return-value]
-
-
 def _result(run: Runner, results: dict[str, PathResult], notes: str) -> ExperimentResult:
     rows = [path_row(name, r) for name, r in results.items()]
     return run.result(format_table(results), rows, notes=notes)
@@ -207,14 +188,12 @@ def _result(run: Runner, results: dict[str, PathResult], notes: str) -> Experime
 @register_experiment("vit-mnist", paper=PAPER)
 def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
     """ViT on MNIST: barrier of vanilla > permutation WM > orthogonal WM."""
-    data = load_mnist(ctx.data("mnist"), train_size=1000 if ctx.quick else None)
     if ctx.quick:
-        data = Dataset(
-            data.name, data.x_train, data.y_train, data.x_test[:500], data.y_test[:500], 10
-        )
+        data = mnist_subset(ctx, train_size=1000, test_size=500)
         arch = {"width": 16, "depth": 1, "heads": 2, "mlp_dim": 32}
         config = TrainConfig(epochs=1, batch_size=64, optimizer="adamw", lr=2e-3)
     else:
+        data = mnist_subset(ctx)
         arch = {"width": 64, "depth": 2, "heads": 4, "mlp_dim": 128}
         config = TrainConfig(
             epochs=8, batch_size=128, optimizer="adamw", lr=1e-3, weight_decay=0.01, warmup=0.05
@@ -226,7 +205,9 @@ def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
     kwargs.update(arch)
     run = Runner(ctx, {"model": kwargs, "train": config, "learned": learned})
     ctx.log(f"training ViTs {arch} on MNIST")
-    module, a, b = _pair(run, "vit", kwargs, data, config)
+    module, a, b = run.train_pair(
+        "vit", lambda seed: create_model("vit", seed=seed, **kwargs), data, config
+    )
     ctx.log("aligning and measuring paths")
     results = compare_transformer_alignments(
         module, a, b, data, EvalSettings(fix="none"), seed=ctx.seed, learned=learned
@@ -235,30 +216,6 @@ def vit_mnist(ctx: ExperimentContext) -> ExperimentResult:
 
 
 # --------------------------------------------------------------------------- GPT-2 on chars
-
-
-def char_dataset(
-    path: str | Path, *, chars: int, block: int, test_fraction: float = 0.1
-) -> Dataset:
-    """Character-level language modelling on the first ``chars`` characters of a text.
-
-    The vocabulary is the sorted set of characters in that prefix. The text is cut
-    into contiguous blocks of ``block + 1`` characters (inputs: the first ``block``,
-    targets: the next character at each position); the last ``test_fraction`` of the
-    blocks test.
-    """
-    text = Path(path).read_text(encoding="utf-8")[:chars]
-    vocab = sorted(set(text))
-    if len(text) < 4 * (block + 1):
-        raise ValueError(f"{chars} characters do not make enough blocks of {block}")
-    ids = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
-    n_blocks = len(ids) // (block + 1)
-    blocks = ids[: n_blocks * (block + 1)].reshape(n_blocks, block + 1)
-    n_test = max(1, int(test_fraction * n_blocks))
-    x, y = blocks[:, :-1], blocks[:, 1:]
-    return Dataset(
-        "chars", x[:-n_test], y[:-n_test], x[-n_test:], y[-n_test:], num_classes=len(vocab)
-    )
 
 
 @register_experiment("gpt2-chars", paper=PAPER)
@@ -278,7 +235,9 @@ def gpt2_chars(ctx: ExperimentContext) -> ExperimentResult:
     kwargs = {"vocab_size": data.num_classes, **arch}
     run = Runner(ctx, {"model": kwargs, "train": config, "chars": len(data.x_train)})
     ctx.log(f"training GPT-2s {arch} on characters")
-    module, a, b = _pair(run, "gpt2", kwargs, data, config)
+    module, a, b = run.train_pair(
+        "gpt2", lambda seed: create_model("gpt2", seed=seed, **kwargs), data, config
+    )
     ctx.log("aligning and measuring paths")
     results = compare_transformer_alignments(
         module,
