@@ -6,29 +6,25 @@ Every merge method has one signature (:class:`MergeMethod`)::
 
 ``t`` in ``[0, 1]`` (0 is A, 1 is B), ``model`` the module both run through and
 ``inputs`` a callable returning training input batches, for methods that run the
-network (:attr:`MergeInfo.needs_model`, :attr:`MergeInfo.needs_data`). Path
-evaluation uses the same methods as ``prepare`` hooks
-(:func:`lmckit.evaluate.evaluate_path`): :func:`path_prepare` builds one, measuring
-what a method can share between the points of a path (REPAIR's endpoint statistics)
-once.
+network (:attr:`MergeInfo.needs_model`, :attr:`MergeInfo.needs_data`).
+
+A method is registered as what path evaluation needs: a factory of the ``prepare``
+hook of :func:`lmckit.evaluate.evaluate_path` (``prepare(theta_t, t)`` fixes up the
+interpolated point), built once per path so that what the points share (REPAIR's
+endpoint statistics) is measured once; :func:`path_prepare` returns it. The merge
+itself is that hook applied to the interpolation (:func:`merge`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from functools import partial
+from typing import Protocol
 
 from torch import nn
 
-from lmckit.merge import (
-    Inputs,
-    has_batchnorm,
-    repair,
-    repair_prepare,
-    reset_batchnorm,
-    reset_prepare,
-)
+from lmckit.merge import Inputs, has_batchnorm, repair_prepare, reset_prepare
 from lmckit.params import Params, interpolate
 
 __all__ = [
@@ -37,6 +33,7 @@ __all__ = [
     "Prepare",
     "get_merge_method",
     "list_merge_methods",
+    "merge",
     "merge_info",
     "path_prepare",
     "register_merge_method",
@@ -56,7 +53,7 @@ REPAIR = (
 
 
 class MergeMethod(Protocol):
-    """The signature every registered merge method has (module docstring)."""
+    """The signature every merge method has (module docstring)."""
 
     def __call__(
         self,
@@ -69,7 +66,7 @@ class MergeMethod(Protocol):
     ) -> Params: ...
 
 
-#: builds a path hook: ``(model, params_a, params_b, inputs) -> prepare`` (or None).
+#: ``(model, params_a, params_b, inputs) -> prepare`` (``None``: nothing to fix).
 PrepareFactory = Callable[[nn.Module, Params, Params, Inputs], Prepare | None]
 
 
@@ -79,40 +76,44 @@ class MergeInfo:
 
     Attributes:
         name: registry name, e.g. ``"repair"``.
-        fn: the method.
+        prepare: builds the hook that fixes up each interpolated point.
         paper: where it comes from (citation and link).
         needs_model: it runs the network (``model=`` is required).
         needs_data: it reads training inputs (``inputs=`` is required).
-        prepare: builds the ``prepare`` hook path evaluation applies at every point.
+        needs_batchnorm: it only applies to networks with BatchNorm layers.
     """
 
     name: str
-    fn: MergeMethod
-    paper: str
-    needs_model: bool
-    needs_data: bool
     prepare: PrepareFactory
+    paper: str
+    needs_model: bool = False
+    needs_data: bool = False
+    needs_batchnorm: bool = False
+
+    @property
+    def summary(self) -> str:
+        """First line of the factory's docstring."""
+        return ((self.prepare.__doc__ or "").strip().splitlines() or [""])[0]
 
 
 _METHODS: dict[str, MergeInfo] = {}
-F = TypeVar("F", bound=Callable[..., Params])
 
 
 def register_merge_method(
     name: str,
     *,
     paper: str,
-    prepare: PrepareFactory,
     needs_model: bool = False,
     needs_data: bool = False,
-) -> Callable[[F], F]:
-    """Decorator adding a merge method under ``name``; ``paper`` cites it."""
+    needs_batchnorm: bool = False,
+) -> Callable[[PrepareFactory], PrepareFactory]:
+    """Decorator adding a merge method (its ``prepare`` factory) under ``name``."""
 
-    def deco(fn: F) -> F:
+    def deco(factory: PrepareFactory) -> PrepareFactory:
         if name in _METHODS:
             raise ValueError(f"merge method {name!r} is already registered")
-        _METHODS[name] = MergeInfo(name, fn, paper, needs_model, needs_data, prepare)
-        return fn
+        _METHODS[name] = MergeInfo(name, factory, paper, needs_model, needs_data, needs_batchnorm)
+        return factory
 
     return deco
 
@@ -131,32 +132,27 @@ def merge_info(name: str) -> MergeInfo:
         raise KeyError(f"unknown merge method {name!r}; known merge methods: {known}") from None
 
 
-def get_merge_method(name: str) -> MergeMethod:
-    """The merge method registered as ``name`` (``KeyError`` listing the valid names)."""
-    return merge_info(name).fn
-
-
 def path_prepare(
-    name: str, model: nn.Module, params_a: Params, params_b: Params, inputs: Inputs
+    name: str,
+    model: nn.Module | None,
+    params_a: Params,
+    params_b: Params,
+    inputs: Inputs | None,
 ) -> Prepare | None:
-    """The ``prepare`` hook that makes every point of a path with method ``name``
-    (``None`` for plain interpolation, which needs no fix-up)."""
+    """The ``prepare`` hook of method ``name`` for the path from A to B (``None`` for
+    plain interpolation), after checking that the method has what it needs."""
     info = merge_info(name)
-    _check_needs(info, model, inputs)
-    return info.prepare(model, params_a, params_b, inputs)
-
-
-def _check_needs(info: MergeInfo, model: nn.Module | None, inputs: Inputs | None) -> None:
     if info.needs_model and model is None:
-        raise ValueError(f"merge method {info.name!r} needs model=...")
+        raise ValueError(f"merge method {name!r} needs model=...")
     if info.needs_data and inputs is None:
-        raise ValueError(f"merge method {info.name!r} needs inputs=... (training batches)")
-    if info.name == "reset_bn" and model is not None and not has_batchnorm(model):
-        raise ValueError("merge method 'reset_bn' needs a network with BatchNorm layers")
+        raise ValueError(f"merge method {name!r} needs inputs=... (training batches)")
+    if info.needs_batchnorm and model is not None and not has_batchnorm(model):
+        raise ValueError(f"merge method {name!r} needs a network with BatchNorm layers")
+    return info.prepare(model, params_a, params_b, inputs)  # type: ignore[arg-type]
 
 
-@register_merge_method("interpolate", paper=FRANKLE_2020, prepare=lambda *_: None)
-def interpolate_merge(
+def merge(
+    name: str,
     params_a: Params,
     params_b: Params,
     t: float,
@@ -164,43 +160,33 @@ def interpolate_merge(
     model: nn.Module | None = None,
     inputs: Inputs | None = None,
 ) -> Params:
+    """The point ``t`` of the path from A to B made by method ``name``."""
+    theta = interpolate(params_a, params_b, t)
+    prepare = path_prepare(name, model, params_a, params_b, inputs)
+    return theta if prepare is None else prepare(theta, t)
+
+
+def get_merge_method(name: str) -> MergeMethod:
+    """Method ``name`` with the common signature (``KeyError`` listing the valid names)."""
+    merge_info(name)
+    return partial(merge, name)
+
+
+@register_merge_method("interpolate", paper=FRANKLE_2020)
+def _interpolate(*_: object) -> None:
     """Interpolation: ``(1 - t) theta_a + t theta_b``, nothing else."""
-    return interpolate(params_a, params_b, t)
+    return None
 
 
-def _reset_prepare(model: nn.Module, _a: Params, _b: Params, inputs: Inputs) -> Prepare:
+@register_merge_method(
+    "reset_bn", paper=REPAIR, needs_model=True, needs_data=True, needs_batchnorm=True
+)
+def _reset_bn(model: nn.Module, _a: Params, _b: Params, inputs: Inputs) -> Prepare:
+    """BatchNorm reset: recompute BatchNorm statistics of the point on training data."""
     return reset_prepare(model, inputs)
 
 
-@register_merge_method(
-    "reset_bn", paper=REPAIR, prepare=_reset_prepare, needs_model=True, needs_data=True
-)
-def reset_bn_merge(
-    params_a: Params,
-    params_b: Params,
-    t: float,
-    *,
-    model: nn.Module | None = None,
-    inputs: Inputs | None = None,
-) -> Params:
-    """BatchNorm reset: interpolate, then recompute BatchNorm statistics on training data."""
-    _check_needs(merge_info("reset_bn"), model, inputs)
-    assert model is not None and inputs is not None
-    return reset_batchnorm(model, interpolate(params_a, params_b, t), inputs())
-
-
-@register_merge_method(
-    "repair", paper=REPAIR, prepare=repair_prepare, needs_model=True, needs_data=True
-)
-def repair_merge(
-    params_a: Params,
-    params_b: Params,
-    t: float,
-    *,
-    model: nn.Module | None = None,
-    inputs: Inputs | None = None,
-) -> Params:
-    """REPAIR: interpolate, then rescale channels to the endpoints' interpolated statistics."""
-    _check_needs(merge_info("repair"), model, inputs)
-    assert model is not None and inputs is not None
-    return repair(model, params_a, params_b, t, inputs)
+@register_merge_method("repair", paper=REPAIR, needs_model=True, needs_data=True)
+def _repair(model: nn.Module, params_a: Params, params_b: Params, inputs: Inputs) -> Prepare:
+    """REPAIR: rescale channels to the endpoints' interpolated statistics."""
+    return repair_prepare(model, params_a, params_b, inputs)

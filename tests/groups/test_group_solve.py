@@ -9,17 +9,12 @@ import pytest
 import torch
 from group_cases import CASES, Case
 
-from lmckit.groups import (
-    HeadPermutation,
-    Invertible,
-    Orthogonal,
-    PaddedPermutation,
-    PaddedPermutationElement,
-    Permutation,
-    SemiPermutation,
-    SemiPermutationElement,
-    sinkhorn,
-)
+from lmckit.groups.head_permutation import HeadPermutation
+from lmckit.groups.invertible import Invertible
+from lmckit.groups.orthogonal import Orthogonal
+from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
+from lmckit.groups.permutation import Permutation, sinkhorn
+from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -8,16 +8,9 @@ import pytest
 import torch
 from group_cases import Case
 
-from lmckit.groups import (
-    HeadPermutation,
-    Invertible,
-    Orthogonal,
-    PaddedPermutation,
-    PaddedPermutationElement,
-    Permutation,
-    SemiPermutation,
-    SemiPermutationElement,
-)
+from lmckit.groups import HeadPermutation, Invertible, Orthogonal, Permutation
+from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
+from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
 
 
 def _orth(n: int, seed: int, m: int | None = None) -> torch.Tensor:

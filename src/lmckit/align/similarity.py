@@ -19,29 +19,18 @@ current map).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from lmckit.align.circuits import head_similarity_matrix, residual_circuit_similarity
+from lmckit.groups.base import Subproblem
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
 
 __all__ = ["Subproblem", "fold_single_use_params", "space_problem", "space_similarity"]
 
-
-class Subproblem(NamedTuple):
-    """What a group's solver gets for one space (see :meth:`lmckit.groups.Group.solve`).
-
-    Attributes:
-        sim: ``(m, n)`` similarity, reference units x other units.
-        gram: ``(n, n)`` writer Gram of the other model, or ``None``.
-        norms: ``(m,)`` and ``(n,)`` unit feature norms of the two models, or ``None``.
-    """
-
-    sim: Tensor
-    gram: Tensor | None = None
-    norms: tuple[Tensor, Tensor] | None = None
+#: named tensors of one model (its float parameters)
+Named = Mapping[str, Tensor]
 
 
 def _unit_major(x: Tensor, use: Use, n: int) -> Tensor:
@@ -116,18 +105,15 @@ def space_problem(
 def space_similarity(
     spec: SymmetrySpec,
     space: Space,
-    ref: Mapping[str, Tensor],
-    other: Mapping[str, Tensor],
+    ref: Named,
+    other: Named,
     transform: Transform,
-    *,
-    with_gram: bool = False,
-    circuits: bool = True,
+    **options: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """``(C, G)`` of :func:`space_problem`: ``C`` is ``(m, n)``, ``G`` the other
-    model's writer Gram ``(n, n)`` when ``with_gram`` (or the group needs it)."""
-    problem = space_problem(
-        spec, space, ref, other, transform, circuits=circuits, with_gram=with_gram
-    )
+    """``(C, G)`` of :func:`space_problem` (same arguments): ``C`` is ``(m, n)``, ``G``
+    the other model's writer Gram ``(n, n)`` with ``with_gram`` (or when the group
+    needs it), else ``None``."""
+    problem = space_problem(spec, space, ref, other, transform, **options)
     return problem.sim, problem.gram
 
 

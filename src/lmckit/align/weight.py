@@ -143,7 +143,7 @@ def _coordinate_descent(
             problem = space_problem(
                 spec, space, ref, other, transform, circuits=config.residual_circuits
             )
-            element = group.solve(problem.sim, gram=problem.gram, norms=problem.norms)
+            element = group.solve_subproblem(problem)
             new = group.objective(element, problem.sim)
             old = group.objective(transform[space.name], problem.sim)
             if group.exact:

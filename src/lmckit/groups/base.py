@@ -20,18 +20,44 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import ClassVar, Generic, Literal, TypeVar
+from typing import ClassVar, Generic, Literal, NamedTuple, TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["E", "Group", "Role", "Statistic", "check_square", "check_tensor"]
+__all__ = [
+    "E",
+    "Group",
+    "MatrixGroup",
+    "Role",
+    "Statistic",
+    "Subproblem",
+    "check_square",
+    "check_tensor",
+]
 
 Role = Literal["write", "read", "elementwise"]
 #: activation statistic whose ``argmax_T <T, C>`` is the group's natural match.
 Statistic = Literal["correlation", "covariance"]
 #: a group's element type (a tensor or a small frozen dataclass).
 E = TypeVar("E")
+
+
+class Subproblem(NamedTuple):
+    """One space's linear subproblem, what :meth:`Group.solve_subproblem` maximises.
+
+    Attributes:
+        sim: ``(m, n)`` similarity ``C`` between reference units (rows) and the other
+            model's units (columns), e.g. ``C = sum_u A_u B_u^T``.
+        gram: ``(n, n)`` Gram matrix of the other model's writers, for least-squares
+            groups (:attr:`Group.least_squares`), else ``None``.
+        norms: ``(m,)`` and ``(n,)`` Euclidean norms of the two models' unit
+            features, for groups that compare units by cosine, else ``None``.
+    """
+
+    sim: Tensor
+    gram: Tensor | None = None
+    norms: tuple[Tensor, Tensor] | None = None
 
 
 class Group(abc.ABC, Generic[E]):
@@ -133,7 +159,6 @@ class Group(abc.ABC, Generic[E]):
 
     # ----------------------------------------------------------------------- solving
 
-    @abc.abstractmethod
     def solve(
         self,
         sim: Tensor,
@@ -141,19 +166,13 @@ class Group(abc.ABC, Generic[E]):
         gram: Tensor | None = None,
         norms: tuple[Tensor, Tensor] | None = None,
     ) -> E:
-        """The element maximising ``<T, sim> = tr(T^T sim)``.
+        """The element maximising ``<T, sim> = tr(T^T sim)`` (see :class:`Subproblem`
+        for the arguments); on the CPU whatever ``sim``'s device."""
+        return self.solve_subproblem(Subproblem(sim, gram, norms))
 
-        Args:
-            sim: ``(m, n)`` similarity between reference units (rows) and the other
-                model's units (columns), e.g. ``C = sum_u A_u B_u^T``.
-            gram: ``(n, n)`` Gram matrix of the other model's writers; needed by
-                least-squares groups (see :attr:`least_squares`).
-            norms: ``(m,)`` and ``(n,)`` Euclidean norms of the two models' unit
-                features; used by groups that compare units by cosine.
-
-        Returns:
-            The element, on the CPU whatever ``sim``'s device.
-        """
+    @abc.abstractmethod
+    def solve_subproblem(self, problem: Subproblem) -> E:
+        """The element maximising ``<T, problem.sim>``, returned on the CPU."""
 
     def objective(self, element: E, sim: Tensor) -> float:
         """``<T, sim>`` for ``element``."""
@@ -166,7 +185,7 @@ class Group(abc.ABC, Generic[E]):
         For groups whose elements all have one Frobenius norm (permutations,
         orthogonal maps) this is the nearest element in Frobenius distance.
         """
-        return self.solve(dense.detach().float())
+        return self.solve_subproblem(Subproblem(dense.detach().float()))
 
     def soft_matrix(self, logits: Tensor, *, temperature: float, iters: int) -> Tensor | None:
         """A differentiable relaxation of the element nearest ``logits``, or ``None``."""
@@ -197,3 +216,19 @@ def check_tensor(element: object, group: Group, *, ndim: int, integer: bool) -> 
     if element.ndim != ndim:
         raise ValueError(f"{group.name} element must be {ndim}-D, got shape {tuple(element.shape)}")
     return element
+
+
+class MatrixGroup(Group[Tensor]):
+    """Groups whose element is its own dense ``(m, n)`` float matrix."""
+
+    def identity(self, n: int) -> Tensor:
+        return torch.eye(n)
+
+    def compose(self, second: Tensor, first: Tensor) -> Tensor:
+        return second @ first
+
+    def matrix(self, element: Tensor) -> Tensor:
+        return element.double()
+
+    def dims(self, element: Tensor) -> tuple[int, int]:
+        return element.shape[0], element.shape[1]

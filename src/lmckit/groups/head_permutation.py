@@ -8,14 +8,14 @@ import torch
 from torch import Tensor
 
 from lmckit.groups._assignment import assignment
-from lmckit.groups.base import Group, Role, check_square
-from lmckit.groups.permutation import check_permutation
+from lmckit.groups.base import Role, Subproblem, check_square
+from lmckit.groups.permutation import IndexPermutation, check_permutation
 
 __all__ = ["HeadPermutation"]
 
 
 @dataclass(frozen=True)
-class HeadPermutation(Group[Tensor]):
+class HeadPermutation(IndexPermutation):
     """Permutations of attention heads: ``heads`` blocks of ``head_dim`` units each.
 
     Element: a head permutation ``perm`` (``(heads,)`` long); the space has
@@ -25,8 +25,6 @@ class HeadPermutation(Group[Tensor]):
 
     heads: int
     head_dim: int
-
-    self_dual = True
 
     def _expand(self, element: Tensor) -> Tensor:
         offsets = torch.arange(self.head_dim, device=element.device)
@@ -45,18 +43,9 @@ class HeadPermutation(Group[Tensor]):
         self._check(n)
         return torch.randperm(self.heads, generator=generator)
 
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        return first[second]
-
-    def inverse(self, element: Tensor) -> Tensor:
-        return torch.argsort(element)
-
     def matrix(self, element: Tensor) -> Tensor:
         n = self.heads * self.head_dim
         return torch.eye(n, dtype=torch.float64)[self._expand(element.cpu())]
-
-    def reader_matrix(self, element: Tensor) -> Tensor:
-        return self.matrix(element)
 
     def dims(self, element: Tensor) -> tuple[int, int]:
         n = self.heads * self.head_dim
@@ -65,16 +54,8 @@ class HeadPermutation(Group[Tensor]):
     def act(self, x: Tensor, element: Tensor, role: Role) -> Tensor:
         return x.index_select(1, self._expand(element.to(x.device)))
 
-    def close(self, first: Tensor, second: Tensor, *, atol: float = 1e-6) -> bool:
-        return bool(torch.equal(first.cpu(), second.cpu()))
-
-    def solve(
-        self,
-        sim: Tensor,
-        *,
-        gram: Tensor | None = None,
-        norms: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
+    def solve_subproblem(self, problem: Subproblem) -> Tensor:
+        sim = problem.sim
         check_square(sim.shape[0], sim.shape[1], self)
         self._check(sim.shape[0])
         d = self.head_dim

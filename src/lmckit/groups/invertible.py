@@ -8,14 +8,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lmckit.groups.base import Group, check_square, check_tensor
+from lmckit.groups.base import MatrixGroup, Subproblem, check_square, check_tensor
 from lmckit.groups.orthogonal import Orthogonal
 
 __all__ = ["Invertible"]
 
 
 @dataclass(frozen=True)
-class Invertible(Group[Tensor]):
+class Invertible(MatrixGroup):
     """General invertible maps ``A`` (``n x n``); readers get ``A^{-T}``.
 
     The reader map makes the weight-matching objective nonlinear in ``A``, so
@@ -32,9 +32,6 @@ class Invertible(Group[Tensor]):
     #: such a map reliably).
     max_condition: ClassVar[float] = 1e7
 
-    def identity(self, n: int) -> Tensor:
-        return torch.eye(n)
-
     def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
         check_square(m, n, self)
         # well conditioned: orthogonal times a diagonal with entries in [0.5, 2]
@@ -42,32 +39,17 @@ class Invertible(Group[Tensor]):
         scale = 0.5 + 1.5 * torch.rand(n, generator=generator, dtype=torch.float64)
         return (q * scale[None, :]).float()
 
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        return second @ first
-
     def inverse(self, element: Tensor) -> Tensor:
         return torch.linalg.inv(element.double()).to(element.dtype)
-
-    def matrix(self, element: Tensor) -> Tensor:
-        return element.double()
 
     def reader_matrix(self, element: Tensor) -> Tensor:
         return torch.linalg.inv(element.double()).T
 
-    def dims(self, element: Tensor) -> tuple[int, int]:
-        return element.shape[0], element.shape[1]
-
-    def solve(
-        self,
-        sim: Tensor,
-        *,
-        gram: Tensor | None = None,
-        norms: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        if gram is None:
+    def solve_subproblem(self, problem: Subproblem) -> Tensor:
+        if problem.gram is None:
             raise ValueError("the invertible solver needs the other model's Gram matrix")
-        check_square(sim.shape[0], sim.shape[1], self)
-        sim, gram = sim.detach().cpu().double(), gram.detach().cpu().double()
+        check_square(problem.sim.shape[0], problem.sim.shape[1], self)
+        sim, gram = problem.sim.detach().cpu().double(), problem.gram.detach().cpu().double()
         eye = torch.eye(gram.shape[0], dtype=torch.float64)
         # a tiny ridge keeps rank-deficient writers (fewer rows than units) solvable
         ridge = 1e-6 * float(torch.trace(gram)) / gram.shape[0]

@@ -8,13 +8,13 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lmckit.groups.base import Group, check_tensor
+from lmckit.groups.base import MatrixGroup, Subproblem, check_tensor
 
 __all__ = ["Orthogonal"]
 
 
 @dataclass(frozen=True)
-class Orthogonal(Group[Tensor]):
+class Orthogonal(MatrixGroup):
     """Orthogonal maps ``O`` (``O^T O = I``); rectangular ``m x n`` (``m >= n``) embed.
 
     Readers are contracted with ``O`` too (``O^{-T} = O``; for a rectangular map the
@@ -28,9 +28,6 @@ class Orthogonal(Group[Tensor]):
     #: largest ``|O^T O - I|`` entry :meth:`validate` accepts (float32 round-off of
     #: products of a few hundred-dimensional maps stays below 1e-5).
     atol: ClassVar[float] = 1e-4
-
-    def identity(self, n: int) -> Tensor:
-        return torch.eye(n)
 
     def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
         m = n if m is None else m
@@ -47,30 +44,16 @@ class Orthogonal(Group[Tensor]):
             raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
         return torch.eye(m, n)
 
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        return second @ first
-
     def inverse(self, element: Tensor) -> Tensor:
         if element.shape[0] != element.shape[1]:
             raise ValueError("a rectangular orthogonal embedding has no inverse")
         return element.T.contiguous()
 
-    def matrix(self, element: Tensor) -> Tensor:
-        return element.double()
-
     def reader_matrix(self, element: Tensor) -> Tensor:
         return element.double()
 
-    def dims(self, element: Tensor) -> tuple[int, int]:
-        return element.shape[0], element.shape[1]
-
-    def solve(
-        self,
-        sim: Tensor,
-        *,
-        gram: Tensor | None = None,
-        norms: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
+    def solve_subproblem(self, problem: Subproblem) -> Tensor:
+        sim = problem.sim
         m, n = sim.shape
         if m < n:
             raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")

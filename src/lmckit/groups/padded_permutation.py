@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from lmckit.groups._assignment import injective
-from lmckit.groups.base import Group, Role, check_tensor
+from lmckit.groups.base import Group, Role, Subproblem, check_tensor
 
 __all__ = ["PaddedPermutation", "PaddedPermutationElement"]
 
@@ -92,17 +92,11 @@ class PaddedPermutation(Group[PaddedPermutationElement]):
     ) -> bool:
         return first.m == second.m and torch.equal(first.slots.cpu(), second.slots.cpu())
 
-    def solve(
-        self,
-        sim: Tensor,
-        *,
-        gram: Tensor | None = None,
-        norms: tuple[Tensor, Tensor] | None = None,
-    ) -> PaddedPermutationElement:
-        m, n = sim.shape
+    def solve_subproblem(self, problem: Subproblem) -> PaddedPermutationElement:
+        m, n = problem.sim.shape
         if m < n:
             raise ValueError(f"a padded permutation embeds n={n} units into m >= n, got m={m}")
-        return PaddedPermutationElement(injective(sim), m)
+        return PaddedPermutationElement(injective(problem.sim), m)
 
     def objective(self, element: PaddedPermutationElement, sim: Tensor) -> float:
         cols = torch.arange(sim.shape[1], device=sim.device)

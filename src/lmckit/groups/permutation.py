@@ -8,13 +8,33 @@ import torch
 from torch import Tensor
 
 from lmckit.groups._assignment import assignment, block_assignment
-from lmckit.groups.base import Group, Role, check_square, check_tensor
+from lmckit.groups.base import Group, Role, Subproblem, check_square, check_tensor
 
-__all__ = ["Permutation", "check_permutation", "sinkhorn"]
+__all__ = ["IndexPermutation", "Permutation", "check_permutation", "sinkhorn"]
+
+
+class IndexPermutation(Group[Tensor]):
+    """Shared algebra of groups whose element is an index vector (units or heads):
+    composition by indexing, inversion by sorting, ``P^{-T} = P``."""
+
+    self_dual = True
+
+    def compose(self, second: Tensor, first: Tensor) -> Tensor:
+        # (second @ first) h = second (first h): h''[i] = h'[second[i]] = h[first[second[i]]]
+        return first[second]
+
+    def inverse(self, element: Tensor) -> Tensor:
+        return torch.argsort(element)
+
+    def reader_matrix(self, element: Tensor) -> Tensor:
+        return self.matrix(element)  # P^{-T} = P
+
+    def close(self, first: Tensor, second: Tensor, *, atol: float = 1e-6) -> bool:
+        return bool(torch.equal(first.cpu(), second.cpu()))
 
 
 @dataclass(frozen=True)
-class Permutation(Group[Tensor]):
+class Permutation(IndexPermutation):
     """Permutations of ``n`` units; element ``perm`` (``(n,)`` long) with ``h'[i] = h[perm[i]]``.
 
     ``blocks > 1`` restricts to permutations that map each of ``blocks`` contiguous
@@ -22,8 +42,6 @@ class Permutation(Group[Tensor]):
     """
 
     blocks: int = 1
-
-    self_dual = True
 
     def identity(self, n: int) -> Tensor:
         return torch.arange(n)
@@ -37,18 +55,8 @@ class Permutation(Group[Tensor]):
         inner = [torch.randperm(size, generator=generator) for _ in range(self.blocks)]
         return torch.cat([int(b) * size + inner[i] for i, b in enumerate(order)])
 
-    def compose(self, second: Tensor, first: Tensor) -> Tensor:
-        # (second @ first) h = second (first h): h''[i] = h'[second[i]] = h[first[second[i]]]
-        return first[second]
-
-    def inverse(self, element: Tensor) -> Tensor:
-        return torch.argsort(element)
-
     def matrix(self, element: Tensor) -> Tensor:
         return torch.eye(element.numel(), dtype=torch.float64)[element.cpu()]
-
-    def reader_matrix(self, element: Tensor) -> Tensor:
-        return self.matrix(element)  # P^{-T} = P
 
     def dims(self, element: Tensor) -> tuple[int, int]:
         return element.numel(), element.numel()
@@ -57,20 +65,11 @@ class Permutation(Group[Tensor]):
         # writers, readers and per-unit parameters are all permuted alike
         return x.index_select(1, element.to(x.device))
 
-    def close(self, first: Tensor, second: Tensor, *, atol: float = 1e-6) -> bool:
-        return bool(torch.equal(first.cpu(), second.cpu()))
-
-    def solve(
-        self,
-        sim: Tensor,
-        *,
-        gram: Tensor | None = None,
-        norms: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        check_square(sim.shape[0], sim.shape[1], self)
+    def solve_subproblem(self, problem: Subproblem) -> Tensor:
+        check_square(problem.sim.shape[0], problem.sim.shape[1], self)
         if self.blocks == 1:
-            return assignment(sim)
-        return block_assignment(sim, self.blocks)
+            return assignment(problem.sim)
+        return block_assignment(problem.sim, self.blocks)
 
     def objective(self, element: Tensor, sim: Tensor) -> float:
         rows = torch.arange(sim.shape[0], device=sim.device)

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from lmckit.groups._assignment import injective
-from lmckit.groups.base import Group, Role, check_tensor
+from lmckit.groups.base import Group, Role, Subproblem, check_tensor
 
 __all__ = ["Coefficients", "SemiPermutation", "SemiPermutationElement"]
 
@@ -133,24 +133,18 @@ class SemiPermutation(Group[SemiPermutationElement]):
             and bool(torch.allclose(first.coef.cpu(), second.coef.cpu(), rtol=0, atol=atol))
         )
 
-    def solve(
-        self,
-        sim: Tensor,
-        *,
-        gram: Tensor | None = None,
-        norms: tuple[Tensor, Tensor] | None = None,
-    ) -> SemiPermutationElement:
-        """Each narrow unit gets the wide unit of a rectangular assignment on ``sim``;
-        every leftover wide unit copies the narrow unit it resembles most (cosine,
-        from ``norms``; raw similarity without them); coefficients by
+    def solve_subproblem(self, problem: Subproblem) -> SemiPermutationElement:
+        """Each narrow unit gets the wide unit of a rectangular assignment on the
+        similarity; every leftover wide unit copies the narrow unit it resembles most
+        (cosine, from the problem's norms; raw similarity without them); coefficients by
         :attr:`coefficients`."""
-        m, n = sim.shape
+        m, n = problem.sim.shape
         if m < n:
             raise ValueError(f"a semi-permutation embeds n={n} units into m >= n, got m={m}")
-        sim = sim.detach().cpu().double()
+        sim = problem.sim.detach().cpu().double()
         cosine = sim
-        if norms is not None:
-            ref, other = (v.detach().cpu().double() for v in norms)
+        if problem.norms is not None:
+            ref, other = (v.detach().cpu().double() for v in problem.norms)
             cosine = sim / (ref[:, None] * other[None, :] + 1e-12)
         slots = injective(sim)
         assign = cosine.argmax(dim=1)
