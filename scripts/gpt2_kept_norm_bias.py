@@ -26,7 +26,7 @@ from torch.nn.functional import cross_entropy
 from lmckit import checkpoint
 from lmckit.align import weight_matching
 from lmckit.data import batches
-from lmckit.experiments.gpt2_shakespeare import token_row_weights
+from lmckit.data.token_stats import seen_token_masks, token_row_weights
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import apply
 
@@ -58,12 +58,12 @@ def main() -> None:
     circuits, folded_a, bare_a, betas_a = forms(ln_a.params)
     _, folded_b, bare_b, betas_b = forms(ln_b.params)
     spec = circuits.symmetry_spec()
-    seen = torch.zeros(data.num_classes, dtype=torch.bool)
-    seen[data.x_train.unique()] = True
-    seen[data.y_train.unique()] = True
-    masks = {k: seen for k in ("transformer.wte.weight", "lm_head.weight")}
     transform = weight_matching(
-        spec, folded_a, folded_b, row_masks=masks, row_weights=token_row_weights(data)
+        spec,
+        folded_a,
+        folded_b,
+        row_masks=seen_token_masks(data),
+        row_weights=token_row_weights(data),
     ).transform
     folded_b, bare_b = apply(spec, folded_b, transform), apply(spec, bare_b, transform)
     rotation = spec["residual"].group.matrix(transform["residual"]).float()

@@ -10,7 +10,8 @@ code does), orthogonal and permutations only, with and without token-frequency w
 the embedding and LM-head rows; with ``--learned``, also learned matching (orthogonal).
 
 ``--config paper`` / ``quick`` read the models that ``lmckit reproduce gpt2-shakespeare
-[--quick] --out OUT`` trained; ``--config proxy`` trains (and caches under OUT) a
+[--quick] --out OUT`` trained (the run folder ``OUT/paper-*`` or ``OUT/quick-*``, whose
+``config.json`` gives the data setting); ``--config proxy`` trains (and caches under OUT) a
 CPU-sized pair: 2 layers, 4 heads, width 128, MLP 512, context 64, the first 120,000
 BPE tokens, AdamW 1e-3, 6 epochs; ``--config mid`` a larger one with the paper's head
 width: 4 layers, 4 heads of 64, width 256, MLP 1024, context 128, the first 300,000
@@ -18,7 +19,7 @@ tokens, dropout 0.1, AdamW 1e-3, 8 epochs (about half an hour per pair on 2 core
 ``--config compact`` the paper's recipe on the whole text with the vocabulary compacted to
 the BPE ids that occur. ``--train-only`` trains and caches the model of ``--seed`` alone,
 so the two models of a pair can train in two processes at once (the compact pair: 80
-minutes, one core each).
+minutes, one core each). Imports only lmckit's public library (no experiment code).
 
     python scripts/gpt2_wm_variants.py runs/gpt2 --data-root ../shared/data --seed 1
     python scripts/gpt2_wm_variants.py /tmp/proxy --config proxy --learned
@@ -30,7 +31,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
+import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -44,28 +48,43 @@ from lmckit.align import (
     weight_matching,
 )
 from lmckit.data import Dataset, batches
+from lmckit.data.token_stats import seen_token_masks, text_prefix, token_row_weights
 from lmckit.evaluate import evaluate_path, linear_grid
-from lmckit.experiments.gpt2_shakespeare import (
-    GPT2ShakespeareConfig,
-    paper_config,
-    quick_config,
-    shakespeare_tokens,
-    token_row_weights,
-)
 from lmckit.models import create_model
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Permutation, SymmetrySpec, apply
 from lmckit.train import TrainConfig, fit
 
 EMBEDDINGS = ("transformer.wte", "transformer.wpe", "lm_head")
-PROXY = GPT2ShakespeareConfig(
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A GPT-2 pair: architecture, training, data (first ``tokens`` BPE tokens, compacted
+    vocabulary; ``None``: the whole text, full vocabulary) and learned matching."""
+
+    n_layer: int
+    n_head: int
+    n_embd: int
+    n_inner: int
+    context: int
+    dropout: float
+    train: TrainConfig
+    tokens: int | None
+    learned: LearnedMatchingConfig | None = None
+
+    def fingerprint(self) -> str:
+        """Short hash of the setting: its trained models are cached under it."""
+        text = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+PROXY = Setting(
     n_layer=2,
     n_head=4,
     n_embd=128,
     n_inner=512,
     context=64,
-    wide_embd=256,
-    wide_inner=1024,
     dropout=0.0,
     train=TrainConfig(
         epochs=6,
@@ -88,8 +107,6 @@ MID = dataclasses.replace(
     n_embd=256,
     n_inner=1024,
     context=128,
-    wide_embd=512,
-    wide_inner=2048,
     dropout=0.1,
     train=dataclasses.replace(PROXY.train, epochs=8, eval_batch_size=32),
     tokens=300_000,
@@ -99,20 +116,69 @@ MID = dataclasses.replace(
 # stopping) on the whole text, with the vocabulary compacted to the ~11k BPE ids that occur:
 # a full 50,257-row LM head makes a CPU step 3x slower, and the rows of tokens that never
 # occur carry no weight in token-frequency weighted matching anyway.
-COMPACT = dataclasses.replace(paper_config(), tokens=10**9)
+COMPACT = Setting(
+    n_layer=6,
+    n_head=4,
+    n_embd=256,
+    n_inner=1024,
+    context=256,
+    dropout=0.1,
+    train=TrainConfig(
+        epochs=60,
+        batch_size=32,
+        optimizer="adamw",
+        lr=3e-4,
+        weight_decay=0.01,
+        schedule="cosine",
+        warmup=0.05,
+        patience=3,
+        eval_batch_size=16,
+    ),
+    tokens=10**9,
+    learned=LearnedMatchingConfig(
+        steps=185,
+        lr=0.01,
+        batch_size=32,
+        eval_every=37,
+        patience=2,
+        val_batches=4,
+        max_seconds=75.0,
+    ),
+)
+TRAINED_HERE = {"proxy": PROXY, "mid": MID, "compact": COMPACT}
+#: settings whose models ``lmckit reproduce gpt2-shakespeare [--quick]`` trained
+FROM_EXPERIMENT = ("paper", "quick")
 
 
-def setup(
-    out: Path, name: str, config: GPT2ShakespeareConfig, data_root: Path
-) -> tuple[Path, Dataset]:
-    """The cache folder of config ``name`` under ``out`` and its token data."""
-    data = shakespeare_tokens(
+def _experiment_setting(out: Path, name: str) -> tuple[Path, Setting]:
+    """The run folder ``OUT/NAME-*`` of the experiment and its setting (its config.json)."""
+    found = sorted(p for p in out.glob(f"{name}-*") if (p / "config.json").is_file())
+    if len(found) != 1:
+        raise SystemExit(
+            f"expected one run folder {out}/{name}-* of `lmckit reproduce gpt2-shakespeare`, "
+            f"found {len(found)}"
+        )
+    cfg = json.loads((found[0] / "config.json").read_text())["config"]
+    fields = {f.name for f in dataclasses.fields(Setting)} - {"train", "learned"}
+    learned = cfg.get("learned")
+    setting = Setting(
+        **{k: cfg[k] for k in fields},
+        train=TrainConfig(**cfg["train"]),
+        learned=None if learned is None else LearnedMatchingConfig(**learned),
+    )
+    return found[0], setting
+
+
+def setup(out: Path, name: str, setting: Setting, data_root: Path) -> tuple[Path, Dataset]:
+    """The cache folder of setting ``name`` under ``out`` and its token data."""
+    data = text_prefix(
         data_root / "tinyshakespeare" / "input.txt",
         data_root / "gpt2_tokenizer",
-        block=config.context,
-        tokens=config.tokens,
+        block=setting.context,
+        tokens=setting.tokens,
+        name="tinyshakespeare",
     )
-    return out / f"{name}-{config.fingerprint()}", data
+    return out / f"{name}-{setting.fingerprint()}", data
 
 
 def _residual_only_from(spec: SymmetrySpec, prefixes: tuple[str, ...]) -> SymmetrySpec:
@@ -129,7 +195,7 @@ def _residual_only_from(spec: SymmetrySpec, prefixes: tuple[str, ...]) -> Symmet
 
 
 def _model(
-    root: Path, config: GPT2ShakespeareConfig, data, seed: int, train: bool, progress: bool = False
+    root: Path, config: Setting, data: Dataset, seed: int, train: bool, progress: bool = False
 ) -> checkpoint.Checkpoint:
     """The LayerNorm checkpoint of ``seed``, trained first when ``train`` and missing."""
     where = root / "models" / f"gpt2-{config.n_embd}-seed{seed}"
@@ -153,29 +219,25 @@ def _model(
     return checkpoint.load(where)
 
 
-CONFIGS = {
-    "paper": paper_config,
-    "quick": quick_config,
-    "proxy": lambda: PROXY,
-    "mid": lambda: MID,
-    "compact": lambda: COMPACT,
-}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="the --out folder of gpt2-shakespeare")
     parser.add_argument("--data-root", type=Path, default=Path("../shared/data"))
     parser.add_argument("--seed", type=int, default=0, help="the pair is seeds s and s + 1")
-    parser.add_argument("--config", choices=sorted(CONFIGS), default="paper")
+    choices = sorted([*FROM_EXPERIMENT, *TRAINED_HERE])
+    parser.add_argument("--config", choices=choices, default="paper")
     parser.add_argument("--learned", action="store_true", help="also learned matching")
     parser.add_argument(
         "--train-only", action="store_true", help="train (cache) model --seed alone and stop"
     )
     args = parser.parse_args()
-    config = CONFIGS[args.config]()
-    root, data = setup(args.out, args.config, config, args.data_root)
-    train = args.config not in ("paper", "quick")
+    if args.config in FROM_EXPERIMENT:
+        root, config = _experiment_setting(args.out, args.config)
+        _, data = setup(args.out, args.config, config, args.data_root)
+    else:
+        config = TRAINED_HERE[args.config]
+        root, data = setup(args.out, args.config, config, args.data_root)
+    train = args.config in TRAINED_HERE
     if args.train_only:
         _model(root, config, data, args.seed, train=train, progress=True)
         return
@@ -183,10 +245,8 @@ def main() -> None:
     la, lb = (_model(root, config, data, seed, train=train) for seed in seeds)
     rms, a = layernorm_to_rmsnorm(la.model, la.params)
     _, b = layernorm_to_rmsnorm(la.model, lb.params)
-    seen = torch.zeros(data.num_classes, dtype=torch.bool)
-    seen[data.x_train.unique()] = True
-    seen[data.y_train.unique()] = True
-    masks = {k: seen for k in ("transformer.wte.weight", "lm_head.weight")}
+    masks = seen_token_masks(data)
+    seen = masks["lm_head.weight"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     x, y = (t.to(device) for t in data.split("test"))
     work = rms.to(device)

@@ -9,6 +9,6 @@ fi
 # pinned torch==2.13.0: the CPU wheel lies on disk; quiet when already satisfied
 .venv/bin/pip install --quiet --disable-pip-version-check -e '.[test]'
 
-.venv/bin/ruff check src tests benchmarks
-.venv/bin/ruff format --check src tests benchmarks
+.venv/bin/ruff check src tests benchmarks scripts
+.venv/bin/ruff format --check src tests benchmarks scripts
 .venv/bin/python -m pytest "$@"
