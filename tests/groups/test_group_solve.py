@@ -182,3 +182,34 @@ def test_solvers_return_cpu_elements_of_the_right_type(case: Case) -> None:
 
 
 assert set(CASES)  # the cases module is shared with the algebra tests
+
+
+def test_a_similarity_that_breaks_blocks_still_gets_a_block_permutation() -> None:
+    group = Permutation(blocks=3)
+    breaking = torch.tensor([0, 4, 8, 1, 5, 9, 2, 6, 10, 3, 7, 11])
+    perm = group.solve(Permutation().matrix(breaking).float())
+    group.validate(perm, 12)
+    for block in perm.reshape(3, 4):
+        assert len(set((block // 4).tolist())) == 1
+
+
+def test_the_call_site_functions_are_the_groups_solvers() -> None:
+    from lmckit.align.solvers import objective, solve
+
+    truth = Invertible().random(5, _gen(120)).double()
+    b = torch.randn(5, 30, generator=_gen(121), dtype=torch.float64)
+    sim, gram = (truth @ b @ b.T).float(), (b @ b.T).float()
+    assert torch.equal(solve(Invertible(), sim, gram=gram), Invertible().solve(sim, gram=gram))
+    perm_sim = torch.randn(7, 7, generator=_gen(122))
+    found = solve(Permutation(), perm_sim)
+    assert objective(Permutation(), found, perm_sim) == Permutation().objective(found, perm_sim)
+
+
+def test_a_group_without_a_solver_cannot_be_made() -> None:
+    from lmckit.groups import Group
+
+    class Strange(Group):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Strange()  # type: ignore[abstract]

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from torch import nn
 
-__all__ = ["legacy_call", "module_first", "models_list"]
+__all__ = ["legacy_call", "model_and_data_first", "module_first", "models_list"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,3 +44,17 @@ def legacy_call(is_old: Callable[[tuple[Any, ...]], bool], adapter: Callable[...
         return wrapper  # type: ignore[return-value]
 
     return deco
+
+
+def model_and_data_first(
+    new: Callable[..., Any],
+    model: nn.Module,
+    spec: Any,
+    params_a: Any,
+    params_b: Any,
+    data: Any,
+    config: Any = None,
+    **options: Any,
+) -> Any:
+    """Adapter for ``fn(model, spec, a, b, data, config, **options)``."""
+    return new(spec, params_a, params_b, config, model=model, data=data, **options)

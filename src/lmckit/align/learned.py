@@ -34,7 +34,7 @@ import copy
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.align._compat import legacy_call, module_first
+from lmckit.align._compat import legacy_call, model_and_data_first, module_first
 from lmckit.align.dense import apply_dense, straight_through
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
@@ -199,20 +199,6 @@ def _to(params: Params, device: torch.device) -> Params:
     return {k: v.to(device) for k, v in params.items()}
 
 
-def _old_form(
-    new: Callable[..., AlignmentResult],
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    data: Dataset,
-    config: LearnedMatchingConfig | None = None,
-    **options: Any,
-) -> AlignmentResult:
-    # ``learned_matching(model, spec, a, b, data, config, **options)``
-    return new(spec, params_a, params_b, config, model=model, data=data, **options)
-
-
 @register_aligner(
     "learned_matching",
     paper=GIT_REBASIN + " (Sec. 3.3); " + GENERALIZED_LMC,
@@ -220,7 +206,7 @@ def _old_form(
     needs_model=True,
     needs_data=True,
 )
-@legacy_call(module_first, _old_form)
+@legacy_call(module_first, model_and_data_first)
 def learned_matching(
     spec: SymmetrySpec,
     params_a: Params,
