@@ -6,10 +6,13 @@ inputs, and several tests check exactly that).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 import pytest
 import torch
+from torch import Tensor, nn
+from torch.func import functional_call
 
 from lmckit.data import Dataset, load_digits
 from lmckit.models import ZooModel, create_model
@@ -61,3 +64,19 @@ def mlp_pair(digits: Dataset) -> TrainedPair:
 def bn_mlp_pair(digits: Dataset) -> TrainedPair:
     """ReLU MLPs with BatchNorm after each hidden Linear."""
     return _pair(digits, "batch")
+
+
+Outputs = Callable[[nn.Module, Mapping[str, Tensor], Tensor], Tensor]
+
+
+def model_outputs(module: nn.Module, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    """``module``'s outputs on ``x`` with ``params`` (eval mode, no gradients)."""
+    module.eval()
+    with torch.no_grad():
+        return functional_call(module, dict(params), (x,))
+
+
+@pytest.fixture(scope="session")
+def outputs() -> Outputs:
+    """The shared ``outputs(module, params, x)`` helper (:func:`model_outputs`)."""
+    return model_outputs

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor
-from torch.func import functional_call
 
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
@@ -52,17 +51,12 @@ def _model(name: str, extra: dict, seed: int = 0) -> tuple[ZooModel, Params, Ten
     return module, params, x
 
 
-def _logits(module: ZooModel, params: Params, x: Tensor) -> Tensor:
-    with torch.no_grad():
-        return functional_call(module, params, (x,))
-
-
 def _rel_err(a: Tensor, b: Tensor) -> float:
     return float((a - b).abs().max() / a.abs().max())
 
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS)
-def test_layernorm_to_rmsnorm_keeps_logits(name: str, extra: dict) -> None:
+def test_layernorm_to_rmsnorm_keeps_logits(outputs, name: str, extra: dict) -> None:
     module, params, x = _model(name, extra)
     before = {k: v.clone() for k, v in params.items()}
     rms, rms_params = layernorm_to_rmsnorm(module, params)
@@ -70,23 +64,25 @@ def test_layernorm_to_rmsnorm_keeps_logits(name: str, extra: dict) -> None:
     assert isinstance(rms.symmetry_spec()["residual"].group, Orthogonal)
     rms.symmetry_spec().validate(rms_params)
     assert not any("ln_" in k or "layernorm" in k for k in rms_params)
-    assert _rel_err(_logits(module, params, x), _logits(rms, rms_params, x)) <= 1e-4
+    assert _rel_err(outputs(module, params, x), outputs(rms, rms_params, x)) <= 1e-4
     assert all(torch.equal(before[k], params[k]) for k in params)  # inputs untouched
 
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS)
-def test_orthogonal_residual_maps_keep_logits_after_the_rewrite(name: str, extra: dict) -> None:
+def test_orthogonal_residual_maps_keep_logits_after_the_rewrite(
+    outputs, name: str, extra: dict
+) -> None:
     module, params, x = _model(name, extra)
     rms, rms_params = layernorm_to_rmsnorm(module, params)
     spec = rms.symmetry_spec()
-    want = _logits(module, params, x)
+    want = outputs(module, params, x)
     for seed in range(3):
         moved = apply(spec, rms_params, random_transform(spec, seed))
-        assert _rel_err(want, _logits(rms, moved, x)) <= 1e-4
+        assert _rel_err(want, outputs(rms, moved, x)) <= 1e-4
 
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS)
-def test_orthogonal_map_breaks_layernorm(name: str, extra: dict) -> None:
+def test_orthogonal_map_breaks_layernorm(outputs, name: str, extra: dict) -> None:
     """Negative control: without the rewrite, a rotation of the residual stream is not exact."""
     module, params, x = _model(name, extra)
     spec = module.symmetry_spec()
@@ -95,12 +91,12 @@ def test_orthogonal_map_breaks_layernorm(name: str, extra: dict) -> None:
     uses = tuple(u for u in residual.uses if u.role != "elementwise")
     rotate = SymmetrySpec((Space("residual", residual.n, Orthogonal(), uses),))
     moved = apply(rotate, params, Transform(rotate, {"residual": rotation}))
-    assert _rel_err(_logits(module, params, x), _logits(module, moved, x)) > 1e-3
+    assert _rel_err(outputs(module, params, x), outputs(module, moved, x)) > 1e-3
 
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS)
 @pytest.mark.parametrize("width", [8, 12, 16])
-def test_embed_in_wider_keeps_logits(name: str, extra: dict, width: int) -> None:
+def test_embed_in_wider_keeps_logits(outputs, name: str, extra: dict, width: int) -> None:
     module, params, x = _model(name, extra)
     rms, rms_params = layernorm_to_rmsnorm(module, params)
     wide, wide_params = embed_in_wider(rms, rms_params, width, rotation=3)
@@ -108,17 +104,17 @@ def test_embed_in_wider_keeps_logits(name: str, extra: dict, width: int) -> None
     spec.validate(wide_params)
     assert spec["residual"].n == width
     assert spec["heads.0"].n == width and spec["ffn.0"].n == 12 * width // 8
-    assert _rel_err(_logits(module, params, x), _logits(wide, wide_params, x)) <= 1e-4
+    assert _rel_err(outputs(module, params, x), outputs(wide, wide_params, x)) <= 1e-4
 
 
-def test_embed_in_wider_takes_a_given_rotation_and_checks_it() -> None:
+def test_embed_in_wider_takes_a_given_rotation_and_checks_it(outputs) -> None:
     module, params, x = _model("gpt2", {"tie_embeddings": False})
     rms, rms_params = layernorm_to_rmsnorm(module, params)
     rotation = Orthogonal().random(8, torch.Generator().manual_seed(0), m=10)
     wide, wide_params = embed_in_wider(rms, rms_params, 10, inner=20, rotation=rotation)
     emb = wide_params["transformer.wte.weight"]
     torch.testing.assert_close(emb, rms_params["transformer.wte.weight"] @ rotation.T)
-    assert _rel_err(_logits(module, params, x), _logits(wide, wide_params, x)) <= 1e-4
+    assert _rel_err(outputs(module, params, x), outputs(wide, wide_params, x)) <= 1e-4
     with pytest.raises(ValueError, match="orthonormal"):
         embed_in_wider(rms, rms_params, 10, rotation=2 * rotation)
     with pytest.raises(ValueError, match="rotation must be"):
@@ -141,9 +137,9 @@ def test_rewrites_reject_the_wrong_norm() -> None:
 
 @pytest.mark.parametrize(("name", "extra"), VARIANTS)
 @pytest.mark.parametrize("form", ["layer", "rms", "wider"])
-def test_heads_to_circuits_keeps_logits(name: str, extra: dict, form: str) -> None:
+def test_heads_to_circuits_keeps_logits(outputs, name: str, extra: dict, form: str) -> None:
     module, params, x = _model(name, extra)
-    want = _logits(module, params, x)
+    want = outputs(module, params, x)
     source, source_params = module, params
     if form != "layer":
         source, source_params = layernorm_to_rmsnorm(module, params)
@@ -158,12 +154,12 @@ def test_heads_to_circuits_keeps_logits(name: str, extra: dict, form: str) -> No
     qk = [k for k in circuit_params if k.endswith("qk_weight")]
     assert len(qk) == 2 and all(circuit_params[k].shape == (2, width, width) for k in qk)
     assert not any("c_attn" in k or ".query." in k for k in circuit_params)
-    assert _rel_err(want, _logits(circuits, circuit_params, x)) <= 1e-4
+    assert _rel_err(want, outputs(circuits, circuit_params, x)) <= 1e-4
     assert all(torch.equal(before[k], source_params[k]) for k in before)  # inputs untouched
     # the residual group acts on both sides of every circuit: still exact
     for seed in range(2):
         moved = apply(spec, circuit_params, random_transform(spec, seed))
-        assert _rel_err(want, _logits(circuits, moved, x)) <= 1e-4
+        assert _rel_err(want, outputs(circuits, moved, x)) <= 1e-4
 
 
 def test_circuits_forget_the_bases_inside_heads() -> None:

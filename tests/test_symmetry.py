@@ -4,10 +4,11 @@ The groups' own laws are tested in ``tests/groups``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from lmckit.models import create_model
 from lmckit.params import Params
@@ -36,21 +37,20 @@ def _gen(seed: int) -> torch.Generator:
 # --------------------------------------------------------------------------- function invariance
 
 
-def _outputs(module: nn.Module, params: Params, x: Tensor) -> Tensor:
-    module.eval()
-    with torch.no_grad():
-        return functional_call(module, params, (x,))
-
-
 def _assert_same_function(
-    module: nn.Module, params: Params, other: nn.Module, moved: Params, x: Tensor
+    outputs: Callable[..., Tensor],
+    module: nn.Module,
+    params: Params,
+    other: nn.Module,
+    moved: Params,
+    x: Tensor,
 ) -> None:
     torch.testing.assert_close(
-        _outputs(other, moved, x), _outputs(module, params, x), atol=1e-4, rtol=1e-4
+        outputs(other, moved, x), outputs(module, params, x), atol=1e-4, rtol=1e-4
     )
 
 
-def test_transform_changes_params_but_not_mlp_function_with_block_permutations() -> None:
+def test_transform_changes_params_but_not_mlp_function_with_block_permutations(outputs) -> None:
     module, params = create_model("mlp", seed=0, in_features=5, hidden=[8, 6], out_features=3)
     spec = module.symmetry_spec().with_groups(
         **{"hidden.0": Permutation(blocks=2), "hidden.1": Permutation(blocks=2)}
@@ -59,7 +59,7 @@ def test_transform_changes_params_but_not_mlp_function_with_block_permutations()
     moved = apply(spec, params, transform)
     assert not torch.equal(moved["layers.0.weight"], params["layers.0.weight"])
     x = torch.randn(10, 5, generator=_gen(0))
-    _assert_same_function(module, params, module, moved, x)
+    _assert_same_function(outputs, module, params, module, moved, x)
     # and the inverse brings the parameters back
     back = apply(spec, moved, transform.inverse())
     for k in params:
@@ -94,7 +94,7 @@ def _head_spec(group: Group) -> SymmetrySpec:
     return SymmetrySpec((Space("heads", 12, group, uses),))
 
 
-def test_head_permutation_preserves_a_headed_net() -> None:
+def test_head_permutation_preserves_a_headed_net(outputs) -> None:
     torch.manual_seed(0)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -104,11 +104,11 @@ def test_head_permutation_preserves_a_headed_net() -> None:
     spec = _head_spec(HeadPermutation(heads=4, head_dim=3))
     transform = random_transform(spec, 3)
     assert not torch.equal(transform["heads"], torch.arange(4))
-    _assert_same_function(net, params, net, apply(spec, params, transform), x)
+    _assert_same_function(outputs, net, params, net, apply(spec, params, transform), x)
     # control: a unit permutation that splits heads changes the function
     bad = _head_spec(Permutation())
     moved = apply(bad, params, random_transform(bad, 3))
-    assert not torch.allclose(_outputs(net, moved, x), _outputs(net, params, x), atol=1e-3)
+    assert not torch.allclose(outputs(net, moved, x), outputs(net, params, x), atol=1e-3)
 
 
 def _linear_net(d_in: int, hidden: int, d_out: int, seed: int) -> tuple[nn.Module, Params]:
@@ -124,19 +124,19 @@ def _linear_spec(n: int, group: Group) -> SymmetrySpec:
 
 
 @pytest.mark.parametrize("group", [Orthogonal(), Invertible()], ids=["orth", "inv"])
-def test_continuous_groups_preserve_a_linear_net(group: Group) -> None:
+def test_continuous_groups_preserve_a_linear_net(outputs, group: Group) -> None:
     net, params = _linear_net(5, 6, 3, seed=0)
     spec = _linear_spec(6, group)
     transform = random_transform(spec, 4)
     moved = apply(spec, params, transform)
     assert not torch.allclose(moved["0.weight"], params["0.weight"])
     x = torch.randn(9, 5, generator=_gen(2))
-    _assert_same_function(net, params, net, moved, x)
+    _assert_same_function(outputs, net, params, net, moved, x)
     back = apply(spec, moved, transform.inverse())
     torch.testing.assert_close(back["1.weight"], params["1.weight"], atol=1e-5, rtol=1e-5)
 
 
-def test_rectangular_orthogonal_embeds_a_narrow_linear_net() -> None:
+def test_rectangular_orthogonal_embeds_a_narrow_linear_net(outputs) -> None:
     narrow, params = _linear_net(5, 4, 3, seed=1)
     wide, _ = _linear_net(5, 9, 3, seed=2)
     spec = _linear_spec(4, Orthogonal())
@@ -144,10 +144,10 @@ def test_rectangular_orthogonal_embeds_a_narrow_linear_net() -> None:
     assert wide_params["0.weight"].shape == (9, 5)
     assert wide_params["1.weight"].shape == (3, 9)
     x = torch.randn(11, 5, generator=_gen(3))
-    _assert_same_function(narrow, params, wide, wide_params, x)
+    _assert_same_function(outputs, narrow, params, wide, wide_params, x)
 
 
-def test_semi_permutation_embeds_a_narrow_relu_net() -> None:
+def test_semi_permutation_embeds_a_narrow_relu_net(outputs) -> None:
     narrow, params = create_model("mlp", seed=0, in_features=5, hidden=[4, 3], out_features=2)
     wide, _ = create_model("mlp", seed=0, in_features=5, hidden=[9, 7], out_features=2)
     spec = narrow.symmetry_spec().with_groups(
@@ -157,7 +157,7 @@ def test_semi_permutation_embeds_a_narrow_relu_net() -> None:
     wide_params = apply(spec, params, transform)
     assert wide_params["layers.1.weight"].shape == (7, 9)
     x = torch.randn(13, 5, generator=_gen(4))
-    _assert_same_function(narrow, params, wide, wide_params, x)
+    _assert_same_function(outputs, narrow, params, wide, wide_params, x)
 
 
 def test_apply_is_pure_and_skips_unused_and_integer_tensors() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from lmckit.align import PaddedPermutation, WidthMatchingConfig, naive_embedding, width_matching
 from lmckit.align.width import space_widths
@@ -39,10 +38,6 @@ def _mlp(width: int, seed: int, activation: str = "relu"):
 
 def _with(spec: SymmetrySpec, group: object) -> SymmetrySpec:
     return spec.with_groups(**{name: group for name in spec.names})
-
-
-def _logits(module: nn.Module, params: Params, x: Tensor) -> Tensor:
-    return functional_call(module, params, (x,))
 
 
 class Residual(nn.Module):
@@ -94,25 +89,25 @@ def _residual(d: int, hidden: int, seed: int) -> tuple[Residual, Params]:
     ("group", "activation"),
     [(SemiPermutation(), "relu"), (PaddedPermutation(), "relu"), (PaddedPermutation(), "gelu")],
 )
-def test_random_embeddings_preserve_the_function(group: object, activation: str) -> None:
+def test_random_embeddings_preserve_the_function(outputs, group: object, activation: str) -> None:
     narrow, pn = _mlp(8, 0, activation)
     wide, _ = _mlp(20, 1, activation)
     spec = _with(narrow.symmetry_spec(), group)
     t = random_transform(spec, 4, widths={"hidden.0": 20, "hidden.1": 20})
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(
-        _logits(wide, apply(spec, pn, t), x), _logits(narrow, pn, x), atol=1e-5, rtol=0
+        outputs(wide, apply(spec, pn, t), x), outputs(narrow, pn, x), atol=1e-5, rtol=0
     )
 
 
-def test_rectangular_orthogonal_residual_embedding_preserves_the_function() -> None:
+def test_rectangular_orthogonal_residual_embedding_preserves_the_function(outputs) -> None:
     narrow, pn = _residual(6, 10, 0)
     wide, _ = _residual(9, 14, 1)
     spec = narrow.spec()
     t = random_transform(spec, 2, widths={"residual": 9, "ffn": 14})
     x = torch.randn(16, 64, generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(
-        _logits(wide, apply(spec, pn, t), x), _logits(narrow, pn, x), atol=1e-5, rtol=0
+        outputs(wide, apply(spec, pn, t), x), outputs(narrow, pn, x), atol=1e-5, rtol=0
     )
 
 
@@ -169,7 +164,9 @@ def test_square_group_with_different_widths_is_a_value_error() -> None:
         WidthMatchingConfig(coefficients="nearest")
 
 
-def test_aligned_embedding_lowers_the_barrier_to_the_wide_model(mlp_pair, digits: Dataset) -> None:
+def test_aligned_embedding_lowers_the_barrier_to_the_wide_model(
+    outputs, mlp_pair, digits: Dataset
+) -> None:
     wide_model, wide, _, _ = mlp_pair  # 64 -> 64 -> 64 -> 10
     narrow_model, init = _mlp(24, 5)
     narrow = train(
@@ -187,7 +184,7 @@ def test_aligned_embedding_lowers_the_barrier_to_the_wide_model(mlp_pair, digits
     # both embeddings are the narrow model itself, so the path ends agree
     x = digits.x_test[:50]
     torch.testing.assert_close(
-        _logits(wide_model, aligned, x), _logits(narrow_model, narrow, x), atol=1e-4, rtol=0
+        outputs(wide_model, aligned, x), outputs(narrow_model, narrow, x), atol=1e-4, rtol=0
     )
     before = evaluate_path(wide_model, wide, naive, test).barrier_loss
     after = evaluate_path(wide_model, wide, aligned, test).barrier_loss

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.func import functional_call
 
 from lmckit.data import Dataset
 from lmckit.models import list_models
@@ -40,12 +39,6 @@ VIT_BLOCK_LAYERS = (
 )
 
 
-def _out(module, params, x):
-    module.eval()
-    with torch.no_grad():
-        return functional_call(module, params, (x,))
-
-
 @pytest.mark.parametrize("mode", ["wasym", "syre"])
 @pytest.mark.parametrize(
     ("name", "kwargs", "shape"),
@@ -55,18 +48,22 @@ def _out(module, params, x):
         ("asym_vit", VIT_KWARGS, (4, 1, 8, 8)),
     ],
 )
-def test_to_plain_computes_the_same_function(name, kwargs, shape, mode) -> None:
+def test_to_plain_computes_the_same_function(outputs, name, kwargs, shape, mode) -> None:
     module, params = create_asym_model(name, seed=1, kappa=2.0, num_fixed=3, mode=mode, **kwargs)
     plain, folded = to_plain(module, params)
     assert type(plain).__name__ in ("MLP", "ResNet20", "ViT")
     assert folded.keys() == plain.state_dict().keys()
     x = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(_out(module, params, x), _out(plain, folded, x), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        outputs(module, params, x), outputs(plain, folded, x), rtol=0, atol=1e-5
+    )
     # the route to the aligners: the plain spec acts on folded params exactly
     spec = plain.symmetry_spec()
     spec.validate(folded)
     moved = apply(spec, folded, random_transform(spec, seed=3))
-    torch.testing.assert_close(_out(plain, moved, x), _out(plain, folded, x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        outputs(plain, moved, x), outputs(plain, folded, x), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_wasym_mask_and_offset() -> None:
@@ -192,7 +189,7 @@ def test_asym_vit_breaks_exactly_the_block_projections() -> None:
     assert not torch.equal(params[f"{att}.query.mask"], params[f"{att}.key.mask"])
 
 
-def test_asym_vit_breaks_the_plain_symmetries() -> None:
+def test_asym_vit_breaks_the_plain_symmetries(outputs) -> None:
     """A random plain-ViT transform keeps the folded function but not the asym one.
 
     Moving the trainable ``W`` (and the untouched plain parts) by a transform of the plain
@@ -208,9 +205,9 @@ def test_asym_vit_breaks_the_plain_symmetries() -> None:
     x = torch.randn(6, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     moved_folded = apply(spec, folded, transform)
     torch.testing.assert_close(
-        _out(plain, moved_folded, x), _out(plain, folded, x), rtol=1e-4, atol=1e-5
+        outputs(plain, moved_folded, x), outputs(plain, folded, x), rtol=1e-4, atol=1e-5
     )
-    gap = (_out(module, moved, x) - _out(module, params, x)).abs().max()
+    gap = (outputs(module, moved, x) - outputs(module, params, x)).abs().max()
     assert gap > 1e-2
 
 
