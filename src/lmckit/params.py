@@ -15,12 +15,29 @@ __all__ = [
     "check_compatible",
     "check_finite",
     "interpolate",
+    "module_params",
     "weighted_average",
 ]
 
 
 class IncompatibleModelsError(ValueError):
     """Two parameter sets do not belong to the same architecture."""
+
+
+def module_params(module: torch.nn.Module) -> Params:
+    """A module's state dict with every tensor once (detached): tied weights keep their
+    first key, the one ``named_parameters()`` and ``torch.export`` use.
+
+    This is the form of :data:`Params` lmckit uses for any module: ``functional_call``
+    fills the other keys of a tied weight from the first.
+    """
+    seen: set[int] = set()
+    out: Params = {}
+    for name, tensor in module.state_dict(keep_vars=True).items():
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            out[name] = tensor.detach()
+    return out
 
 
 def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:

@@ -59,11 +59,12 @@ def circuit_form(ckpt: Checkpoint) -> Checkpoint:
     """
     from lmckit.rewrites import heads_to_circuits
 
-    if not hasattr(ckpt.model, "attention_modules"):
-        raise ValueError(f"--circuits: {ckpt.config.name} has no attention heads")
     if getattr(ckpt.model, "attention", None) == "circuits":
         return ckpt
-    module, params = heads_to_circuits(ckpt.model, ckpt.params)
+    try:
+        module, params = heads_to_circuits(ckpt.model, ckpt.params)
+    except (ValueError, AttributeError):
+        raise ValueError(f"--circuits: {ckpt.config.name} has no attention heads") from None
     return Checkpoint(module, params, module.config)
 
 

@@ -1,13 +1,12 @@
 """Function-preserving rewrites of transformer zoo models that expose more symmetry.
 
 * :func:`layernorm_to_rmsnorm`: LayerNorm ``LN(x) = g * (x - mean(x)) / sigma(x) + b``
-  becomes an affine-free RMSNorm. Every residual writer (embeddings, attention and
-  MLP output projections, their biases) is projected onto the zero-mean subspace,
-  ``W <- (I - 1 1^T / d) W``, so the residual stream always has mean zero, where
-  ``LN(x) = g * x / rms(x) + b`` (``sigma`` and ``rms`` agree, ``eps`` included).
-  ``g`` and ``b`` are folded into each reader ``R x + c``: ``R <- R diag(g)``,
-  ``c <- c + R b``. The RMSNorm commutes with every orthogonal map, so the new
-  model's residual space is ``Orthogonal``.
+  becomes an affine-free RMSNorm. Every writer of the stream the LayerNorms read is
+  projected onto the zero-mean subspace, ``W <- (I - 1 1^T / d) W``, so the stream always
+  has mean zero, where ``LN(x) = g * x / rms(x) + b`` (``sigma`` and ``rms`` agree,
+  ``eps`` included). ``g`` and ``b`` are folded into each reader ``R x + c``:
+  ``R <- R diag(g)``, ``c <- c + R b``. The RMSNorm commutes with every orthogonal map,
+  so the new model's residual space is ``Orthogonal``.
 * :func:`embed_in_wider`: a rectangular orthogonal map ``O`` (``m x n``, ``O^T O = I``)
   embeds an RMSNorm model of residual width ``n`` into one of width ``m`` exactly:
   head and MLP units are padded with zero units (queries rescaled by
@@ -19,8 +18,11 @@
   the form in which Generalized LMC for Transformers (2025) merges heads; the
   interpolated model is a circuit-form model (heads of width ``d``, not ``d / heads``).
 
-Models that support these rewrites (GPT-2, ViT) implement :class:`NormRewritable`.
-The first two need projected heads: rewrite norms and widths before circuits.
+What each rewrite changes is read from the model's traced graph and inferred spec
+(:mod:`lmckit.spec`): which stream the norms scale and who writes it, which layers read
+each norm, where the heads' projections are. The zoo class contributes only its
+constructor changes for the new form (:class:`Rewritable`). The first two rewrites need
+projected heads: rewrite norms and widths before circuits.
 """
 
 from __future__ import annotations
@@ -31,32 +33,22 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from lmckit.groups import HeadPermutation, Orthogonal
 from lmckit.models.registry import ModelConfig, ZooModel, build_module
 from lmckit.params import Params
-from lmckit.symmetry import (
-    CircuitPart,
-    HeadPermutation,
-    Orthogonal,
-    SymmetrySpec,
-    Transform,
-    apply,
-    random_transform,
-)
+from lmckit.spec.fold import Reader, readers_of
+from lmckit.spec.infer import SymmetryAnalysis, analyze_symmetries
+from lmckit.symmetry import CircuitPart, Space, Transform, apply, random_transform
 
-__all__ = ["NormRewritable", "embed_in_wider", "heads_to_circuits", "layernorm_to_rmsnorm"]
+__all__ = ["Rewritable", "embed_in_wider", "heads_to_circuits", "layernorm_to_rmsnorm"]
 
 
-class NormRewritable(Protocol):
-    """What a zoo model tells the rewrites about its residual-stream norms and heads."""
+class Rewritable(Protocol):
+    """What a zoo model tells the rewrites: the constructor changes of its other forms."""
 
     config: ModelConfig
-    norm: str
 
-    def symmetry_spec(self) -> SymmetrySpec: ...
-
-    def norm_readers(self) -> dict[str, list[str]]:
-        """Norm module -> the Linear modules reading its output."""
-        ...
+    def example_inputs(self) -> tuple[Tensor, ...]: ...
 
     def untied(self, params: Params) -> Params:
         """``params`` with every shared weight stored once per user."""
@@ -70,9 +62,12 @@ class NormRewritable(Protocol):
         """Constructor changes of a wider model."""
         ...
 
-    def attention_modules(self) -> dict[str, str]:
-        """Head space -> the attention module that holds its heads."""
-        ...
+
+def _analysis(module: ZooModel) -> SymmetryAnalysis:
+    # the zoo's spec is verified when first inferred; the rewrites read the same graph
+    return analyze_symmetries(
+        module, module.example_inputs(), names=module.space_names, check=False
+    )
 
 
 def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
@@ -93,53 +88,88 @@ def _check_keys(module: ZooModel, params: Params) -> None:
         )
 
 
-def _check_projected_heads(module: ZooModel, rewrite: str) -> None:
-    if getattr(module, "attention", "heads") != "heads":
-        raise ValueError(
-            f"{rewrite} needs projected heads (attention='heads'); apply it before "
-            "heads_to_circuits"
-        )
-
-
 def _center(x: Tensor, axis: int) -> Tensor:
     """Project ``x`` onto the zero-mean subspace along ``axis``: ``x - mean(x)``."""
     x64 = x.double()
     return (x64 - x64.mean(dim=axis, keepdim=True)).to(x.dtype)
 
 
+def _norm_readers(analysis: SymmetryAnalysis, kind: str) -> list[tuple[str, str, list[Reader]]]:
+    """``(scale key, shift key, readers)`` of every norm of ``kind`` in the graph."""
+    params = dict(analysis.traced.params)
+    nodes = {n.name: n for n in analysis.traced.graph.nodes}
+    out = []
+    for site in analysis.scales:
+        if site.kind != kind:
+            continue
+        found = readers_of(nodes[site.node], params)
+        if isinstance(found, str):
+            raise ValueError(
+                f"the {kind} norm {site.node!r} cannot be folded into its readers ({found}): "
+                "the rewrite needs projected heads; rewrite norms and widths before "
+                "heads_to_circuits"
+            )
+        scale = params[site.weight] if site.weight else ""
+        shift = params[site.bias] if site.bias else ""
+        out.append((scale, shift, found))
+    return out
+
+
+def _shared(analysis: SymmetryAnalysis) -> set[str]:
+    """Parameters the graph uses more than once (tied weights)."""
+    users: dict[str, int] = {}
+    for node in analysis.traced.graph.nodes:
+        if node.op == "placeholder" and node.name in analysis.traced.params:
+            key = analysis.traced.params[node.name]
+            users[key] = users.get(key, 0) + len(node.users)
+    return {k for k, n in users.items() if n > 1}
+
+
+def _untie(reader: Reader, params: Params, work: Params, shared: set[str]) -> Reader:
+    """The reader's own copy of a shared weight (the untied layout's extra key)."""
+    if reader.weight not in shared:
+        return reader
+    copies = [k for k in work if k not in params and torch.equal(work[k], params[reader.weight])]
+    if len(copies) != 1:
+        raise ValueError(f"{reader.weight!r} is shared and has no separate untied copy")
+    return Reader(copies[0], reader.axis, None)
+
+
 def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Params]:
     """Rewrite a LayerNorm transformer as an RMSNorm one with the same outputs.
 
     Args:
-        module: a ``norm="layer"`` model implementing :class:`NormRewritable`.
+        module: a zoo model with LayerNorms on its residual stream (:class:`Rewritable`).
         params: its parameters; not modified.
 
     Returns:
         ``(module', params')``: a new model of the same zoo class with the changes of
-        ``module.rms_kwargs()`` (``norm="rms"``), whose spec's residual space is
-        ``Orthogonal``, and its parameters.
+        ``module.rms_kwargs()``, whose spec's residual space is ``Orthogonal``, and its
+        parameters.
     """
-    model: NormRewritable = module  # type: ignore[assignment]
-    if getattr(module, "norm", None) != "layer":
-        raise ValueError("layernorm_to_rmsnorm needs a model with norm='layer'")
-    _check_projected_heads(module, "layernorm_to_rmsnorm")
-    residual = model.symmetry_spec()["residual"]
+    model: Rewritable = module  # type: ignore[assignment]
+    analysis = _analysis(module)
+    norms = _norm_readers(analysis, "layer")
+    if not norms:
+        raise ValueError("layernorm_to_rmsnorm needs a model whose residual stream has LayerNorms")
+    scales = {scale for scale, _, _ in norms}
     work = {k: v.detach().clone() for k, v in model.untied(params).items()}
-    for use in residual.uses:
-        if use.role == "write":
-            if use.outer != 1 or use.inner != 1:
-                raise ValueError(f"cannot center blocked residual writer {use.param!r}")
-            work[use.param] = _center(work[use.param], use.axis % work[use.param].ndim)
-    for norm, readers in model.norm_readers().items():
-        gain = work.pop(f"{norm}.weight").double()
-        shift = work.pop(f"{norm}.bias").double()
-        for reader in readers:
-            weight = work[f"{reader}.weight"]
-            w64 = weight.double()
-            bias = work.get(f"{reader}.bias")
-            b64 = torch.zeros(w64.shape[0], dtype=torch.float64) if bias is None else bias.double()
-            work[f"{reader}.bias"] = (b64 + w64 @ shift).to(weight.dtype)
-            work[f"{reader}.weight"] = (w64 * gain[None, :]).to(weight.dtype)
+    streams = [s for s in analysis.spec if any(u.param in scales for u in s.uses)]
+    for use in (u for s in streams for u in s.uses if u.role == "write"):
+        if use.outer != 1 or use.inner != 1:
+            raise ValueError(f"cannot center blocked residual writer {use.param!r}")
+        work[use.param] = _center(work[use.param], use.axis % work[use.param].ndim)
+    shared = _shared(analysis)
+    for scale, shift, readers in norms:
+        gain, bias = work.pop(scale).double(), work.pop(shift).double()
+        for reader in (_untie(r, params, work, shared) for r in readers):
+            weight = work[reader.weight]
+            w64 = weight.double().movedim(reader.axis, -1)  # (..., in)
+            bias_key = reader.bias or reader.weight.removesuffix("weight") + "bias"
+            old = work.get(bias_key)
+            b64 = torch.zeros(w64.shape[:-1], dtype=torch.float64) if old is None else old.double()
+            work[bias_key] = (b64 + w64 @ bias).to(weight.dtype)
+            work[reader.weight] = (w64 * gain).movedim(-1, reader.axis).to(weight.dtype)
     new = _rebuild(module, model.rms_kwargs())
     _check_keys(new, work)
     return new, work
@@ -155,6 +185,15 @@ def _head_padding(group: HeadPermutation, head_dim: int) -> Tensor:
     return torch.block_diag(*[_padding(head_dim, group.head_dim)] * group.heads)
 
 
+def _residual(spaces: list[Space], rewrite: str) -> Space:
+    rotations = [s for s in spaces if isinstance(s.group, Orthogonal)]
+    if len(rotations) != 1:
+        raise ValueError(
+            f"{rewrite} needs one orthogonal residual stream (see layernorm_to_rmsnorm)"
+        )
+    return rotations[0]
+
+
 def embed_in_wider(
     module: ZooModel,
     params: Params,
@@ -166,54 +205,55 @@ def embed_in_wider(
     """Embed an RMSNorm transformer into one of residual width ``width``, exactly.
 
     Args:
-        module: a ``norm="rms"`` model implementing :class:`NormRewritable`.
+        module: a model whose residual stream is orthogonal (:class:`Rewritable`).
         params: its parameters; not modified.
         width: the new residual width ``m >= n``; a multiple of the number of heads.
-        inner: the new MLP width (default: scaled like the residual width).
+        inner: the new width of the other (MLP) spaces (default: scaled like the
+            residual width).
         rotation: ``(m, n)`` matrix with orthonormal columns, or a seed for a random one.
 
     Returns:
         ``(module', params')``: the wider model (same outputs) and its parameters.
     """
-    model: NormRewritable = module  # type: ignore[assignment]
-    if getattr(module, "norm", None) != "rms":
-        raise ValueError("embed_in_wider needs norm='rms' (see layernorm_to_rmsnorm)")
-    _check_projected_heads(module, "embed_in_wider")
-    spec = model.symmetry_spec()
-    n = spec["residual"].n
-    ffn = [s for s in spec if s.name.startswith("ffn.")]
-    inner = round(ffn[0].n * width / n) if inner is None else inner
-    if width < n or any(inner < s.n for s in ffn):
-        raise ValueError(f"cannot embed width {n} into {width} (MLP {ffn[0].n} into {inner})")
+    model: Rewritable = module  # type: ignore[assignment]
+    analysis = _analysis(module)
+    spec = analysis.spec
+    residual = _residual(list(spec), "embed_in_wider")
+    n = residual.n
+    heads = [s for s in spec if isinstance(s.group, HeadPermutation)]
+    if any(s.circuits is None for s in heads) or len(heads) == 0:
+        raise ValueError("embed_in_wider needs projected heads: embed before heads_to_circuits")
+    units = [s for s in spec if s is not residual and s not in heads]
+    inner = round(units[0].n * width / n) if inner is None else inner
+    if width < n or any(inner < s.n for s in units):
+        raise ValueError(f"cannot embed width {n} into {width} (MLP {units[0].n} into {inner})")
     if isinstance(rotation, int):
-        o = random_transform(
-            spec.with_groups(residual=Orthogonal()), rotation, widths={"residual": width}
-        )
-        rotation = o["residual"]  # type: ignore[assignment]
+        flat = spec.with_groups(**{residual.name: Orthogonal()})
+        rotation = random_transform(flat, rotation, widths={residual.name: width})[residual.name]  # type: ignore[assignment]
     if tuple(rotation.shape) != (width, n):
         raise ValueError(f"rotation must be ({width}, {n}), got {tuple(rotation.shape)}")
     if not torch.allclose(
         rotation.double().T @ rotation.double(), torch.eye(n, dtype=torch.float64), atol=1e-5
     ):
         raise ValueError("rotation must have orthonormal columns")
-    elements: dict[str, object] = {"residual": rotation}
+    elements: dict[str, object] = {residual.name: rotation}
     scales: dict[str, float] = {}
-    for space in spec:
-        if isinstance(space.group, HeadPermutation):
-            if width % space.group.heads:
-                raise ValueError(f"width {width} does not split into {space.group.heads} heads")
-            head_dim = width // space.group.heads
-            elements[space.name] = _head_padding(space.group, head_dim)
-            scales[space.name] = math.sqrt(head_dim / space.group.head_dim)
-        elif space.name != "residual":
-            elements[space.name] = _padding(inner, space.n)
+    for space in heads:
+        group = space.group
+        assert isinstance(group, HeadPermutation)
+        if width % group.heads:
+            raise ValueError(f"width {width} does not split into {group.heads} heads")
+        head_dim = width // group.heads
+        elements[space.name] = _head_padding(group, head_dim)
+        scales[space.name] = math.sqrt(head_dim / group.head_dim)
+    for space in units:
+        elements[space.name] = _padding(inner, space.n)
     # every space is mapped by a (rectangular) matrix with orthonormal columns
     flat = spec.with_groups(**{s.name: Orthogonal() for s in spec})
     work = apply(flat, params, Transform(flat, elements))
-    for space in spec:
+    for space in heads:
         circuits = space.circuits
-        if circuits is None:
-            continue
+        assert circuits is not None
         # the wider heads' scores are scaled by 1/sqrt(head_dim'): pre-scale the queries
         for part in (circuits.query, circuits.query_bias):
             if part is None:
@@ -223,12 +263,12 @@ def embed_in_wider(
             x[part.block * rows : (part.block + 1) * rows] *= scales[space.name]
             work[part.param] = x
     # an RMSNorm of width m sees |O x|^2 / m: its output grows by sqrt(m / n)
-    for readers in model.norm_readers().values():
+    shared = _shared(analysis)
+    for _, _, readers in _norm_readers(analysis, "rms"):
         for reader in readers:
-            key = f"{reader}.weight"
-            if key not in work:
-                raise ValueError(f"{key} is missing: untie shared weights first")
-            work[key] = work[key] * math.sqrt(n / width)
+            if reader.weight in shared:  # rescaling it would rescale its other use too
+                raise ValueError(f"{reader.weight!r} is shared (tied): untie shared weights first")
+            work[reader.weight] = work[reader.weight] * math.sqrt(n / width)
     new = _rebuild(module, model.widened_kwargs(width, inner))
     _check_keys(new, work)
     return new, work
@@ -244,37 +284,49 @@ def _rows(params: Params, part: CircuitPart | None, like: CircuitPart) -> Tensor
     return x[part.block * rows : (part.block + 1) * rows]
 
 
+def _owner(*params: str) -> str:
+    """The innermost module holding all of ``params`` (their common module path)."""
+    paths = [p.split(".")[:-1] for p in params]
+    common: list[str] = []
+    for parts in zip(*paths, strict=False):
+        if len(set(parts)) != 1:
+            break
+        common.append(parts[0])
+    return ".".join(common)
+
+
 def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Params]:
     """Rewrite a transformer's attention heads as QK and OV circuits, same outputs.
 
     Args:
-        module: a model with ``attention="heads"`` implementing :class:`NormRewritable`
-            (either norm; the residual group is unchanged).
+        module: a zoo model with projected attention heads (either norm; the residual
+            group is unchanged).
         params: its parameters; not modified.
 
     Returns:
-        ``(module', params')``: the same architecture with ``attention="circuits"`` and
-        its parameters; per head ``qk_weight = W_k^T W_q / sqrt(head_dim)``,
+        ``(module', params')``: the same architecture with ``attention="circuits"``, each
+        head's projections replaced by ``qk_weight = W_k^T W_q / sqrt(head_dim)``,
         ``qk_bias = W_k^T b_q / sqrt(head_dim)``, ``ov_weight = W_o W_v``, and
-        ``ov_bias = b_o + W_o b_v`` (see
+        ``ov_bias = b_o + W_o b_v`` on the module holding them (see
         :class:`~lmckit.models.transformer_blocks.CircuitAttention`).
     """
-    model: NormRewritable = module  # type: ignore[assignment]
-    _check_projected_heads(module, "heads_to_circuits")
-    targets = model.attention_modules()
+    heads = [s for s in _analysis(module).spec if isinstance(s.group, HeadPermutation)]
+    if not heads or any(s.circuits is None for s in heads):
+        raise ValueError(
+            f"heads_to_circuits needs projected heads; {module.config.name} "
+            f"({dict(module.config.kwargs).get('attention', 'heads')}) has none to rewrite"
+        )
     work = {k: v.detach().clone() for k, v in params.items()}
-    for space in model.symmetry_spec():
+    for space in heads:
         c = space.circuits
-        if c is None:
-            continue
-        if not isinstance(space.group, HeadPermutation) or space.name not in targets:
-            raise ValueError(f"head space {space.name!r} cannot be rewritten to circuits")
-        heads, head_dim = space.group.heads, space.group.head_dim
+        group = space.group
+        assert c is not None and isinstance(group, HeadPermutation)
+        heads_n, head_dim = group.heads, group.head_dim
         dtype = params[c.query.param].dtype
         wq, wk, wv = (
-            _rows(params, p, p).reshape(heads, head_dim, -1) for p in (c.query, c.key, c.value)
+            _rows(params, p, p).reshape(heads_n, head_dim, -1) for p in (c.query, c.key, c.value)
         )
-        bq = _rows(params, c.query_bias, c.query).reshape(heads, head_dim)
+        bq = _rows(params, c.query_bias, c.query).reshape(heads_n, head_dim)
         bv = _rows(params, c.value_bias, c.value)
         wo = params[c.output].double()
         out_bias = c.output.removesuffix("weight") + "bias"
@@ -284,7 +336,7 @@ def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Param
             else torch.zeros(wo.shape[0], dtype=torch.float64)
         )
         scale = 1.0 / math.sqrt(head_dim)
-        wo_heads = wo.reshape(wo.shape[0], heads, head_dim)
+        wo_heads = wo.reshape(wo.shape[0], heads_n, head_dim)
         new = {
             "qk_weight": torch.einsum("hkd,hke->hde", wk, wq) * scale,
             "qk_bias": torch.einsum("hkd,hk->hd", wk, bq) * scale,
@@ -293,8 +345,9 @@ def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Param
         }
         for name in (*space.params, out_bias):
             work.pop(name, None)
+        owner = _owner(c.query.param, c.output)
         for name, value in new.items():
-            work[f"{targets[space.name]}.{name}"] = value.to(dtype)
+            work[f"{owner}.{name}"] = value.to(dtype)
     rewritten = _rebuild(module, {"attention": "circuits"})
     _check_keys(rewritten, work)
     return rewritten, work

@@ -19,9 +19,9 @@ from torch import Tensor, nn
 
 from lmckit.hf.build import build_module, make_config, model_class
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_weights
-from lmckit.params import Params
+from lmckit.params import Params, module_params
 
-__all__ = ["HFModel", "example_inputs", "from_hf", "load_hf", "unique_params"]
+__all__ = ["HFModel", "example_inputs", "from_hf", "load_hf"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -80,18 +80,7 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
     cls = model_class(raw, config, where)
     _no_cache(config)
     module = build_module(cls, config, read_hf_weights(root), dtype=dtype, where=root)
-    return HFModel(module, unique_params(module), raw, cls.__name__, root)
-
-
-def unique_params(module: nn.Module) -> Params:
-    """``module.state_dict()`` with each tied tensor once, under its first name (detached)."""
-    seen: set[int] = set()
-    params: Params = {}
-    for name, value in module.state_dict(keep_vars=True).items():
-        if id(value) not in seen:  # a tied weight is one Parameter under several names
-            seen.add(id(value))
-            params[name] = value.detach()
-    return params
+    return HFModel(module, module_params(module), raw, cls.__name__, root)
 
 
 def from_hf(

@@ -218,24 +218,11 @@ class GPT2(ZooModel):
 
     # ------------------------------------------------------------------ rewrites
 
-    def norm_readers(self) -> dict[str, list[str]]:
-        """Each residual norm and the Linear modules that read its output."""
-        out = {}
-        for i in range(self.n_layer):
-            out[f"transformer.h.{i}.ln_1"] = [f"transformer.h.{i}.attn.c_attn"]
-            out[f"transformer.h.{i}.ln_2"] = [f"transformer.h.{i}.mlp.c_fc"]
-        out["transformer.ln_f"] = ["lm_head"]
-        return out
-
     def untied(self, params: Params) -> Params:
         """``params`` of the untied layout (adds ``lm_head.weight``, a copy of ``wte``)."""
         if not self.tie_embeddings:
             return dict(params)
         return {**params, "lm_head.weight": params["transformer.wte.weight"].clone()}
-
-    def attention_modules(self) -> dict[str, str]:
-        """Each head space and the attention module holding its heads."""
-        return {f"heads.{i}": f"transformer.h.{i}.attn" for i in range(self.n_layer)}
 
     def rms_kwargs(self) -> dict[str, Any]:
         """Constructor changes for the RMSNorm form (folding ``ln_f`` unties the head)."""

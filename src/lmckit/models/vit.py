@@ -204,24 +204,9 @@ class ViT(ZooModel):
     def repair_sites(self) -> list[str]:
         return [f"vit.encoder.layer.{i}.intermediate.dense" for i in range(self.depth)]
 
-    def norm_readers(self) -> dict[str, list[str]]:
-        """Each residual norm and the Linear modules that read its output."""
-        out = {}
-        for i in range(self.depth):
-            pre = f"vit.encoder.layer.{i}"
-            att = f"{pre}.attention.attention"
-            out[f"{pre}.layernorm_before"] = [f"{att}.query", f"{att}.key", f"{att}.value"]
-            out[f"{pre}.layernorm_after"] = [f"{pre}.intermediate.dense"]
-        out["vit.layernorm"] = ["classifier"]
-        return out
-
     def untied(self, params: Params) -> Params:
         """``params`` unchanged (a ViT shares no weights)."""
         return dict(params)
-
-    def attention_modules(self) -> dict[str, str]:
-        """Each head space and the attention module holding its heads."""
-        return {f"heads.{i}": f"vit.encoder.layer.{i}.attention" for i in range(self.depth)}
 
     def rms_kwargs(self) -> dict[str, Any]:
         """Constructor changes for the RMSNorm form."""

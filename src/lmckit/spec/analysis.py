@@ -22,7 +22,7 @@ from lmckit.spec.trace import TracedGraph
 __all__ = ["Analysis", "AttentionSite", "Role", "ScaleSite", "Value"]
 
 Role = Literal["write", "read", "elementwise"]
-ParamAxis = tuple[str, int]  # (placeholder name, axis)
+ParamAxis = tuple[str, int]  # (state-dict key, axis)
 
 
 @dataclass
@@ -87,6 +87,7 @@ class Analysis:
         self.traced = traced
         self.lattice = Lattice()
         self.values: dict[str, Any] = {}
+        #: state-dict key -> one variable per axis (tied placeholders share them)
         self.param_vars: dict[str, list[Var]] = {}
         self.roles: dict[ParamAxis, set[Role]] = {}
         self.scales: list[ScaleSite] = []

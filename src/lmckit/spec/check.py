@@ -16,8 +16,8 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.params import Params
-from lmckit.spec.trace import SpecInferenceError, module_params
+from lmckit.params import Params, module_params
+from lmckit.spec.trace import SpecInferenceError
 from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply
 
 __all__ = ["SpecCheckError", "check_spec", "output_error"]

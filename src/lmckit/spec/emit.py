@@ -54,20 +54,23 @@ def _live(an: Analysis, var: Var) -> list[Var]:
 
 def _settle(an: Analysis) -> None:
     """Pin until every used parameter axis has at most one live variable, with a role."""
-    used = {n.name for n in an.traced.graph.nodes if n.op == "placeholder" and n.users}
+    used = {
+        an.traced.params[n.name]
+        for n in an.traced.graph.nodes
+        if n.op == "placeholder" and n.users and n.name in an.traced.params
+    }
     changed = True
     while changed:
         changed = False
-        for ph, axes in an.param_vars.items():
-            if ph not in used:
+        for key, axes in an.param_vars.items():
+            if key not in used:
                 continue
             for i, var in enumerate(axes):
                 live = _live(an, var)
                 if len(live) > 1:
                     an.lattice.pin(live[1:], "one space per parameter axis (heads kept)")
                     changed = True
-                elif live and not an.roles.get((ph, i)):
-                    key = an.traced.params[ph]
+                elif live and not an.roles.get((key, i)):
                     an.note(f"{key} (axis {i}) is used in a way lmckit does not understand")
                     an.lattice.pin(live, f"{key} axis {i}: unknown use")
                     changed = True
@@ -76,20 +79,19 @@ def _settle(an: Analysis) -> None:
 def _drafts(an: Analysis) -> list[SpaceDraft]:
     drafts: dict[int, SpaceDraft] = {}
     traced = an.traced
-    for order, (ph, axes) in enumerate(an.param_vars.items()):
+    for order, (key, axes) in enumerate(an.param_vars.items()):
         for i, var in enumerate(axes):
             live = _live(an, var)
-            if len(live) != 1 or not an.roles.get((ph, i)):
+            if len(live) != 1 or not an.roles.get((key, i)):
                 continue
             unit = live[0]
             leaves = an.lattice.leaves([var])
             pos = leaves.index(unit)
             outer = math.prod(v.size for v in leaves[:pos])
             inner = math.prod(v.size for v in leaves[pos + 1 :])
-            roles = an.roles[(ph, i)]
+            roles = an.roles[(key, i)]
             role = next(r for r in _ROLE_ORDER if r in roles)
             draft = drafts.setdefault(id(unit), SpaceDraft(unit, [], order))
-            key = traced.params[ph]
             draft.uses.append(Use(key, i, role, outer, inner, key not in traced.statistics))
     return sorted(drafts.values(), key=lambda d: d.order)
 

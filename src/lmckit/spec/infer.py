@@ -10,17 +10,18 @@ understand is left out, and the reason is kept in :attr:`SymmetryAnalysis.left_o
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
+from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import check_spec
 from lmckit.spec.emit import emit_spaces
 from lmckit.spec.interpret import interpret
-from lmckit.spec.trace import TracedGraph, trace
+from lmckit.spec.trace import SpecInferenceError, TracedGraph, trace
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = ["SymmetryAnalysis", "analyze_symmetries", "infer_spec"]
@@ -66,6 +67,8 @@ def analyze_symmetries(
     *,
     kwargs: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
+    params: Params | None = None,
+    uniform: Iterable[str] = (),
     check: bool = True,
     seed: int = 0,
 ) -> SymmetryAnalysis:
@@ -80,6 +83,10 @@ def analyze_symmetries(
             numbered fields, e.g. ``{"layers.{i}": "hidden.{i}"}``; unnamed spaces are
             called ``residual`` (written by several modules), ``heads.{k}`` (attention
             heads) or after their first writer module.
+        params: the weights to verify the spec at (default: the module's own).
+        uniform: keys of parameters that hold one value throughout (e.g. norm scales
+            folded to ones, :func:`~lmckit.spec.fold.fold_norm_scales`): they constrain
+            no axis and are in no space. Checked against ``params``.
         check: verify the spec with :func:`~lmckit.spec.check.check_spec` (random group
             elements must not change the outputs) before returning.
         seed: seed of the check's random elements.
@@ -90,11 +97,19 @@ def analyze_symmetries(
             check, naming the space.
     """
     traced = trace(module, example_inputs, kwargs=kwargs)
-    analysis = interpret(traced)
+    values = module_params(module) if params is None else params
+    constant = frozenset(uniform)
+    for key in sorted(constant):
+        tensor = values.get(key)
+        if tensor is None or not bool((tensor == tensor.flatten()[0]).all()):
+            raise SpecInferenceError(f"uniform parameter {key!r} is missing or not constant")
+    analysis = interpret(traced, uniform=constant)
     spaces = emit_spaces(analysis, names)
     spec = SymmetrySpec(tuple(spaces))
     if check and len(spec):
-        check_spec(module, spec, example_inputs, kwargs=kwargs, seed=seed, diagnose=False)
+        check_spec(
+            module, spec, example_inputs, params=params, kwargs=kwargs, seed=seed, diagnose=False
+        )
     return SymmetryAnalysis(
         spec,
         tuple(analysis.notes),
@@ -111,6 +126,8 @@ def infer_spec(
     *,
     kwargs: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
+    params: Params | None = None,
+    uniform: Iterable[str] = (),
     check: bool = True,
     seed: int = 0,
 ) -> SymmetrySpec:
@@ -119,5 +136,12 @@ def infer_spec(
     See :func:`analyze_symmetries` for the arguments and for what was left out.
     """
     return analyze_symmetries(
-        module, example_inputs, kwargs=kwargs, names=names, check=check, seed=seed
+        module,
+        example_inputs,
+        kwargs=kwargs,
+        names=names,
+        params=params,
+        uniform=uniform,
+        check=check,
+        seed=seed,
     ).spec

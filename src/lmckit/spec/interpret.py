@@ -34,16 +34,23 @@ def _tensors(obj: Any) -> list[Value]:
     return []
 
 
-def _placeholder(an: Analysis, node: Node) -> Any:
+def _placeholder(an: Analysis, node: Node, uniform: frozenset[str]) -> Any:
     shape = out_shapes(node)
     if not (isinstance(shape, tuple) and all(isinstance(s, int) for s in shape)):
         return node.meta.get("val")  # a non-tensor input: passed through as is
     traced = an.traced
+    if traced.params.get(node.name) in uniform:
+        # the same value everywhere: like a broadcast scalar, it constrains no axis
+        return Value([[] for _ in shape], const=True)
     if node.name in traced.params:
+        key = traced.params[node.name]
+        if key in an.param_vars:  # a tied weight lifted twice: one tensor, one set of axes
+            axes = [[v] for v in an.param_vars[key]]
+            return Value(axes, [frozenset({(key, i)}) for i in range(len(shape))])
         value = an.fresh(shape, Level.ORTH)
         value.const = False
-        value.src = [frozenset({(node.name, i)}) for i in range(len(shape))]
-        an.param_vars[node.name] = [axis[0] for axis in value.axes]
+        value.src = [frozenset({(key, i)}) for i in range(len(shape))]
+        an.param_vars[key] = [axis[0] for axis in value.axes]
         return value
     if node.name in traced.inputs:
         value = an.free(shape, "a model input")
@@ -52,12 +59,16 @@ def _placeholder(an: Analysis, node: Node) -> Any:
     return an.free(shape, "a constant")  # lifted constants, non-persistent buffers
 
 
-def interpret(traced: TracedGraph) -> Analysis:
-    """Abstract values of every node of ``traced``; variables constrained by the rules."""
+def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> Analysis:
+    """Abstract values of every node of ``traced``; variables constrained by the rules.
+
+    ``uniform``: state-dict keys of parameters that are constant along every axis (norm
+    scales folded to ones): they constrain nothing and belong to no space.
+    """
     an = Analysis(traced)
     for node in traced.graph.nodes:
         if node.op == "placeholder":
-            an.values[node.name] = _placeholder(an, node)
+            an.values[node.name] = _placeholder(an, node, uniform)
         elif node.op == "call_function":
             args = an.value(node.args)
             kwargs = {k: an.value(v) for k, v in node.kwargs.items()}

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.fx import Graph, Node
 
-__all__ = ["SpecInferenceError", "TracedGraph", "module_params", "module_path", "trace"]
+__all__ = ["SpecInferenceError", "TracedGraph", "module_path", "trace"]
 
 
 class SpecInferenceError(ValueError):
@@ -68,21 +68,6 @@ def _aliases(module: nn.Module) -> dict[str, tuple[str, ...]]:
     for name, tensor in module.state_dict(keep_vars=True).items():
         by_id.setdefault(id(tensor), []).append(name)
     return {name: tuple(names) for names in by_id.values() for name in names}
-
-
-def module_params(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The module's state dict with every tensor once: tied weights keep their first key.
-
-    This is the form of :class:`~lmckit.params.Params` lmckit uses for any module:
-    ``torch.func.functional_call`` fills the other tied keys from the first.
-    """
-    seen: set[int] = set()
-    out: dict[str, torch.Tensor] = {}
-    for name, tensor in module.state_dict(keep_vars=True).items():
-        if id(tensor) not in seen:
-            seen.add(id(tensor))
-            out[name] = tensor.detach()
-    return out
 
 
 @contextlib.contextmanager

@@ -1,0 +1,65 @@
+"""Symmetries of Hugging Face models, inferred from their graphs: structure and exactness."""
+
+from __future__ import annotations
+
+import torch
+from torch.func import functional_call
+
+from lmckit.align import weight_matching
+from lmckit.groups import HeadPermutation, Permutation
+from lmckit.hf import example_inputs, load_hf
+from lmckit.spec import analyze_symmetries
+from lmckit.symmetry import apply, random_transform
+
+#: per family: (query heads, key/value heads, head width); GQA shares key heads
+HEADS = {"gpt2": (2, 2, 16), "bert": (4, 4, 8), "vit": (4, 4, 8), "llama": (4, 2, 8)}
+HEADS["mistral"] = HEADS["llama"]
+
+
+def _logits(module, params, x):
+    with torch.no_grad():
+        return functional_call(module, params, (x,))[0]
+
+
+def test_inferred_spaces(family, hf_folder) -> None:
+    model = load_hf(hf_folder(family))
+    analysis = analyze_symmetries(model.module, example_inputs(model))
+    spec = analysis.spec
+    assert not analysis.left_out, analysis.left_out
+    layers = 2
+    assert {"heads.0", "heads.1", "residual"} <= set(spec.names)
+    assert len(spec) == 1 + 2 * layers  # residual, and per layer heads and FFN units
+    assert spec["residual"].n == 32 and isinstance(spec["residual"].group, Permutation)
+    q_heads, kv_heads, head_dim = HEADS[family]
+    heads = spec["heads.0"]
+    if q_heads == kv_heads:
+        assert heads.group == HeadPermutation(q_heads, head_dim)
+    else:  # grouped-query: key heads are the units; their query heads move with them
+        assert heads.group == Permutation() and heads.n == kv_heads
+        inner = {u.param.rsplit(".", 2)[-2]: u.inner for u in heads.uses}
+        group = q_heads // kv_heads
+        assert inner == {
+            "q_proj": group * head_dim,
+            "k_proj": head_dim,
+            "v_proj": head_dim,
+            "o_proj": group * head_dim,
+        }
+    if family in ("llama", "mistral"):  # gated MLP: gate and up rows share one permutation
+        ffn = next(s for s in spec if "gate_proj" in s.name)
+        assert {u.param.rsplit(".", 2)[-2] for u in ffn.uses} == {
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        }
+
+
+def test_a_random_transform_keeps_the_logits_and_is_recovered(family, hf_folder) -> None:
+    model = load_hf(hf_folder(family))
+    x = example_inputs(model)[0]
+    spec = analyze_symmetries(model.module, (x,)).spec
+    moved = apply(spec, model.params, random_transform(spec, seed=1))
+    before, after = _logits(model.module, model.params, x), _logits(model.module, moved, x)
+    assert float((before - after).abs().max()) < 1e-4 * float(before.abs().max())
+    back = apply(spec, moved, weight_matching(spec, model.params, moved).transform)
+    worst = max(float((back[k] - model.params[k]).abs().max()) for k in model.params)
+    assert worst < 1e-5
