@@ -31,6 +31,7 @@ __all__ = [
     "classification",
     "cross_entropy",
     "mse",
+    "predictions",
     "squared_error",
     "absolute_error",
 ]
@@ -55,8 +56,23 @@ class MetricFn(Protocol):
     def __call__(self, outputs: Tensor, targets: Tensor) -> Tensor: ...
 
 
+def predictions(outputs: object) -> Tensor:
+    """A model's predictions as one tensor: a tensor as is, a Hugging Face model output's
+    ``logits``, or the first element of a tuple. Every built-in loss and metric takes
+    its ``outputs`` through this, so any module's raw output can be passed."""
+    if isinstance(outputs, Tensor):
+        return outputs
+    logits = getattr(outputs, "logits", None)
+    if isinstance(logits, Tensor):
+        return logits
+    if isinstance(outputs, tuple | list) and outputs and isinstance(outputs[0], Tensor):
+        return outputs[0]
+    raise TypeError(f"cannot read predictions from a model output of type {type(outputs).__name__}")
+
+
 def _flatten(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     # class scores on the last axis: (B, C) or, for language models, (B, T, V) -> (B*T, V)
+    outputs = predictions(outputs)
     return outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
 
 
@@ -73,6 +89,7 @@ def accuracy(outputs: Tensor, targets: Tensor) -> Tensor:
 
 
 def _check_same_shape(outputs: Tensor, targets: Tensor) -> None:
+    outputs = predictions(outputs)
     if outputs.shape != targets.shape:
         raise ValueError(
             f"regression outputs {tuple(outputs.shape)} and targets {tuple(targets.shape)} "
@@ -93,13 +110,13 @@ def _reduce(values: Tensor, reduction: str) -> Tensor:
 def squared_error(outputs: Tensor, targets: Tensor, *, reduction: str = "mean") -> Tensor:
     """``(outputs - targets)^2`` per output element (same shapes), reduced."""
     _check_same_shape(outputs, targets)
-    return _reduce((outputs - targets) ** 2, reduction)
+    return _reduce((predictions(outputs) - targets) ** 2, reduction)
 
 
 def absolute_error(outputs: Tensor, targets: Tensor) -> Tensor:
     """``|outputs - targets|`` per output element (same shapes)."""
     _check_same_shape(outputs, targets)
-    return (outputs - targets).abs()
+    return (predictions(outputs) - targets).abs()
 
 
 @dataclass(frozen=True)
