@@ -49,8 +49,10 @@ def test_json_round_trip(tmp_path) -> None:
         linear_grid(5), [1.0, 1.5, 2.0, 1.2, 0.9], [0.9, 0.8, 0.7, 0.85, 0.95], {"method": "x"}
     )
     data = json.loads(path.to_json())
-    assert {"t", "loss", "acc", "barrier_loss", "barrier_acc"} <= set(data)
-    assert data["barrier_loss"] == pytest.approx(path.barrier_loss)
+    # chords 1 - 0.1 t and 0.9 + 0.05 t: the worst points are both at t = 0.5
+    assert data["barrier_loss"] == pytest.approx(1.05)
+    assert data["barrier_acc"] == pytest.approx(0.225)
+    assert (data["midpoint_loss"], data["midpoint_acc"]) == (2.0, 0.7)
     back = PathResult.from_dict(data)
     assert back == path
     file = tmp_path / "path.json"

@@ -12,6 +12,7 @@ from lmckit.data import batches
 from lmckit.data.regression import RegressionData
 from lmckit.diagnostics.curvature import loss_function, top_hessian_eigenvalue
 from lmckit.evaluate import PathResult, evaluate, evaluate_path
+from lmckit.paths.curves import fit_curve
 from lmckit.task import Task, accuracy, cross_entropy, mse
 from lmckit.train import TrainConfig, fit
 
@@ -116,6 +117,21 @@ def test_curvature_of_mse_is_the_closed_form() -> None:
     expected = float(torch.linalg.eigvalsh(2 / 64 * design.T @ design).max())
     eig = top_hessian_eigenvalue(loss_fn, trainable, iters=200, tol=1e-10)
     assert eig.value == pytest.approx(expected, rel=1e-4)
+
+
+def test_curve_fit_with_mse_moves_the_control_point_to_the_minimiser() -> None:
+    # both ends fit y = 2x exactly; the quadratic Bezier's loss is zero for all t only when
+    # its control point is 2 as well, so training from c = 0 must bring c to 2
+    x, y = _planted(256)
+    y = 2 * x[:, :1]
+    data = RegressionData("line", x[:, :1], y, x[:16, :1], y[:16])
+    module = nn.Linear(1, 1, bias=False)
+    end = {"weight": torch.tensor([[2.0]])}
+    config = TrainConfig(epochs=40, batch_size=32, optimizer="adam", lr=0.05)
+    curve = fit_curve(
+        module, end, end, data, config, init=[{"weight": torch.zeros(1, 1)}], task=mse()
+    )
+    assert float(curve.controls[0]["weight"]) == pytest.approx(2.0, abs=0.02)
 
 
 def test_task_errors() -> None:

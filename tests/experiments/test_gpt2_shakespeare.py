@@ -54,9 +54,16 @@ def test_config_rejects_bad_values(changes: dict) -> None:
 def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:
     _, result = quick_run
     rows = {r["method"]: r for r in result.rows}
+    # every rewrite and alignment keeps the models' functions: the paths share their ends
+    ends = rows["vanilla"]["end_losses"]  # model A at t = 0, B at t = 1
     for name, row in rows.items():
         assert math.isfinite(row["barrier_loss"]), name
-        assert row["barrier_loss"] >= -1e-6, name
+        if name.startswith("width"):  # the wide model at t = 0, A embedded in it at t = 1
+            assert row["end_losses"][1] == pytest.approx(ends[0], abs=1e-4), name
+        elif name.startswith("3 models"):  # vertices A, B, C
+            assert row["end_losses"][:2] == pytest.approx(ends, abs=1e-4), name
+        else:
+            assert row["end_losses"] == pytest.approx(ends, abs=1e-4), name
     assert rows["WM (orthogonal)"]["barrier_loss"] <= rows["vanilla"]["barrier_loss"]
     assert rows["WM (orthogonal)"]["barrier_loss"] <= rows["vanilla (RMS form)"]["barrier_loss"]
     width = [r for name, r in rows.items() if name.startswith("width")]

@@ -32,11 +32,11 @@ def test_width_sweep_quick(tmp_path):
     }
     for r in result.rows:
         naive, wm = r["paths"]["naive"], r["paths"]["weight_matching"]
+        # both paths start at the same model A, calibrated on the same images
+        assert (wm["loss"][0], wm["acc"][0]) == (naive["loss"][0], naive["acc"][0])
         # weight matching only permutes B: its end of the path is the same function
         assert wm["acc"][-1] == naive["acc"][-1]
         assert wm["loss"][-1] == pytest.approx(naive["loss"][-1], abs=1e-5)
-        # calibrated barriers are measured against calibrated ends, so the ends are on the chord
-        assert r["naive_loss_barrier"] >= 0.0 and r["recip_orth"] > 0.0
     assert (tmp_path / "results.json").exists() and result.figures
 
 
