@@ -107,7 +107,7 @@ def test_orthogonal_symmetry_on_an_mlp_is_a_clear_error(checkpoints, tmp_path: P
         main, ["align", a, b, "--symmetry", "orthogonal", "--out", str(tmp_path / "x")]
     )
     assert result.exit_code == 1
-    assert "no orthogonal-capable residual stream" in result.output
+    assert "no space that admits orthogonal maps" in result.output
     assert "hidden.0" in result.output
 
 

@@ -1,45 +1,226 @@
-"""The form in which a pair of models is aligned: one call, :func:`prepare_pair`.
+"""The form in which two models are aligned: one entry point, :func:`aligned_form`.
 
-Aligning two checkpoints starts by choosing the symmetry to align under and, for
-transformers, the form of the network that exposes it:
+Aligning starts by choosing the symmetry to align under and the form of the network
+that exposes it. Every step is exact (the functions do not change) and is read from the
+module's traced graph (:mod:`lmckit.spec`), so it works for the zoo, Hugging Face models
+and a user's own modules alike:
 
-* ``symmetry=None``: the architecture's own spec, models as they are;
-* ``"permutation"``: orthogonal spaces become permutation spaces (the
-  permutations-only ablation);
-* ``"orthogonal"``: a spec with orthogonal spaces is kept; a LayerNorm transformer (a
-  ``residual`` space, ``norm="layer"``) is first rewritten to its RMSNorm form, whose
-  residual stream is orthogonal (:func:`lmckit.rewrites.layernorm_to_rmsnorm`);
-* ``circuits=True``: attention heads are rewritten as their QK/OV circuits
-  (:func:`lmckit.rewrites.heads_to_circuits`), keeping the groups the symmetry chose.
+* ``symmetry=None``: the module's inferred spec, models as they are;
+* ``"permutation"``: orthogonal spaces become permutation spaces (the permutations-only
+  ablation);
+* ``"orthogonal"``: a spec that already has orthogonal spaces is kept; otherwise norm
+  scales are folded into the layers that read them (:func:`lmckit.spec.fold_norm_scales`:
+  an RMSNorm-normalised stream then admits rotations, and the module keeps its class);
+  failing that, a zoo transformer with LayerNorms is rewritten to its RMSNorm form
+  (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, a new zoo configuration);
+* ``circuits=True`` (zoo transformers): attention heads are rewritten as their QK/OV
+  circuits (:func:`lmckit.rewrites.heads_to_circuits`), keeping the groups the symmetry
+  chose.
 
-Every rewrite is exact (same function). The interface is deliberately small: the
-internals will move to symmetry inference without changing it.
+The command line, the experiments and the scripts all go through here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
 
 from lmckit.checkpoint import Checkpoint
-from lmckit.symmetry import HeadPermutation, Orthogonal, Permutation, SymmetrySpec
+from lmckit.groups import HeadPermutation, Orthogonal, Permutation
+from lmckit.models import ZooModel
+from lmckit.params import Params
+from lmckit.spec import analyze_symmetries, infer_spec
+from lmckit.spec.fold import fold_norm_scales
+from lmckit.symmetry import SymmetrySpec
 
-__all__ = ["SYMMETRIES", "PreparedPair", "circuit_form", "prepare_pair"]
+__all__ = [
+    "SYMMETRIES",
+    "AlignForm",
+    "PreparedPair",
+    "aligned_form",
+    "circuit_form",
+    "default_inputs",
+    "prepare_pair",
+    "spec_of",
+]
 
-#: Values of ``prepare_pair``'s ``symmetry`` besides ``None``.
+#: Values of ``symmetry`` besides ``None``.
 SYMMETRIES = ("permutation", "orthogonal")
 
 
 @dataclass(frozen=True)
-class PreparedPair:
-    """Two checkpoints in the form they are aligned in, and the spec to align under.
+class AlignForm:
+    """Two models in the form they are aligned in, and the spec to align under.
 
     Attributes:
-        a, b: the models, rewritten where the form needs it (same functions as given).
+        module: the form's module (the given one unless ``rewritten``).
+        a, b: both models' parameters in that form (same functions as given).
         spec: the symmetry spec of that form, with the groups ``symmetry`` chose.
-        rewritten: whether ``a`` and ``b`` differ in form from the checkpoints given (then
-            an aligned B is only comparable with this ``a``, not the original).
-        form: a short description of the form, e.g. ``"RMSNorm form and circuit form"``;
-            empty when not rewritten.
+        rewritten: the module is a new architecture (RMSNorm form, circuits): results
+            are only comparable with ``a`` in this form, and are written in lmckit's form.
+        form: what was done, e.g. ``"norm scales folded"``, ``"RMSNorm form and circuit
+            form"``; empty when nothing was.
+        folded: keys of the norm scales folded into their readers (now all ones).
+        inputs: the example inputs the spec was inferred from.
+    """
+
+    module: nn.Module
+    a: Params
+    b: Params
+    spec: SymmetrySpec
+    rewritten: bool = False
+    form: str = ""
+    folded: frozenset[str] = frozenset()
+    inputs: tuple[Any, ...] = ()
+
+
+def default_inputs(module: nn.Module) -> tuple[Tensor, ...]:
+    """Example inputs of a zoo model or a Hugging Face model (from its config).
+
+    Raises:
+        ValueError: any other module (pass ``example_inputs`` yourself).
+    """
+    if isinstance(module, ZooModel):
+        return module.example_inputs()
+    if getattr(module, "main_input_name", None) is not None:  # a transformers model
+        from lmckit.hf import example_inputs
+
+        return example_inputs(module)
+    raise ValueError(
+        f"lmckit cannot make example inputs for a {type(module).__name__}: pass example_inputs"
+    )
+
+
+def spec_of(
+    module: nn.Module, inputs: Sequence[Any] | None = None, *, params: Params | None = None
+) -> SymmetrySpec:
+    """The module's inferred symmetry spec (the zoo's is inferred once per architecture)."""
+    if isinstance(module, ZooModel) and inputs is None and params is None:
+        return module.symmetry_spec()
+    names = module.space_names if isinstance(module, ZooModel) else None
+    return infer_spec(module, tuple(inputs or default_inputs(module)), names=names, params=params)
+
+
+def _permutations_only(spec: SymmetrySpec) -> SymmetrySpec:
+    rotations = {s.name: Permutation() for s in spec if isinstance(s.group, Orthogonal)}
+    return spec.with_groups(**rotations)
+
+
+def _has_rotations(spec: SymmetrySpec) -> bool:
+    return any(isinstance(s.group, Orthogonal) for s in spec)
+
+
+def _orthogonal(
+    module: nn.Module, a: Params, b: Params, inputs: tuple[Any, ...]
+) -> tuple[nn.Module, Params, Params, SymmetrySpec, list[str], frozenset[str]]:
+    """The pair in a form with an orthogonal stream (see the module docstring)."""
+    names = module.space_names if isinstance(module, ZooModel) else None
+    analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False)
+    fa, fb = fold_norm_scales(analysis, a), fold_norm_scales(analysis, b)
+    if fa.scales:
+        spec = infer_spec(module, inputs, names=names, params=fa.params, uniform=fa.scales)
+        if _has_rotations(spec):
+            return module, fa.params, fb.params, spec, ["norm scales folded"], fa.scales
+    if any(site.kind == "layer" for site in analysis.scales):
+        if isinstance(module, ZooModel):
+            from lmckit.rewrites import layernorm_to_rmsnorm
+
+            rms, ra = layernorm_to_rmsnorm(module, a)
+            _, rb = layernorm_to_rmsnorm(module, b)
+            return rms, ra, rb, rms.symmetry_spec(), ["RMSNorm form"], frozenset()
+        raise ValueError(
+            f"{type(module).__name__} normalises its residual stream with LayerNorm, whose "
+            "mean subtraction only commutes with permutations; an orthogonal map needs the "
+            "exact LayerNorm -> RMSNorm rewrite, which changes the architecture (lmckit "
+            "does it for its own GPT-2 and ViT: convert a Hugging Face folder with "
+            "lmckit.hf.zoo_from_hf)"
+        )
+    why = "; ".join(fa.skipped) or "every space passes through ops that act unit by unit"
+    raise ValueError(
+        f"{type(module).__name__} has no space that admits orthogonal maps ({why}): its "
+        f"spaces {', '.join(analysis.spec.names)} allow permutations only"
+    )
+
+
+def aligned_form(
+    module: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    *,
+    symmetry: str | None = None,
+    circuits: bool = False,
+    example_inputs: Sequence[Any] | None = None,
+) -> AlignForm:
+    """Two models of ``module``'s architecture in the form they are aligned in.
+
+    Args:
+        module: the architecture (any module ``torch.export`` traces).
+        params_a, params_b: the two models; not modified.
+        symmetry: ``None`` (the inferred groups), ``"permutation"`` or ``"orthogonal"``.
+        circuits: zoo transformers: rewrite attention heads as QK/OV circuits first.
+        example_inputs: inputs for tracing (default: :func:`default_inputs`).
+
+    Raises:
+        ValueError: an unknown symmetry, a symmetry the architecture cannot have (saying
+            why), or circuits for a model without projected attention heads.
+    """
+    if symmetry is not None and symmetry not in SYMMETRIES:
+        raise ValueError(
+            f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
+        )
+    inputs = tuple(example_inputs) if example_inputs is not None else default_inputs(module)
+    a, b = params_a, params_b
+    spec = spec_of(module) if example_inputs is None else spec_of(module, inputs)
+    parts: list[str] = []
+    folded: frozenset[str] = frozenset()
+    if symmetry == "permutation":
+        spec = _permutations_only(spec)
+    elif symmetry == "orthogonal" and not _has_rotations(spec):
+        module, a, b, spec, parts, folded = _orthogonal(module, a, b, inputs)
+    rewritten = parts == ["RMSNorm form"]
+    if circuits:
+        if not isinstance(module, ZooModel):
+            raise ValueError(
+                f"--circuits rewrites lmckit's own transformers; {type(module).__name__} is not one"
+            )
+        from lmckit.rewrites import heads_to_circuits
+
+        chosen = spec
+        try:
+            circuit, a = heads_to_circuits(module, a)
+            _, b = heads_to_circuits(module, b)
+        except ValueError:
+            raise ValueError(f"--circuits: {module.config.name} has no attention heads") from None
+        full = circuit.symmetry_spec()
+        # keep the groups the symmetry chose (the permutations-only ablation); circuit
+        # heads are plain permutations of whole circuits
+        kept = {
+            s.name: chosen[s.name].group
+            for s in full
+            if s.name in chosen.names and not isinstance(chosen[s.name].group, HeadPermutation)
+        }
+        module, spec, rewritten = circuit, full.with_groups(**kept), True
+        parts.append("circuit form")
+    if isinstance(module, ZooModel):
+        inputs = module.example_inputs()
+    return AlignForm(module, a, b, spec, rewritten, " and ".join(parts), folded, inputs)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+@dataclass(frozen=True)
+class PreparedPair:
+    """Two checkpoints in the form they are aligned in (:func:`prepare_pair`).
+
+    Attributes:
+        a, b: the checkpoints, rewritten where the form needs it.
+        spec: the spec of that form.
+        rewritten: whether ``a`` and ``b`` differ in form from the checkpoints given.
+        form: a short description of the form, empty when nothing was done.
     """
 
     a: Checkpoint
@@ -50,9 +231,8 @@ class PreparedPair:
 
 
 def circuit_form(ckpt: Checkpoint) -> Checkpoint:
-    """``ckpt`` with its attention heads rewritten as QK/OV circuits (exact).
-
-    A checkpoint already in circuit form is returned as is.
+    """``ckpt`` with its attention heads rewritten as QK/OV circuits (exact); a
+    checkpoint already in circuit form is returned as is.
 
     Raises:
         ValueError: the model has no attention heads.
@@ -68,63 +248,18 @@ def circuit_form(ckpt: Checkpoint) -> Checkpoint:
     return Checkpoint(module, params, module.config)
 
 
-def _symmetry_pair(
-    a: Checkpoint, b: Checkpoint, symmetry: str | None
-) -> tuple[Checkpoint, Checkpoint, SymmetrySpec, bool]:
-    spec = a.model.symmetry_spec()
-    if symmetry is None:
-        return a, b, spec, False
-    if symmetry == "permutation":
-        ortho = {s.name: Permutation() for s in spec if isinstance(s.group, Orthogonal)}
-        return a, b, spec.with_groups(**ortho), False
-    if any(isinstance(s.group, Orthogonal) for s in spec):
-        return a, b, spec, False
-    if "residual" in spec.names and getattr(a.model, "norm", None) == "layer":
-        from lmckit.rewrites import layernorm_to_rmsnorm
-
-        rewritten = []
-        for ckpt in (a, b):
-            module, params = layernorm_to_rmsnorm(ckpt.model, ckpt.params)
-            rewritten.append(Checkpoint(module, params, module.config))
-        ra, rb = rewritten
-        return ra, rb, ra.model.symmetry_spec(), True
-    raise ValueError(
-        f"--symmetry orthogonal: {a.config.name} has no orthogonal-capable residual stream "
-        f"(its spaces {', '.join(spec.names)} allow permutations only)"
-    )
-
-
 def prepare_pair(
     a: Checkpoint, b: Checkpoint, *, symmetry: str | None = None, circuits: bool = False
 ) -> PreparedPair:
-    """The pair and spec to align ``b`` to ``a`` under ``symmetry`` (module docstring).
-
-    Args:
-        a, b: two checkpoints of one architecture.
-        symmetry: ``None`` (the architecture's groups), ``"permutation"`` or
-            ``"orthogonal"``.
-        circuits: rewrite attention heads as QK/OV circuits first.
-
-    Raises:
-        ValueError: an unknown symmetry, a symmetry the architecture cannot have, or
-            circuits for a model without attention heads.
-    """
-    if symmetry is not None and symmetry not in SYMMETRIES:
-        raise ValueError(
-            f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
-        )
-    a, b, spec, rewritten = _symmetry_pair(a, b, symmetry)
-    if circuits:
-        a, b = circuit_form(a), circuit_form(b)
-        full = a.model.symmetry_spec()
-        # keep the groups the symmetry chose (the permutations-only ablation); circuit
-        # heads are plain permutations of whole circuits
-        kept = {
-            s.name: spec[s.name].group
-            for s in full
-            if s.name in spec.names and not isinstance(spec[s.name].group, HeadPermutation)
-        }
-        spec, rewritten = full.with_groups(**kept), True
-    rms = getattr(a.model, "norm", None) == "rms"
-    names = [f for f, on in (("RMSNorm form", rms), ("circuit form", circuits)) if on]
-    return PreparedPair(a, b, spec, rewritten, " and ".join(names) if rewritten else "")
+    """:func:`aligned_form` of two zoo checkpoints, as checkpoints."""
+    form = aligned_form(a.model, a.params, b.params, symmetry=symmetry, circuits=circuits)
+    module = form.module
+    assert isinstance(module, ZooModel)
+    rewritten = form.rewritten or bool(form.folded)
+    return PreparedPair(
+        Checkpoint(module, form.a, module.config),
+        Checkpoint(module, form.b, module.config),
+        form.spec,
+        rewritten,
+        form.form,
+    )
