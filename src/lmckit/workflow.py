@@ -29,7 +29,7 @@ from lmckit.measure import (
     train_inputs,
 )
 from lmckit.merge import has_batchnorm
-from lmckit.merge_methods import merge_info, path_prepare
+from lmckit.merge_methods import merge, merge_info, path_prepare
 from lmckit.models import ModelConfig, ZooModel, create_model
 from lmckit.models.sizing import check_fits_in_memory
 from lmckit.params import Params
@@ -301,7 +301,7 @@ def merge_pair(
     if data is not None:
         check_data_fits(model, data)
     inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
-    return info.fn(params_a, params_b, t, model=model, inputs=inputs)
+    return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
 
 
 # --------------------------------------------------------------------------- barriers

@@ -91,7 +91,7 @@ TABLE: list[tuple[str, Callable[[], object], type[BaseException], str]] = [
     ("fix-reset-bn-without-bn", lambda: resolve_fix(MLP, "reset_bn"), ValueError, "BatchNorm"),
     ("prepare-pair-orthogonal-mlp",
      lambda: prepare_pair(_ckpt(), _ckpt(), symmetry="orthogonal"), ValueError,
-     "no orthogonal-capable residual stream"),
+     "allow permutations only"),
     ("prepare-pair-circuits-mlp", lambda: prepare_pair(_ckpt(), _ckpt(), circuits=True),
      ValueError, "no attention heads"),
     ("data-fit-token-model-on-images", lambda: check_data_fits(RMS_GPT, DIGITS),
