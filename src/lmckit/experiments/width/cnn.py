@@ -27,11 +27,11 @@ from lmckit.experiments.width.common import (
     PAPER,
     WEIGHT_DECAYS,
     split_test,
+    sweep,
 )
 from lmckit.merge import reset_prepare
 from lmckit.models import create_model
 from lmckit.params import interpolate
-from lmckit.plot import plot_paths
 from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
 
@@ -135,21 +135,21 @@ COLUMNS = (
 
 def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
     """Permutation-free vs weight-matched merging of BatchNorm CNNs vs width and decay."""
-    sweep = CNN_SWEEPS[name][1 if ctx.quick else 0]
-    run = Runner(ctx, {"sweep": sweep, "weight_decays": WEIGHT_DECAYS})
-    data = mnist_subset(ctx, sweep.train_size, sweep.test_size)
+    setup = CNN_SWEEPS[name][1 if ctx.quick else 0]
+    run = Runner(ctx, {"sweep": setup, "weight_decays": WEIGHT_DECAYS})
+    data = mnist_subset(ctx, setup.train_size, setup.test_size)
     fit, held = split_test(data)
-    stat_x = data.x_train[: sweep.stat_size]
+    stat_x = data.x_train[: setup.stat_size]
 
     def stat_inputs() -> list[torch.Tensor]:
         return list(stat_x.split(_STAT_BATCH))
 
     def measure(wd: float, mult: float) -> dict[str, Any]:
         start = time.perf_counter()
-        config = dataclasses.replace(sweep.train, weight_decay=wd)
+        config = dataclasses.replace(setup.train, weight_decay=wd)
         model, a, b = run.train_pair(
-            f"{sweep.model}-x{mult:g}-wd{wd:g}",
-            lambda seed: create_model(sweep.model, seed=seed, **sweep.model_kwargs(mult)),
+            f"{setup.model}-x{mult:g}-wd{wd:g}",
+            lambda seed: create_model(setup.model, seed=seed, **setup.model_kwargs(mult)),
             data,
             config,
         )
@@ -168,7 +168,7 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
                 other,
                 fit,
                 held,
-                points=sweep.points,
+                points=setup.points,
                 prepare=reset,
                 meta={"method": method, "fix": "reset_bn"},
             )
@@ -176,7 +176,7 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
         stale = calibrate(model, interpolate(a, b, 0.5), fit(), held()).after
         naive, wm = paths["naive"], paths["weight_matching"]
         return {
-            "model": sweep.model,
+            "model": setup.model,
             "weight_decay": wd,
             "multiplier": mult,
             "channels": _width_label(model),
@@ -197,26 +197,21 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
             "seconds": round(time.perf_counter() - start, 1),
         }
 
-    rows = []
-    figures = []
-    for wd in WEIGHT_DECAYS:
-        for mult in sweep.multipliers:
-            row = run.stage(f"x{mult:g}-wd{wd:g}", lambda wd=wd, mult=mult: measure(wd, mult))
-            rows.append(row)
-            if mult == sweep.multipliers[-1]:
-                figures.append(
-                    plot_paths(
-                        {k: PathResult.from_dict(v) for k, v in row["paths"].items()},
-                        ctx.out_dir / f"paths_{sweep.model}_wd{wd:g}_x{mult:g}.png",
-                        title=f"{sweep.model} x{mult:g}, weight decay {wd:g} "
-                        "(BatchNorm reset, calibrated)",
-                    )
-                )
+    rows, figures = sweep(
+        run,
+        setup.multipliers,
+        measure,
+        stage=lambda wd, mult: f"x{mult:g}-wd{wd:g}",
+        figure=lambda wd, mult, _row: (
+            f"paths_{setup.model}_wd{wd:g}_x{mult:g}.png",
+            f"{setup.model} x{mult:g}, weight decay {wd:g} (BatchNorm reset, calibrated)",
+        ),
+    )
     notes = (
-        f"{sweep.model} (norm=batch) on {sweep.train_size} MNIST training images, SGD lr "
-        f"{sweep.train.lr}, {sweep.train.epochs} epochs; barriers over {sweep.points} points, "
-        f"BatchNorm reset on {sweep.stat_size} training images at each point, each point "
-        f"calibrated on {CALIBRATION_FRACTION:.0%} of {sweep.test_size} test images and measured "
+        f"{setup.model} (norm=batch) on {setup.train_size} MNIST training images, SGD lr "
+        f"{setup.train.lr}, {setup.train.epochs} epochs; barriers over {setup.points} points, "
+        f"BatchNorm reset on {setup.stat_size} training images at each point, each point "
+        f"calibrated on {CALIBRATION_FRACTION:.0%} of {setup.test_size} test images and measured "
         "on the rest; 'mid' = naive midpoint accuracy, 'no reset' = the same midpoint with "
         "the endpoints' averaged running statistics"
     )

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
 
 from torch import Tensor
 
 from lmckit.data import Dataset, batches
+from lmckit.evaluate import PathResult
 from lmckit.experiments.runner import Runner
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
+from lmckit.plot import plot_paths
 from lmckit.train import TrainConfig
 
 __all__ = [
@@ -21,6 +25,7 @@ __all__ = [
     "WEIGHT_DECAYS",
     "mlp_pair",
     "split_test",
+    "sweep",
 ]
 
 PAPER = "arXiv 2510.08023 (Do We Really Need Permutations?); Garipov et al. 2018"
@@ -53,3 +58,26 @@ def mlp_pair(
         config,
     )
     return module, a, b  # type: ignore[return-value]
+
+
+def sweep(
+    run: Runner,
+    multipliers: Sequence[float],
+    measure: Callable[[float, float], dict[str, Any]],
+    *,
+    stage: Callable[[float, float], str],
+    figure: Callable[[float, float, dict[str, Any]], tuple[str, str]],
+) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Rows ``measure(weight_decay, multiplier)`` over :data:`WEIGHT_DECAYS` and
+    ``multipliers``, each a cached stage named ``stage(wd, mult)``; for the widest model of
+    every decay, the figure of its ``paths``, named and titled by ``figure(wd, mult, row)``."""
+    rows, figures = [], []
+    for wd in WEIGHT_DECAYS:
+        for mult in multipliers:
+            row = run.stage(stage(wd, mult), lambda wd=wd, mult=mult: measure(wd, mult))
+            rows.append(row)
+            if mult == multipliers[-1]:
+                name, title = figure(wd, mult, row)
+                paths = {k: PathResult.from_dict(v) for k, v in row["paths"].items()}
+                figures.append(plot_paths(paths, run.ctx.out_dir / name, title=title))
+    return rows, figures

@@ -35,8 +35,8 @@ from lmckit.experiments.width.common import (
     WEIGHT_DECAYS,
     mlp_pair,
     split_test,
+    sweep,
 )
-from lmckit.plot import plot_paths
 from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
 
@@ -158,20 +158,16 @@ def width_sweep(ctx: ExperimentContext) -> ExperimentResult:
             "seconds": round(time.perf_counter() - start, 1),
         }
 
-    rows = []
-    figures = []
-    for wd in WEIGHT_DECAYS:
-        for mult in settings.multipliers:
-            row = run.stage(f"mlp-x{mult}-wd{wd:g}", lambda wd=wd, mult=mult: measure(wd, mult))
-            rows.append(row)
-            if mult == settings.multipliers[-1]:
-                figures.append(
-                    plot_paths(
-                        {k: PathResult.from_dict(v) for k, v in row["paths"].items()},
-                        ctx.out_dir / f"paths_wd{wd:g}_width{row['width']}.png",
-                        title=f"MLP width {row['width']}, weight decay {wd:g} (calibrated)",
-                    )
-                )
+    rows, figures = sweep(
+        run,
+        settings.multipliers,
+        measure,
+        stage=lambda wd, mult: f"mlp-x{mult}-wd{wd:g}",
+        figure=lambda wd, _mult, row: (
+            f"paths_wd{wd:g}_width{row['width']}.png",
+            f"MLP width {row['width']}, weight decay {wd:g} (calibrated)",
+        ),
+    )
     notes = (
         f"base width {settings.base_width} (paper's 1x = 512); {DEPTH} hidden layers; "
         f"SGD lr {settings.train.lr}, {settings.train.epochs} epochs; barriers over "
