@@ -73,3 +73,45 @@ def test_errors(mlp_pair) -> None:
     assert align_pair("naive", pair.model, spec, pair.a, pair.b, None) is None
     with pytest.raises(ValueError, match="BatchNorm"):
         measure_path(pair.model, pair.a, pair.b, pair.data, EvalSettings(fix="reset_bn"))
+
+
+# --------------------------------------------------------------------------- shared rules
+
+
+def test_one_evaluation_batch_rule_bounds_language_model_logits() -> None:
+    import torch
+
+    from lmckit.data import Dataset
+    from lmckit.measure import LM_EVAL_LOGITS, eval_batch_size
+
+    tokens = torch.zeros(4, 16, dtype=torch.int64)
+    lm = Dataset("lm", tokens, tokens, tokens, tokens, num_classes=50257)
+    # logits (batch, 16, 50257) stay within the budget, and one more example would not
+    assert eval_batch_size(lm) == LM_EVAL_LOGITS // (16 * 50257) == 83
+    assert (
+        eval_batch_size(lm) * 16 * 50257 <= LM_EVAL_LOGITS < (eval_batch_size(lm) + 1) * 16 * 50257
+    )
+    feats = Dataset("f", torch.zeros(4, 3), torch.zeros(4).long(), torch.zeros(4, 3),
+                    torch.zeros(4).long(), num_classes=2)  # fmt: skip
+    assert eval_batch_size(feats) == 500 and eval_batch_size(lm, 7) == 7
+    assert EvalSettings().batch_for(lm) == 83 and EvalSettings(batch_size=9).batch_for(lm) == 9
+
+
+def test_fix_resolution(mlp_pair, bn_mlp_pair) -> None:
+    from lmckit.measure import resolve_fix
+
+    assert resolve_fix(mlp_pair.model, "auto") == "none"
+    assert resolve_fix(bn_mlp_pair.model, "auto") == "reset_bn"
+    assert resolve_fix(mlp_pair.model, "repair") == "repair"
+
+
+def test_data_fit_of_a_module_outside_the_zoo_names_both_numbers(digits) -> None:
+    from torch import nn
+
+    from lmckit.datafit import DataMismatchError, check_data_fits
+
+    check_data_fits(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), digits)
+    with pytest.raises(DataMismatchError, match=r"has 7 outputs \(classes\) but digits has 10"):
+        check_data_fits(nn.Sequential(nn.Flatten(), nn.Linear(64, 7)), digits)
+    with pytest.raises(DataMismatchError, match=r"inputs of shape \(1, 8, 8\) do not fit"):
+        check_data_fits(nn.Sequential(nn.Flatten(), nn.Linear(30, 10)), digits)
