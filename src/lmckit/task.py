@@ -27,13 +27,12 @@ __all__ = [
     "LossFn",
     "MetricFn",
     "Task",
+    "absolute_error",
     "accuracy",
     "classification",
     "cross_entropy",
     "mse",
-    "predictions",
     "squared_error",
-    "absolute_error",
 ]
 
 # PathResult's JSON uses these keys itself; a metric may not take one of them as its name.
