@@ -211,6 +211,18 @@ def collect_cross_statistics(
     return stats
 
 
+def _unit_similarity(sim: Tensor, n: int) -> Tensor:
+    """``(n, n)`` similarity of units that probes see as blocks of ``k`` features each
+    (grouped-query heads: a key head's block of query-head features): the diagonal of
+    every ``k x k`` block pair, summed -- features matched in place within a unit."""
+    if sim.shape[0] == n:
+        return sim
+    k = sim.shape[0] // n
+    if k * n != sim.shape[0] or sim.shape[0] != sim.shape[1]:
+        raise ValueError(f"a probe sees {tuple(sim.shape)} features for a space of {n} units")
+    return torch.diagonal(sim.reshape(n, k, n, k), dim1=1, dim2=3).sum(-1)
+
+
 def _match(
     model: nn.Module,
     spec: SymmetrySpec,
@@ -248,6 +260,7 @@ def _match(
         group = spec[name].group
         chosen = group.natural_statistic if statistic == "natural" else statistic
         sim = (st.correlation() if chosen == "correlation" else st.covariance()).float().cpu()
+        sim = _unit_similarity(sim, spec[name].n)
         element = group.solve(sim)
         elements[name] = element
         diagnostics[name] = SpaceDiagnostics(

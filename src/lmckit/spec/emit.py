@@ -186,7 +186,9 @@ def _probes(an: Analysis, unit: Var, n: int) -> list[Probe]:
         axis = value.ndim - node.args[1].meta["val"].ndim + 1 if conv else value.ndim - 1
         leaves = an.lattice.leaves(value.axes[axis])
         live = [v for v in leaves if v.level > Level.FREE]
-        if live != [unit] or leaves[0] is not unit or math.prod(v.size for v in leaves) != n:
+        # the space's units first, each a contiguous block (grouped-query heads: a key
+        # head's query heads); activation matching compares the blocks feature by feature
+        if live != [unit] or leaves[0] is not unit or math.prod(v.size for v in leaves) % n:
             continue
         probes.setdefault(module, Probe(module, axis - value.ndim, input=True))
     return list(probes.values()) or _output_probes(an, unit, n, calls)
