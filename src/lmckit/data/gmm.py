@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from lmckit.data.dataset import Dataset
 
-__all__ = ["make_gmm"]
+__all__ = ["MAX_GMM_VALUES", "make_gmm"]
+
+#: Most float64 values a mixture may need (1 GiB): checked before anything is allocated.
+MAX_GMM_VALUES = 1 << 27
 
 
 def make_gmm(
@@ -49,8 +54,19 @@ def make_gmm(
         raise ValueError(f"classes must be >= 1, got {classes}")
     if n_train < 1 or n_test < 1:
         raise ValueError(f"n_train and n_test must be >= 1, got {n_train} and {n_test}")
-    if noise < 0 or separation < 0:
-        raise ValueError(f"noise and separation must be >= 0, got {noise} and {separation}")
+    if not (0 <= noise < math.inf and 0 <= separation < math.inf):
+        raise ValueError(
+            f"noise and separation must be finite and >= 0, got {noise} and {separation}"
+        )
+    # sized before anything is drawn: samples, class means and the basis, in float64
+    values = (
+        (n_train + n_test) * (dim + intrinsic_dim) + classes * intrinsic_dim + dim * intrinsic_dim
+    )
+    if values > MAX_GMM_VALUES:
+        raise ValueError(
+            f"a mixture of {n_train} + {n_test} samples in {dim} dimensions with {classes} "
+            f"classes needs {values:,} values, more than the {MAX_GMM_VALUES:,} allowed"
+        )
 
     gen = torch.Generator().manual_seed(seed)
     # Work in float64 so that the orthonormal basis is exact to float32 precision.
