@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from lmckit.data import Dataset
+from lmckit.models import ZooModel
+from lmckit.task import predictions
 
 __all__ = ["DataMismatchError", "check_data_fits"]
 
@@ -30,6 +32,24 @@ def _kwargs(model: nn.Module) -> tuple[str, dict]:
     name = getattr(config, "name", type(model).__name__)
     kwargs = getattr(config, "kwargs", None)
     return str(name), dict(kwargs) if isinstance(kwargs, dict) else {}
+
+
+def _check_token_model(model: nn.Module, data: Dataset) -> None:
+    """Vocabulary and context of a module that embeds token ids (e.g. Hugging Face)."""
+    embeddings = getattr(model, "get_input_embeddings", None)
+    table = embeddings() if callable(embeddings) else None
+    name, d = type(model).__name__, data.name
+    if isinstance(table, nn.Embedding) and data.num_classes > table.num_embeddings:
+        raise DataMismatchError(
+            f"{d}'s tokenizer has {data.num_classes} tokens but {name}'s vocabulary has "
+            f"{table.num_embeddings}; use the tokenizer the model was trained with"
+        )
+    context = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(context, int) and data.input_shape[0] > context:
+        raise DataMismatchError(
+            f"{d} has blocks of {data.input_shape[0]} tokens but {name} takes at most "
+            f"{context}; use block={context} or less"
+        )
 
 
 def _check_zoo(name: str, kw: dict, data: Dataset) -> None:
@@ -86,7 +106,10 @@ def check_data_fits(model: nn.Module, data: Dataset) -> None:
     model against the tokenizer's. Unknown modules are probed with one example.
     """
     name, kw = _kwargs(model)
-    _check_zoo(name, kw, data)
+    if isinstance(model, ZooModel):
+        _check_zoo(name, kw, data)
+    elif data.is_language:
+        _check_token_model(model, data)
     x = data.x_test[:1] if data.x_test.shape[0] else data.x_train[:1]
     first = next(iter(model.parameters()), None)
     if first is not None:
@@ -104,9 +127,15 @@ def check_data_fits(model: nn.Module, data: Dataset) -> None:
         ) from None
     finally:
         model.train(was_training)
-    if not isinstance(out, torch.Tensor) or out.ndim < 2:
+    try:
+        out = predictions(out)  # a Hugging Face output's logits
+    except TypeError:
+        return  # no prediction tensor: nothing more to compare
+    if out.ndim < 2:
         return  # not a classifier's logits: nothing more to compare
     outputs = out.shape[-1]
+    if data.is_language and outputs > data.num_classes:
+        return  # a vocabulary padded beyond the tokenizer's: every token id has a logit
     if outputs != data.num_classes:
         what = "tokens in its vocabulary" if data.is_language else "outputs (classes)"
         theirs = "tokens in its tokenizer's vocabulary" if data.is_language else "classes"

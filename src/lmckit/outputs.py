@@ -89,7 +89,10 @@ def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
     if kind == "hf":
         marker = _read_small_json(folder / HF_MARKER)
         files = marker.get("files") if isinstance(marker, dict) else None
-        return isinstance(files, list) and all(e.name in files for e in folder.iterdir())
+        # align writes the reference form of the first model beside the weights
+        return isinstance(files, list) and all(
+            e.name in files or e.name == "reference" for e in folder.iterdir()
+        )
     marker = _read_small_json(folder / RUN_MARKER)
     return isinstance(marker, dict) and "experiment" in marker
 

@@ -189,11 +189,15 @@ def aligned_form(
         from lmckit.rewrites import heads_to_circuits
 
         chosen = spec
-        try:
-            circuit, a = heads_to_circuits(module, a)
-            _, b = heads_to_circuits(module, b)
-        except ValueError:
-            raise ValueError(f"--circuits: {module.config.name} has no attention heads") from None
+        if module.config.kwargs.get("attention") == "circuits":
+            circuit = module  # already in circuit form: nothing to rewrite
+        else:
+            try:
+                circuit, a = heads_to_circuits(module, a)
+                _, b = heads_to_circuits(module, b)
+            except ValueError:
+                name = module.config.name
+                raise ValueError(f"--circuits: {name} has no attention heads") from None
         full = circuit.symmetry_spec()
         # keep the groups the symmetry chose (the permutations-only ablation); circuit
         # heads are plain permutations of whole circuits

@@ -16,10 +16,11 @@ from torch import nn
 
 from lmckit.align.registry import aligner_info
 from lmckit.align.result import AlignmentResult
-from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import Metrics, PathResult
+from lmckit.hf import ZOO_CONVERSIONS, zoo_from_hf
+from lmckit.io import LoadedModel, model_format
 from lmckit.measure import (
     MERGE_METHOD_OF_FIX,
     EvalSettings,
@@ -32,9 +33,10 @@ from lmckit.merge import has_batchnorm
 from lmckit.merge_methods import merge, merge_info, path_prepare
 from lmckit.models import ModelConfig, ZooModel, create_model
 from lmckit.models.sizing import check_fits_in_memory
+from lmckit.outputs import OutputKind
 from lmckit.params import Params
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
-from lmckit.recipe import circuit_form, prepare_pair
+from lmckit.recipe import AlignForm, aligned_form, spec_of
 from lmckit.symmetry import SymmetrySpec, apply
 from lmckit.train import TrainConfig, TrainResult, fit
 
@@ -44,7 +46,8 @@ __all__ = [
     "MERGE_FIXES",
     "AlignedPair",
     "TrainedModel",
-    "align_checkpoints",
+    "align_models",
+    "align_output_kind",
     "align_pair",
     "compare_alignments",
     "merge_pair",
@@ -55,7 +58,7 @@ __all__ = [
 
 #: Methods of :func:`align_pair` / :func:`compare_alignments`.
 METHODS = ("naive", "weight_matching", "activation_matching")
-#: Short names of :func:`align_checkpoints`' methods and their full names.
+#: Short names of :func:`align_models`' methods and their full names.
 ALIGN_METHODS = {
     "weight": "weight_matching",
     "activation": "activation_matching",
@@ -181,29 +184,61 @@ def compare_alignments(
 
 @dataclass(frozen=True)
 class AlignedPair:
-    """What :func:`align_checkpoints` returns.
+    """What :func:`align_models` returns.
 
     Attributes:
-        config: the architecture of the aligned B (its form: RMSNorm, circuits, ...).
+        module: the architecture of the aligned B (its form: folded norm scales,
+            RMSNorm, circuits, ...).
         params: B aligned to A, in that form.
-        reference: A in the same form when the pair was rewritten (measure barriers
-            against it), else ``None``.
+        reference: A in the same form when that differs from A as given (measure
+            barriers against it), else ``None``.
         result: the aligner's result (transform, per-space diagnostics).
-        form: description of the form, empty when not rewritten.
+        form: description of the form, empty when nothing was done.
+        same_architecture: ``module`` is the given models' architecture (the result is
+            written in their format); ``False`` after a rewrite to a new zoo
+            configuration (written as an lmckit checkpoint).
         metadata: method, options and diagnostics, JSON-ready.
     """
 
-    config: ModelConfig
+    module: nn.Module
     params: Params
-    reference: Checkpoint | None
+    reference: Params | None
     result: AlignmentResult
     form: str
+    same_architecture: bool
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def align_checkpoints(
-    a: Checkpoint,
-    b: Checkpoint,
+def _form(a: LoadedModel, b: LoadedModel, symmetry: str | None, circuits: bool) -> AlignForm:
+    """The pair's alignment form; a LayerNorm Hugging Face GPT-2 or ViT under
+    ``symmetry="orthogonal"`` is converted to lmckit's zoo model first (the rotation
+    needs the RMSNorm form, which its own class cannot hold)."""
+    try:
+        return aligned_form(a.module, a.params, b.params, symmetry=symmetry, circuits=circuits)
+    except ValueError as err:
+        convertible = a.format == "hf" and a.source.config.get("model_type") in ZOO_CONVERSIONS
+        if symmetry != "orthogonal" or "LayerNorm" not in str(err) or not convertible:
+            raise
+    (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)
+    return aligned_form(module, pa, pb, symmetry=symmetry, circuits=circuits)
+
+
+def align_output_kind(path_b: str, symmetry: str | None) -> OutputKind:
+    """What :func:`align_models` will write for B at ``path_b`` (checked before loading):
+    a Hugging Face folder stays one, except a LayerNorm GPT-2 or ViT aligned with
+    rotations, which becomes lmckit's RMSNorm form (a checkpoint)."""
+    if model_format(path_b) != "hf":
+        return "checkpoint"
+    from lmckit.hf.files import read_hf_config
+
+    if symmetry == "orthogonal" and read_hf_config(path_b).get("model_type") in ZOO_CONVERSIONS:
+        return "checkpoint"
+    return "hf"
+
+
+def align_models(
+    a: LoadedModel,
+    b: LoadedModel,
     *,
     method: str = "weight",
     symmetry: str | None = None,
@@ -215,12 +250,13 @@ def align_checkpoints(
     device: str | torch.device | None = None,
     progress: bool = False,
 ) -> AlignedPair:
-    """Align checkpoint ``b`` to ``a``: prepare the pair's form, run the method, move B.
+    """Align model ``b`` to ``a``: prepare the pair's form, run the method, move B.
 
     Args:
-        a, b: checkpoints of one architecture.
+        a, b: two models of one architecture (lmckit checkpoints or Hugging Face folders,
+            :func:`lmckit.load_model`).
         method: ``weight`` (data-free), ``activation`` or ``learned`` (need ``data``).
-        symmetry, circuits: the form (see :func:`lmckit.recipe.prepare_pair`).
+        symmetry, circuits: the form (see :func:`lmckit.recipe.aligned_form`).
         head_bases: afterwards align the bases inside matched attention heads.
         data: training data for activation statistics or learned matching; checked to
             fit the model whenever given.
@@ -231,7 +267,8 @@ def align_checkpoints(
         progress: progress bars.
 
     Raises:
-        ValueError: a user mistake (unknown method, missing data, incompatible options).
+        ValueError: a user mistake (unknown method, missing data, incompatible options, a
+            symmetry the architecture cannot have).
     """
     from lmckit.align import align_head_bases
 
@@ -244,10 +281,10 @@ def align_checkpoints(
     if info.needs_data and data is None:
         raise ValueError(f"{full} needs data (--data)")
     if data is not None:
-        check_data_fits(a.model, data)
-    pair = prepare_pair(a, b, symmetry=symmetry, circuits=circuits)
-    spec, pa, pb = pair.spec, pair.a.params, pair.b.params
-    result = info.fn(spec, pa, pb, config, model=pair.a.model, data=data, seed=seed,
+        check_data_fits(a.module, data)
+    form = _form(a, b, symmetry, circuits)
+    spec, pa, pb = form.spec, form.a, form.b
+    result = info.fn(spec, pa, pb, config, model=form.module, data=data, seed=seed,
                      progress=progress, device=device)  # fmt: skip
     aligned = apply(spec, pb, result.transform)
     if head_bases:
@@ -258,6 +295,8 @@ def align_checkpoints(
         "seed": seed,
         "head_bases": head_bases,
         "circuits": circuits,
+        "form": form.form,
+        "folded_norm_scales": sorted(form.folded),
         "spaces": {k: vars(v) for k, v in result.spaces.items()},
     }
     if method == "learned" and config is not None:
@@ -266,8 +305,9 @@ def align_checkpoints(
             "lr": config.lr,
             "validation_midpoint": result.history,
         }
-    reference = pair.a if pair.rewritten else None
-    return AlignedPair(pair.b.config, aligned, reference, result, pair.form, metadata)
+    same = form.module is a.module
+    reference = pa if (form.rewritten or form.folded or not same) else None
+    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata)
 
 
 # --------------------------------------------------------------------------- merge
@@ -308,8 +348,8 @@ def merge_pair(
 
 
 def pair_barrier(
-    a: Checkpoint,
-    b: Checkpoint,
+    a: LoadedModel,
+    b: LoadedModel,
     data: Dataset,
     settings: EvalSettings | None = None,
     *,
@@ -319,17 +359,19 @@ def pair_barrier(
 ) -> PathResult:
     """Loss and accuracy along the linear path from ``a`` to ``b`` on ``data``.
 
-    With ``circuits`` transformers are interpolated with heads as QK/OV circuits (the
-    ends are the same functions; the path between them differs).
+    With ``circuits`` lmckit's transformers are interpolated with heads as QK/OV
+    circuits (the ends are the same functions; the path between them differs).
     """
+    module, pa, pb = a.module, a.params, b.params
     if circuits:
-        a, b = circuit_form(a), circuit_form(b)
-    check_data_fits(a.model, data)
-    return measure_path(a.model, a.params, b.params, data, settings, meta=meta, progress=progress)
+        form = aligned_form(module, pa, pb, circuits=True)
+        module, pa, pb = form.module, form.a, form.b
+    check_data_fits(module, data)
+    return measure_path(module, pa, pb, data, settings, meta=meta, progress=progress)
 
 
 def simplex_barrier(
-    checkpoints: Sequence[Checkpoint],
+    checkpoints: Sequence[LoadedModel],
     data: Dataset,
     settings: EvalSettings | None = None,
     *,
@@ -368,14 +410,16 @@ def simplex_barrier(
     if settings.fix == "repair":
         raise ValueError("--fix repair is for two models; use reset_bn or none with --simplex")
     check_simplex_size(len(checkpoints), resolution)
-    ckpts = [circuit_form(c) for c in checkpoints] if circuits else list(checkpoints)
-    model = ckpts[0].model
+    model = checkpoints[0].module
+    models = [c.params for c in checkpoints]
+    if circuits:
+        forms = [aligned_form(model, m, m, circuits=True) for m in models]
+        model, models = forms[0].module, [f.a for f in forms]
     check_data_fits(model, data)
     fix = resolve_fix(model, settings.fix)
-    models = [c.params for c in ckpts]
     info: dict[str, Any] = {**(meta or {}), "align": align, "circuits": circuits}
     if align == "weight":
-        spec = model.symmetry_spec()
+        spec = spec_of(model)
         universe = universe_matching(spec, models, seed=seed, progress=progress)
         models = universe.aligned(spec, models)
         info.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))

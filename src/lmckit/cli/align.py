@@ -1,4 +1,4 @@
-"""``lmckit align``: B aligned to A under the architecture's symmetries, as a checkpoint."""
+"""``lmckit align``: B aligned to A under the architecture's symmetries, in B's format."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ from lmckit.cli.common import (
     threads_option,
     validate_data_spec,
 )
+from lmckit.io import LoadedModel, save_model
 from lmckit.recipe import SYMMETRIES
-from lmckit.workflow import ALIGN_METHODS, align_checkpoints
+from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind
 
 __all__ = ["command"]
 
@@ -98,7 +99,8 @@ def command(
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
     from lmckit.align import LearnedMatchingConfig
 
-    check_out_dir(out, "checkpoint", input_paths(model_a, model_b, data_spec=data_spec), force)
+    kind = align_output_kind(model_b, symmetry)
+    check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)
     set_threads(threads)
     if circuits and head_bases:
         raise click.ClickException("--head-bases aligns bases inside heads; --circuits leaves none")
@@ -108,7 +110,7 @@ def command(
         validate_data_spec(data_spec)  # weight matching reads no data, but a bad spec is an error
     a, b = load_models([model_a, model_b])
     data = load_dataset(data_spec) if method != "weight" else None
-    aligned = align_checkpoints(
+    aligned = align_models(
         a,
         b,
         method=method,
@@ -123,16 +125,35 @@ def command(
     )
     metadata = {"aligned_to": str(model_a), "source": str(model_b), **aligned.metadata}
     metadata["data"] = data_spec
-    reference = None
-    if aligned.reference is not None:
-        # B is saved rewritten (RMSNorm form, circuits): A's same form is the reference
-        reference = str(Path(out) / "reference")
+    reference = str(Path(out) / "reference") if aligned.reference is not None else None
+    if reference is not None:
+        # B is written in the form it was aligned in: A's same form is the reference
         metadata["reference"] = reference
-    save(out, aligned.config, aligned.params, metadata=metadata)
-    if aligned.reference is not None:
-        save(reference, aligned.reference.config, aligned.reference.params,
-             metadata={"rewritten_from": str(model_a)})  # fmt: skip
+    _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata)
+    if reference is not None and aligned.reference is not None:
+        meta = {"rewritten_from": str(model_a), "form": aligned.form}
+        _write(reference, a, aligned.module, aligned.reference, aligned.same_architecture, meta)
     click.echo(aligned.result.summary())
     click.echo(f"wrote {out}")
+    if not aligned.same_architecture and b.format == "hf":
+        click.echo(
+            f"note: {aligned.form} cannot be written as the folder's own class; wrote an "
+            "lmckit checkpoint instead"
+        )
     if reference is not None:
         click.echo(f"wrote {reference} (MODEL_A in {aligned.form}: measure barriers against it)")
+
+
+def _write(
+    path: str,
+    like: LoadedModel,
+    module: object,
+    params: dict,
+    same_architecture: bool,
+    metadata: dict,
+) -> None:
+    """``params`` in ``like``'s format, or as an lmckit checkpoint of a rewritten form."""
+    if same_architecture:
+        save_model(path, like, params, metadata=metadata)
+    else:
+        save(path, module, params, metadata=metadata)

@@ -1,7 +1,8 @@
 """What every command shares: options, loading models and data, checking outputs.
 
 Models are loaded by one function, :func:`load_model`, so that every command accepts
-the same sources (today lmckit checkpoints and state dicts with a ``config.json``).
+the same sources: lmckit checkpoints (or state dicts with a ``config.json``) and
+Hugging Face folders.
 Errors are raised as the library's exceptions (or :func:`fail`); the group in
 :mod:`lmckit.cli` turns them into one ``Error:`` line.
 """
@@ -14,9 +15,12 @@ from typing import TypeVar
 import click
 import torch
 
-from lmckit.checkpoint import Checkpoint, load
+from lmckit.checkpoint import Checkpoint
 from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.data.spec import check_data_spec, data_spec_paths
+from lmckit.hf import HFModel
+from lmckit.io import LoadedModel
+from lmckit.io import load_model as load_any
 from lmckit.outputs import OutputKind, check_output_dir, check_output_file
 from lmckit.params import IncompatibleModelsError, check_compatible
 
@@ -74,25 +78,36 @@ def seed_option(help: str | None = None) -> Callable[[FC], FC]:
 # --------------------------------------------------------------------------- models
 
 
-def load_model(path: str) -> Checkpoint:
-    """The one way the command line loads a model (a checkpoint folder or weights file)."""
-    return load(path)
+def load_model(path: str) -> LoadedModel:
+    """The one way the command line loads a model: an lmckit checkpoint (a folder or a
+    weights file with ``config.json`` beside it) or a Hugging Face folder."""
+    return load_any(path)
 
 
-def load_models(paths: Sequence[str]) -> list[Checkpoint]:
+def _architecture(model: LoadedModel) -> object:
+    if model.format == "hf":
+        assert isinstance(model.source, HFModel)
+        return model.source.class_name
+    assert isinstance(model.source, Checkpoint)
+    return model.source.config
+
+
+def load_models(paths: Sequence[str]) -> list[LoadedModel]:
     """Load models that must share one architecture; mismatches name both paths."""
     first = load_model(paths[0])
     loaded = [first]
     for path in paths[1:]:
         other = load_model(path)
+        if other.format != first.format:
+            raise fail(f"{paths[0]} is a {first.format} model and {path} a {other.format} one")
         try:
             check_compatible(first.params, other.params)
         except IncompatibleModelsError as err:
             raise fail(f"{paths[0]} and {path} are different architectures: {err}") from None
-        if first.config != other.config:
+        if _architecture(first) != _architecture(other):
             raise fail(
                 f"{paths[0]} and {path} are different architectures: "
-                f"{first.config} vs {other.config}"
+                f"{_architecture(first)} vs {_architecture(other)}"
             )
         loaded.append(other)
     return loaded

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from lmckit.checkpoint import save
 from lmckit.cli.common import (
     check_out_dir,
     data_option,
@@ -18,6 +17,7 @@ from lmckit.cli.common import (
     set_threads,
     threads_option,
 )
+from lmckit.io import model_format, save_model
 from lmckit.measure import evaluate_split
 from lmckit.workflow import merge_pair
 
@@ -52,8 +52,9 @@ def command(
     force: bool,
     threads: int | None,
 ) -> None:
-    """Interpolate MODEL_A and MODEL_B (align B first with `lmckit align`)."""
-    check_out_dir(out, "checkpoint", input_paths(model_a, model_b, data_spec=data_spec), force)
+    """Interpolate MODEL_A and MODEL_B (align B first with `lmckit align`), in their format."""
+    kind = "hf" if model_format(model_a) == "hf" else "checkpoint"
+    check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)
     set_threads(threads)
     if reset_bn and do_repair:
         raise fail("choose one of --reset-bn and --repair (REPAIR resets BatchNorm itself)")
@@ -62,7 +63,7 @@ def command(
     fix = "repair" if do_repair else "reset_bn" if reset_bn else "none"
     a, b = load_models([model_a, model_b])
     data = load_dataset(data_spec) if (fix != "none" or data_spec) else None
-    merged = merge_pair(a.model, a.params, b.params, t=t, fix=fix, data=data)
+    merged = merge_pair(a.module, a.params, b.params, t=t, fix=fix, data=data)
     meta: dict[str, Any] = {
         "a": model_a,
         "b": model_b,
@@ -72,8 +73,8 @@ def command(
         "data": data_spec,
     }
     if data is not None:
-        m = evaluate_split(a.model, merged, data)
+        m = evaluate_split(a.module, merged, data)
         meta.update(test_loss=m.loss, test_acc=m.acc)
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
-    save(out, a.config, merged, metadata=meta)
+    save_model(out, a, merged, metadata=meta)
     click.echo(f"wrote {out}")

@@ -76,7 +76,9 @@ def _checked_params(params: Mapping[str, Tensor], target: Path) -> Params:
     for key, value in params.items():
         if not isinstance(key, str) or not isinstance(value, Tensor):
             raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
-        state[key] = value.detach()
+        # contiguous: save_pretrained views every tensor flat (aligned weights may be
+        # permuted views of another tensor)
+        state[key] = value.detach().contiguous()
     try:
         check_finite(state, what=f"refusing to write {target}")
     except ValueError as err:
