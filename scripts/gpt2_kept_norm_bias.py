@@ -27,7 +27,7 @@ from lmckit import checkpoint
 from lmckit.align import weight_matching
 from lmckit.data import batches
 from lmckit.data.token_stats import seen_token_masks, token_row_weights
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.recipe import aligned_form
 from lmckit.symmetry import apply
 
 
@@ -48,10 +48,10 @@ def main() -> None:
 
     def forms(params):
         """Circuit form with biases folded, circuit form without them, and ``b / g``."""
-        rms, folded = layernorm_to_rmsnorm(ln_a.model, params)
-        circuits, folded = heads_to_circuits(rms, folded)
+        full = aligned_form(ln_a.model, params, params, symmetry="orthogonal", circuits=True)
+        circuits, folded = full.module, full.a
         zero = dict(params) | {f"{n}.bias": torch.zeros_like(params[f"{n}.bias"]) for n in norms}
-        _, bare = heads_to_circuits(*layernorm_to_rmsnorm(ln_a.model, zero))
+        bare = aligned_form(ln_a.model, zero, zero, symmetry="orthogonal", circuits=True).a
         betas = {n: params[f"{n}.bias"] / params[f"{n}.weight"] for n in norms}
         return circuits, folded, bare, betas
 

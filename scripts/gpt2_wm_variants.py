@@ -5,9 +5,10 @@ orthogonal weight matching in several variants: the default (heads seen by the r
 through QK/OV circuits), the default followed by within-head basis alignment
 (``match_head_bases``), raw head weights, the residual matched on the embeddings and LM
 head alone, embedding/LM-head rows weighted by sqrt(token frequency), and both models in
-circuit form (``heads_to_circuits``: heads interpolated as QK/OV circuits, as the paper's
-code does), orthogonal and permutations only, with and without token-frequency weights on
-the embedding and LM-head rows; with ``--learned``, also learned matching (orthogonal).
+circuit form (``aligned_form(..., circuits=True)``: heads interpolated as QK/OV
+circuits, as the paper's code does), orthogonal and permutations only, with and without
+token-frequency weights on the embedding and LM-head rows; with ``--learned``, also
+learned matching (orthogonal).
 
 ``--config paper`` / ``quick`` read the models that ``lmckit reproduce gpt2-shakespeare
 [--quick] --out OUT`` trained (the run folder ``OUT/paper-*`` or ``OUT/quick-*``, whose
@@ -51,7 +52,7 @@ from lmckit.data import Dataset, batches
 from lmckit.data.token_stats import seen_token_masks, text_prefix, token_row_weights
 from lmckit.evaluate import evaluate_path, linear_grid
 from lmckit.models import create_model
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.recipe import aligned_form
 from lmckit.symmetry import Permutation, SymmetrySpec, apply
 from lmckit.train import TrainConfig, fit
 
@@ -243,8 +244,8 @@ def main() -> None:
         return
     seeds = (args.seed, args.seed + 1)
     la, lb = (_model(root, config, data, seed, train=train) for seed in seeds)
-    rms, a = layernorm_to_rmsnorm(la.model, la.params)
-    _, b = layernorm_to_rmsnorm(la.model, lb.params)
+    form = aligned_form(la.model, la.params, lb.params, symmetry="orthogonal")
+    rms, a, b = form.module, form.a, form.b
     masks = seen_token_masks(data)
     seen = masks["lm_head.weight"]
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -281,8 +282,8 @@ def main() -> None:
         if name.startswith("default"):
             based = align_head_bases(spec, a, moved)
             print(f"{pair}: WM orthogonal, default + head bases: barrier {barrier(based):.4f}")
-    circuits, ca = heads_to_circuits(rms, a)
-    _, cb = heads_to_circuits(rms, b)
+    circuit_form = aligned_form(rms, a, b, circuits=True)
+    circuits, ca, cb = circuit_form.module, circuit_form.a, circuit_form.b
     circuit_spec = circuits.symmetry_spec()
     circuit_work = circuits.to(device)
     ca_dev = {k: v.to(device) for k, v in ca.items()}

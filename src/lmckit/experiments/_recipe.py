@@ -1,17 +1,16 @@
 """The transformer recipe as the experiments reach it: one function, one place to switch.
 
-LayerNorm -> RMSNorm (the residual stream becomes orthogonal), then optionally every
-attention head as its QK and OV circuit. Both rewrites are exact. The library is getting
-one entry point for this recipe (:mod:`lmckit.recipe`); every experiment calls
-:func:`transformer_form` instead of :mod:`lmckit.rewrites` directly, so that moving to it
-changes this function alone.
+The form with an orthogonal residual stream (LayerNorm -> RMSNorm for lmckit's
+transformers), then optionally every attention head as its QK and OV circuit, through
+the library's one entry point, :func:`lmckit.recipe.aligned_form`. Both rewrites are
+exact.
 """
 
 from __future__ import annotations
 
 from lmckit.models import ZooModel
 from lmckit.params import Params
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.recipe import aligned_form
 
 __all__ = ["transformer_form"]
 
@@ -24,8 +23,6 @@ def transformer_form(
     A model already in RMSNorm form (e.g. embedded into a wider one) is not rewritten
     again; the result computes the same function as the input.
     """
-    if getattr(module, "norm", None) == "layer":
-        module, params = layernorm_to_rmsnorm(module, params)
-    if circuits:
-        module, params = heads_to_circuits(module, params)
-    return module, params
+    form = aligned_form(module, params, params, symmetry="orthogonal", circuits=circuits)
+    assert isinstance(form.module, ZooModel)
+    return form.module, form.a
