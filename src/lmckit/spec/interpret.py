@@ -9,6 +9,7 @@ from torch.fx import Node
 
 from lmckit.spec import elementwise as _elementwise  # noqa: F401  (registers rules)
 from lmckit.spec import layers as _layers  # noqa: F401  (registers rules)
+from lmckit.spec import slicing as _slicing  # noqa: F401  (registers rules)
 from lmckit.spec.analysis import Analysis, Value
 from lmckit.spec.lattice import Level
 from lmckit.spec.rules import RULES, SQUARE_SAFE, out_shapes, unknown_op

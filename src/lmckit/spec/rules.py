@@ -6,7 +6,9 @@ otherwise) and returns the node's abstract value, constraining variables on the 
 Rules are keyed by ATen op packet (``torch.ops.aten.linear``), so every overload of an
 op shares one rule; the table is data, and an op without a rule is handled
 conservatively by :func:`unknown_op` (everything it touches is pinned and reported).
-Layer-like ops (linear, convolution, attention, norms) are in :mod:`lmckit.spec.layers`.
+Slicing and joining ops are in :mod:`lmckit.spec.slicing`, elementwise ops in
+:mod:`lmckit.spec.elementwise`, layer-like ops (linear, convolution, attention, norms) in
+:mod:`lmckit.spec.layers`.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch.fx import Node
 from lmckit.spec.analysis import Analysis, Value
 from lmckit.spec.lattice import Level, Var
 
-__all__ = ["RULES", "axis_size", "out_shapes", "register", "unknown_op"]
+__all__ = ["RULES", "axis_size", "copy_value", "out_shapes", "register", "unknown_op"]
 
 aten = torch.ops.aten
 Rule = Callable[[Analysis, Node, tuple[Any, ...], dict[str, Any]], Any]
@@ -68,7 +70,8 @@ def axis_size(value: Value, axis: int) -> int:
     return math.prod(v.size for v in value.axes[axis])
 
 
-def _copy(value: Value, *, keep_src: bool = True) -> Value:
+def copy_value(value: Value, *, keep_src: bool = True) -> Value:
+    """A new value with the same factors (and, unless told, the same provenance)."""
     src = list(value.src) if keep_src else []
     return Value([list(a) for a in value.axes], src, value.square, value.const)
 
@@ -120,13 +123,13 @@ def _identity(an: Analysis, node: Node, args: tuple[Any, ...], kwargs: dict[str,
     if str(node.target).startswith("aten._assert"):
         return None
     x = args[0]
-    return _copy(x) if isinstance(x, Value) else _fresh_outputs(an, node, "constant")
+    return copy_value(x) if isinstance(x, Value) else _fresh_outputs(an, node, "constant")
 
 
 @register(aten.native_dropout)
 def _native_dropout(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     shapes = out_shapes(node)
-    return (_copy(args[0]), an.free(shapes[1], "dropout mask"))
+    return (copy_value(args[0]), an.free(shapes[1], "dropout mask"))
 
 
 # --------------------------------------------------------------------------- axes
@@ -272,136 +275,3 @@ def _repeat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
         copies = [an.lattice.fresh(r, Level.FREE, "copies")] if r > 1 else []
         axes.append([*copies, *x.axes[j]])
     return Value(axes, const=x.const)
-
-
-# --------------------------------------------------------------------------- slicing
-
-
-def _is_free(an: Analysis, factors: Sequence[Var]) -> bool:
-    return all(v.level == Level.FREE for v in an.lattice.leaves(factors))
-
-
-@register(aten.slice)
-def _slice(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    x: Value = args[0]
-    dim = (args[1] if len(args) > 1 else 0) % x.ndim
-    shape = out_shapes(node)
-    if shape[dim] == axis_size(x, dim):
-        return _copy(x)
-    out = _copy(x)
-    if not _is_free(an, x.axes[dim]):
-        an.pin([Value([x.axes[dim]])], f"slice {node.name!r} cuts a feature axis", notable=True)
-    out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "slice")]
-    out.src[dim] = frozenset()
-    return out
-
-
-@register(aten.select)
-def _select(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    x: Value = args[0]
-    dim = args[1] % x.ndim
-    if not _is_free(an, x.axes[dim]):
-        an.pin([Value([x.axes[dim]])], f"select {node.name!r} picks a feature", notable=True)
-    keep = [i for i in range(x.ndim) if i != dim]
-    return Value([list(x.axes[i]) for i in keep], [x.src[i] for i in keep], False, x.const)
-
-
-@register(aten.index, aten.index_select)
-def _index(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    x: Value = args[0]
-    shape = out_shapes(node)
-    if "index_select" in str(node.target):
-        dim = args[1] % x.ndim
-        if not _is_free(an, x.axes[dim]):
-            an.pin([Value([x.axes[dim]])], f"{node.name!r} indexes a feature axis", notable=True)
-        out = _copy(x, keep_src=False)
-        out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "indexed")]
-        return out
-    indices = list(args[1])
-    k = len(indices)
-    leading = all(i is not None for i in indices)
-    for i, idx in enumerate(indices):
-        if idx is not None and not _is_free(an, x.axes[i]):
-            an.pin([Value([x.axes[i]])], f"{node.name!r} indexes a feature axis", notable=True)
-    if not leading:
-        an.pin([x], f"{node.name!r}: advanced indexing not understood", notable=True)
-        return an.free(shape, "indexed")
-    n_index = len(shape) - (x.ndim - k)
-    axes = [[an.lattice.fresh(s, Level.FREE, "indexed")] for s in shape[:n_index]]
-    axes += [list(a) for a in x.axes[k:]]
-    return Value(axes, const=x.const)
-
-
-@register(aten.cat)
-def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    parts = [p for p in args[0] if isinstance(p, Value)]
-    dim = (args[1] if len(args) > 1 else kw.get("dim", 0)) % len(out_shapes(node))
-    shape = out_shapes(node)
-    for p in parts:
-        if not _is_free(an, p.axes[dim]):
-            an.pin(
-                [Value([q.axes[dim]]) for q in parts],
-                f"cat {node.name!r} joins feature axes",
-                notable=True,
-            )
-            break
-    axes: list[list[Var]] = []
-    for i in range(len(shape)):
-        if i == dim:
-            axes.append([an.lattice.fresh(shape[i], Level.FREE, "concatenated")])
-            continue
-        full = [p for p in parts if axis_size(p, i) > 1]
-        for p in full[1:]:
-            an.unify(full[0].axes[i], p.axes[i], f"cat {node.name!r}")
-        for p in full:
-            an.mark(p, i, "write")  # a parameter concatenated into a stream writes it
-        axes.append(list(full[0].axes[i]) if full else [])
-    return Value(axes, const=all(p.const for p in parts))
-
-
-@register(aten.stack)
-def _stack(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    parts = [p for p in args[0] if isinstance(p, Value)]
-    shape = out_shapes(node)
-    dim = (args[1] if len(args) > 1 else 0) % len(shape)
-    for p in parts[1:]:
-        for i in range(p.ndim):
-            an.unify(parts[0].axes[i], p.axes[i], f"stack {node.name!r}")
-    axes = [list(a) for a in parts[0].axes]
-    axes.insert(dim, [an.lattice.fresh(shape[dim], Level.FREE, "stacked")])
-    return Value(axes, const=all(p.const for p in parts))
-
-
-@register(*_ops("split", "split_with_sizes", "chunk", "unbind", "unsafe_split", "tensor_split"))
-def _split(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    x: Value = args[0]
-    shapes = out_shapes(node)
-    unbind = "unbind" in str(node.target)
-    dim = kw.get("dim", args[1] if unbind and len(args) > 1 else args[2] if len(args) > 2 else 0)
-    dim %= x.ndim
-    sizes = [1 if unbind else s[dim] for s in shapes]
-    if _is_free(an, x.axes[dim]):
-        pieces = []
-        for s in shapes:
-            piece = _copy(x, keep_src=False)
-            if unbind:
-                del piece.axes[dim], piece.src[dim]
-            else:
-                piece.axes[dim] = [an.lattice.fresh(s[dim], Level.FREE, "split")]
-            pieces.append(piece)
-        return pieces
-    if len(set(sizes)) != 1 or unbind:
-        an.pin(
-            [Value([x.axes[dim]])], f"{node.name!r} splits a feature axis unevenly", notable=True
-        )
-        return [an.free(s, "split") for s in shapes]
-    # equal chunks of a feature axis: [chunks (pinned), unit] -- every chunk shares the unit
-    unit = an.lattice.fresh(sizes[0], Level.ORTH)
-    chunks = an.lattice.fresh(len(sizes), Level.FREE, "chunk index")
-    an.unify(x.axes[dim], [chunks, unit], f"split {node.name!r}")
-    out = []
-    for _ in sizes:
-        piece = _copy(x, keep_src=False)
-        piece.axes[dim] = [unit]
-        out.append(piece)
-    return out
