@@ -46,6 +46,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 # Looked for in this order when ``load`` is given a directory.
 _WEIGHT_NAMES = (WEIGHTS_FILE, "model.pt", "model.pth", "model.bin")
+# Zoo constructor arguments that repeat a block (a layer count, or a list per layer).
+_REPEAT_KWARGS = ("n_layer", "depth", "hidden", "widths")
 #: A config.json larger than this is not one lmckit wrote (nor any sane config).
 MAX_CONFIG_BYTES = 1 << 20
 
@@ -153,6 +155,23 @@ def _read_config(config_path: Path) -> ModelConfig:
         raise CheckpointError(f"{config_path}: {err}") from None
 
 
+def _check_repeats(config: ModelConfig, tensors: int, where: Path) -> None:
+    """Layer counts of a config against the tensors stored, before anything is built.
+
+    Every layer holds at least one tensor, so a config that repeats a block more often
+    than the file has tensors is wrong; checking first keeps a corrupt config (a
+    thousand billion layers) from spending forever building even a shapes-only module.
+    """
+    for key in _REPEAT_KWARGS:
+        value = config.kwargs.get(key)
+        count = len(value) if isinstance(value, list | tuple) else value
+        if isinstance(count, int) and not isinstance(count, bool) and count > tensors:
+            shown = f"{count} entries" if isinstance(value, list | tuple) else f"{count}"
+            raise CheckpointError(
+                f"{where}: {key} is {shown}, but the weights file holds only {tensors} tensors"
+            )
+
+
 def _check_header(
     header: Mapping[str, tuple[str, tuple[int, ...]]], module: ZooModel, where: Path
 ) -> None:
@@ -199,10 +218,18 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.floa
         raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
     weights_path, config_path = _locate(Path(path))
     config = _read_config(config_path)
-    shapes = _build(config, config_path, meta=True)
+    header, params = None, None
     if weights_path.suffix.lower() == ".safetensors":
-        _check_header(safetensors_header(weights_path), shapes, weights_path)
-    params = load_params_file(weights_path)
+        header = safetensors_header(weights_path)  # reads the header only
+        _check_repeats(config, len(header), config_path)
+    else:
+        params = load_params_file(weights_path)  # a pickle has no header: bounded by its size
+        _check_repeats(config, len(params), config_path)
+    shapes = _build(config, config_path, meta=True)
+    if header is not None:
+        _check_header(header, shapes, weights_path)
+    if params is None:
+        params = load_params_file(weights_path)
     _check_layout(params, shapes, weights_path)
     expected = shapes.state_dict()
     for key, value in params.items():

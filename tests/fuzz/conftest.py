@@ -107,6 +107,9 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for name, hidden in (("big_config", [50000, 50000]), ("neg_config", [-5]),
                          ("huge_config", [10**30])):  # fmt: skip
         _variant(a, ck / name, config={**doc, "kwargs": {**doc["kwargs"], "hidden": hidden}})
+    gdoc = json.loads((_gpt2(ck / "gpt_src", 9) / "config.json").read_text())
+    _variant(ck / "gpt_src", ck / "gpt_layers",
+             config={**gdoc, "kwargs": {**gdoc["kwargs"], "n_layer": 10**12}})  # fmt: skip
     nested = _variant(a, ck / "nested")
     (nested / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     hugeint = _variant(a, ck / "hugeint")

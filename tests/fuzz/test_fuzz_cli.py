@@ -81,6 +81,8 @@ CASES = [
          "GiB available"),
     Case("train-width-1e12", [*TRAIN, "--width", str(10**12), "--out", "{o}"], 1,
          "GiB available"),
+    Case("config-trillion-layers", _barrier("gpt_src", "gpt_layers", data=TEXT + ",block=8"), 1,
+         "n_layer is 1000000000000, but the weights file holds only 16 tensors"),
     Case("config-is-dev-zero", _barrier("a", "devzero"), 1, "is a device"),
     Case("config-is-fifo", _barrier("a", "fifo"), 1, "is a FIFO"),
     Case("mnist-gzip-declares-7gb", [*TRAIN, "--data", "mnist:{w}/data/mnist_bomb", "--out",

@@ -21,6 +21,7 @@ from lmckit.models.registry import ModelConfig, build_module
 
 __all__ = [
     "ARCHITECTURES",
+    "MAX_LAYERS",
     "ModelOptions",
     "check_fits_in_memory",
     "memory_bytes",
@@ -31,6 +32,8 @@ __all__ = [
 #: Architectures :func:`sized_config` can size for a dataset.
 ARCHITECTURES = ("mlp", "vgg", "resnet20", "gpt2", "vit")
 _TRANSFORMERS = ("gpt2", "vit")
+#: Most layers a sized model may have (building even a shapes-only module loops per layer).
+MAX_LAYERS = 1024
 _NORMS = ("auto", "none", "batch", "layer", "group", "rms")
 
 
@@ -69,6 +72,9 @@ class ModelOptions:
     def __post_init__(self) -> None:
         for name in ("width", "depth", "n_layer", "n_head", "n_embd", "patch_size"):
             _positive(name, getattr(self, name))
+        for name in ("depth", "n_layer"):
+            if getattr(self, name) > MAX_LAYERS:
+                raise ValueError(f"{name} must be at most {MAX_LAYERS}, got {getattr(self, name)}")
         for name in ("n_inner", "context"):
             if getattr(self, name) is not None:
                 _positive(name, getattr(self, name))
