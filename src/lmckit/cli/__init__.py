@@ -18,6 +18,7 @@ Command names, options and output formats are a contract; keep them stable.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 import traceback
@@ -91,6 +92,8 @@ class LmckitGroup(click.Group):
         except _USER_ERRORS as err:
             raise click.ClickException(_message(err)) from None
         except OSError as err:
+            if err.errno == errno.EPIPE:
+                raise  # stdout closed (``lmckit ... | head``): click exits quietly
             # reads are reported by the library as ValueError; what is left is writing
             raise click.ClickException(f"could not write output: {err}") from None
         except (MemoryError, RuntimeError) as err:
