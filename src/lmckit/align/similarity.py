@@ -27,21 +27,41 @@ from lmckit.align.circuits import head_similarity_matrix, residual_circuit_simil
 from lmckit.groups.base import Subproblem
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
 
-__all__ = ["Subproblem", "fold_single_use_params", "space_problem", "space_similarity"]
+__all__ = [
+    "Subproblem",
+    "add_use_term",
+    "circuit_partners",
+    "circuit_terms",
+    "fold_single_use_params",
+    "space_problem",
+    "space_similarity",
+    "unit_major",
+]
 
 #: named tensors of one model (its float parameters)
 Named = Mapping[str, Tensor]
 
 
-def _unit_major(x: Tensor, use: Use, n: int) -> Tensor:
-    """``(n, -1)`` view of a parameter with the space's units first."""
+def unit_major(x: Tensor, use: Use, n: int) -> Tensor:
+    """``(n, K)`` matrix of a parameter with the space's units first (a view when the
+    layout allows, e.g. the transpose of a reader's weight; products take it as is)."""
     moved = x.movedim(use.axis % x.ndim, 0)
     blocked = moved.reshape(use.outer, n, -1)
     return blocked.transpose(0, 1).reshape(n, -1)
 
 
+def add_use_term(total: Tensor | None, a: Tensor, b: Tensor, use: Use, n: int) -> Tensor:
+    """``total + A_u B_u^T`` for parameters ``a`` (reference) and ``b`` (other, already
+    moved by the other spaces) of one use; ``total`` (if given) is updated in place."""
+    m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
+    a_mat, b_mat = unit_major(a, use, m), unit_major(b, use, n)
+    if total is None:
+        return a_mat @ b_mat.T
+    return total.addmm_(a_mat, b_mat.T)
+
+
 def _add(total: Tensor | None, term: Tensor) -> Tensor:
-    return term if total is None else total + term
+    return term if total is None else total.add_(term)
 
 
 def space_problem(
@@ -75,9 +95,9 @@ def space_problem(
     gram: Tensor | None = None
     sq_a: Tensor | None = None
     sq_b: Tensor | None = None
-    replaced: set[str] = set()
+    replaced: frozenset[str] = frozenset()
     if circuits and not group.least_squares:
-        sim, replaced = _circuit_terms(spec, space, ref, other, transform)
+        sim, replaced = circuit_terms(spec, space, ref, other, transform)
     for use in space.uses:
         if not use.compare or use.param in replaced:
             continue
@@ -87,15 +107,14 @@ def space_problem(
         # of a QK circuit): the term is the objective's linearisation at that element
         b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=use)
         a = ref[use.param]
-        b_mat = _unit_major(b, use, space.n)
-        m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
-        a_mat = _unit_major(a, use, m)
-        sim = _add(sim, a_mat @ b_mat.T)
+        sim = add_use_term(sim, a, b, use, space.n)
         if (with_gram or group.least_squares) and use.role == "write":
+            b_mat = unit_major(b, use, space.n)
             gram = _add(gram, b_mat @ b_mat.T)
         if group.needs_norms:
-            sq_a = _add(sq_a, a_mat.double().pow(2).sum(1))
-            sq_b = _add(sq_b, b_mat.double().pow(2).sum(1))
+            m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
+            sq_a = _add(sq_a, unit_major(a, use, m).double().pow(2).sum(1))
+            sq_b = _add(sq_b, unit_major(b, use, space.n).double().pow(2).sum(1))
     if sim is None:
         raise ValueError(f"space {space.name!r} has no use to compare the two models on")
     norms = None if sq_a is None or sq_b is None else (sq_a.sqrt(), sq_b.sqrt())
@@ -117,23 +136,18 @@ def space_similarity(
     return problem.sim, problem.gram
 
 
-def _circuit_terms(
-    spec: SymmetrySpec,
-    space: Space,
-    ref: Mapping[str, Tensor],
-    other: Mapping[str, Tensor],
-    transform: Transform,
-) -> tuple[Tensor | None, set[str]]:
-    """Circuit similarity of every head space that ``space`` feeds or is fed by.
+def circuit_partners(
+    spec: SymmetrySpec, space: Space
+) -> tuple[list[tuple[Space, bool, bool]], frozenset[str]]:
+    """Head spaces that ``space`` feeds (``inputs``) or is fed by (``outputs``).
 
-    Returns the summed ``(m, n)`` term (``None`` if no head space touches ``space``) and
-    the parameters whose raw uses it replaces.
+    Returns ``(heads, inputs, outputs)`` per such head space, and the parameters whose
+    raw uses of ``space`` their circuit terms replace.
     """
     reads = {u.param for u in space.uses if u.role == "read"}
     writes = {u.param for u in space.uses if u.role == "write"}
-    total: Tensor | None = None
+    partners: list[tuple[Space, bool, bool]] = []
     replaced: set[str] = set()
-    current: Tensor | None = None  # built only if a head space touches this space
     for heads in spec:
         c = heads.circuits
         if c is None or heads.name == space.name:
@@ -143,8 +157,28 @@ def _circuit_terms(
         if not (inputs or outputs):
             continue
         replaced |= (projections if inputs else set()) | ({c.output} if outputs else set())
+        partners.append((heads, inputs, outputs))
+    return partners, frozenset(replaced)
+
+
+def circuit_terms(
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+) -> tuple[Tensor | None, frozenset[str]]:
+    """Circuit similarity of every head space that ``space`` feeds or is fed by.
+
+    Returns the summed ``(m, n)`` term (``None`` if no head space touches ``space``) and
+    the parameters whose raw uses it replaces.
+    """
+    partners, replaced = circuit_partners(spec, space)
+    total: Tensor | None = None
+    current: Tensor | None = None  # built only if a head space touches this space
+    for heads, inputs, outputs in partners:
         if current is None:
-            device = ref[c.output].device
+            device = ref[heads.circuits.output].device  # type: ignore[union-attr]
             current = space.group.matrix(transform[space.name]).to(device, torch.float32)
         moved = {
             p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in heads.params
@@ -180,4 +214,6 @@ def fold_single_use_params(
         if space.group.least_squares or space.group.needs_norms or a.shape[0] <= a.shape[1]:
             continue
         ref[name] = torch.eye(a.shape[1], dtype=a.dtype, device=a.device)
-        other[name] = (a.double().T @ b.double()).to(b.dtype)
+        # one float32 product, like every similarity term (no float64 copies of a
+        # vocabulary-sized matrix)
+        other[name] = a.T @ b

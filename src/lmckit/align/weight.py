@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from lmckit.align.incremental import SimilarityCache
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.similarity import fold_single_use_params, space_problem, space_similarity
@@ -126,12 +127,24 @@ def _coordinate_descent(
     config: WeightMatchingConfig,
     generator: torch.Generator,
     bar: tqdm,
+    *,
+    cache: SimilarityCache | None = None,
 ) -> tuple[Transform, int, bool, list[float]]:
     """Sweep over ``names`` in random order until no space improves.
+
+    Each update costs the products of what moved since the space was last solved
+    (:class:`~lmckit.align.incremental.SimilarityCache`, built here unless given) and
+    one solve; a space none of whose inputs moved since its last solve is skipped, as
+    its solver would return the same element.
 
     Returns the transform, the number of sweeps, whether it converged, and the sum of
     the solved spaces' objectives after each sweep.
     """
+    if cache is None:
+        cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
+    deps = {name: sorted(cache.depends_on(name)) for name in names}
+    version = dict.fromkeys(spec.names, 0)  # bumped when a space's element changes
+    solved_at: dict[str, tuple[int, ...]] = {}  # versions of its inputs at its last solve
     transform = init
     current: dict[str, float] = {}
     history: list[float] = []
@@ -140,9 +153,10 @@ def _coordinate_descent(
         for idx in torch.randperm(len(names), generator=generator).tolist():
             space = spec[names[idx]]
             group = space.group
-            problem = space_problem(
-                spec, space, ref, other, transform, circuits=config.residual_circuits
-            )
+            inputs = tuple(version[d] for d in deps[space.name])
+            if solved_at.get(space.name) == inputs:
+                continue
+            problem = cache.problem(space, transform)
             element = group.solve_subproblem(problem)
             new = group.objective(element, problem.sim)
             old = group.objective(transform[space.name], problem.sim)
@@ -152,6 +166,8 @@ def _coordinate_descent(
                 gain = not group.close(element, transform[space.name])
             if gain:
                 transform = transform.replace(**{space.name: element})
+                version[space.name] += 1
+            solved_at[space.name] = inputs
             improved = improved or gain
             current[space.name] = new if gain else old
         history.append(sum(current.values()))
@@ -177,15 +193,41 @@ def space_objective(
     total = 0.0
     for use in (u for u in space.uses if u.compare):
         b = apply_to_param(spec, use.param, other[use.param], transform)
-        total += float((ref[use.param].double() * b.double()).sum())
+        total += _inner(ref[use.param], b)
     return total
+
+
+def _space_objectives(
+    spec: SymmetrySpec, names: Sequence[str], ref: Params, other: Params, transform: Transform
+) -> dict[str, float]:
+    """:func:`space_objective` of every space in ``names``, moving each parameter once."""
+    inner: dict[str, float] = {}
+    out = {}
+    for name in names:
+        space = spec[name]
+        if space.circuits is not None or space.group.least_squares:
+            out[name] = space_objective(spec, space, ref, other, transform)
+            continue
+        total = 0.0
+        for use in (u for u in space.uses if u.compare):
+            if use.param not in inner:
+                b = apply_to_param(spec, use.param, other[use.param], transform)
+                inner[use.param] = _inner(ref[use.param], b)
+            total += inner[use.param]
+        out[name] = total
+    return out
+
+
+def _inner(a: Tensor, b: Tensor) -> float:
+    """``<a, b>`` summed in float64 (no float64 copies of the operands)."""
+    return float((a * b).sum(dtype=torch.float64))
 
 
 def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
     total = 0.0
     for name in {u.param for s in spec for u in s.uses if u.compare}:
         b = apply_to_param(spec, name, other[name], transform)
-        total += float((ref[name].double() * b.double()).sum())
+        total += _inner(ref[name], b)
     return total
 
 
@@ -319,15 +361,16 @@ def weight_matching(
 
     bar = tqdm(desc="weight matching", unit="sweep", disable=not progress, leave=False)
     try:
+        cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
         best, sweeps, converged, history = _coordinate_descent(
-            spec, names, ref, other, base, config, generator, bar
+            spec, names, ref, other, base, config, generator, bar, cache=cache
         )
         best_total = _total(spec, ref, other, best) if config.restarts else 0.0
         for _ in range(config.restarts):
             draw = random_transform(spec, generator, widths=widths)
             init_r = base.replace(**{name: draw[name] for name in names})
             cand, s2, c2, h2 = _coordinate_descent(
-                spec, names, ref, other, init_r, config, generator, bar
+                spec, names, ref, other, init_r, config, generator, bar, cache=cache
             )
             total = _total(spec, ref, other, cand)
             if total > best_total:
@@ -335,13 +378,11 @@ def weight_matching(
     finally:
         bar.close()
 
-    diagnostics = {
-        name: SpaceDiagnostics(
-            space_objective(spec, spec[name], ref, other, start),
-            space_objective(spec, spec[name], ref, other, best),
-        )
-        for name in names
-    }
+    # identity elements left out: applying them would cost products for nothing
+    moved = Transform(spec, {s.name: start[s.name] for s in spec if widths[s.name] != s.n})
+    before = _space_objectives(spec, names, ref, other, moved)
+    after = _space_objectives(spec, names, ref, other, best)
+    diagnostics = {name: SpaceDiagnostics(before[name], after[name]) for name in names}
     return AlignmentResult(
         transform=best,
         spaces=diagnostics,

@@ -86,6 +86,11 @@ class Group(abc.ABC, Generic[E]):
     least_squares: ClassVar[bool] = False
     #: :meth:`solve` compares units by cosine and needs both models' unit norms.
     needs_norms: ClassVar[bool] = False
+    #: :meth:`act` only gathers along the axis (square index permutations): it works on
+    #: integer index tensors, so an aligner can follow where each slice of a parameter
+    #: came from and update a similarity by the slices that moved
+    #: (:mod:`lmckit.align.incremental`).
+    gathers: ClassVar[bool] = False
     #: activation matching solves this group on the cross-correlation (Pearson) or on
     #: the cross-covariance (what Procrustes wants: Pearson normalisation is not
     #: orthogonally equivariant).
@@ -176,8 +181,8 @@ class Group(abc.ABC, Generic[E]):
 
     def objective(self, element: E, sim: Tensor) -> float:
         """``<T, sim>`` for ``element``."""
-        mat = self.matrix(element).to(sim.device)
-        return float((mat * sim.double()).sum())
+        mat = self.matrix(element).to(sim.device)  # float64: the product is summed in it
+        return float((mat * sim).sum())
 
     def project(self, dense: Tensor) -> E:
         """The element nearest a dense ``(m, n)`` matrix: ``argmax_T <T, dense>``.

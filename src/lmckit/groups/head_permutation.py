@@ -60,8 +60,12 @@ class HeadPermutation(IndexPermutation):
         self._check(sim.shape[0])
         d = self.head_dim
         # head similarity: the within-head diagonal of each (head, head) block
-        blocks = sim.detach().cpu().double().reshape(self.heads, d, self.heads, d)
-        return assignment(torch.diagonal(blocks, dim1=1, dim2=3).sum(-1))
+        blocks = sim.detach().reshape(self.heads, d, self.heads, d)
+        return assignment(torch.diagonal(blocks, dim1=1, dim2=3).double().sum(-1))
+
+    def objective(self, element: Tensor, sim: Tensor) -> float:
+        rows = torch.arange(sim.shape[0], device=sim.device)
+        return float(sim[rows, self._expand(element.to(sim.device))].double().sum())
 
     def validate(self, element: object, n: int) -> None:
         self._check(n)

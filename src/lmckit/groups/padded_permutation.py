@@ -100,7 +100,7 @@ class PaddedPermutation(Group[PaddedPermutationElement]):
 
     def objective(self, element: PaddedPermutationElement, sim: Tensor) -> float:
         cols = torch.arange(sim.shape[1], device=sim.device)
-        return float(sim.double()[element.slots.to(sim.device), cols].sum())
+        return float(sim[element.slots.to(sim.device), cols].double().sum())
 
     def validate(self, element: object, n: int) -> None:
         if not isinstance(element, PaddedPermutationElement):

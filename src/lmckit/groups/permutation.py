@@ -18,6 +18,7 @@ class IndexPermutation(Group[Tensor]):
     composition by indexing, inversion by sorting, ``P^{-T} = P``."""
 
     self_dual = True
+    gathers = True
 
     def compose(self, second: Tensor, first: Tensor) -> Tensor:
         # (second @ first) h = second (first h): h''[i] = h'[second[i]] = h[first[second[i]]]
@@ -72,8 +73,9 @@ class Permutation(IndexPermutation):
         return block_assignment(problem.sim, self.blocks)
 
     def objective(self, element: Tensor, sim: Tensor) -> float:
+        # gather the n matched entries first: no float64 copy of the whole matrix
         rows = torch.arange(sim.shape[0], device=sim.device)
-        return float(sim.double()[rows, element.to(sim.device)].sum())
+        return float(sim[rows, element.to(sim.device)].double().sum())
 
     def soft_matrix(self, logits: Tensor, *, temperature: float, iters: int) -> Tensor | None:
         # a soft matrix over a block-structured space would mix units across blocks

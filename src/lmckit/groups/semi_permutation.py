@@ -157,7 +157,7 @@ class SemiPermutation(Group[SemiPermutationElement]):
 
     def objective(self, element: SemiPermutationElement, sim: Tensor) -> float:
         rows = torch.arange(sim.shape[0], device=sim.device)
-        picked = sim.double()[rows, element.assign.to(sim.device)]
+        picked = sim[rows, element.assign.to(sim.device)].double()
         return float((picked * element.coef.to(sim.device).double()).sum())
 
     def validate(self, element: object, n: int) -> None:

@@ -1,0 +1,244 @@
+"""Similarities kept across coordinate-descent updates, updated by what moved.
+
+Weight matching solves one space at a time on ``C_s = sum_u A_u B~_u^T``
+(:mod:`lmckit.align.similarity`), where ``B~_u`` is the other model's parameter with the
+other spaces' elements applied. From scratch that is one ``m x n x K_u`` product per use
+at every update, although between two updates of a space only a few of its neighbours'
+units have usually moved. When every other space on a use's parameter moves units by
+gathering (permutations, head permutations: :attr:`lmckit.groups.Group.gathers`),
+``B~_u`` is ``B_u`` indexed along each of its other axes, and if one axis's index map
+changed at positions ``J`` only, the term changes by a product of rank ``|J|``::
+
+    A_u B~_u,new^T = A_u B~_u,old^T + A_u[J] (B~_u,new[J] - B~_u,old[J])^T
+
+(slices along that axis; both sides laid out with the space's units first).
+:class:`SimilarityCache` keeps, per space, the sum of such terms and the index maps it
+was computed at. A space's other terms (next to orthogonal or invertible maps, attention
+circuits) are computed afresh at each update. After the first sweeps coordinate descent
+moves a few percent of a permutation per update, so most updates cost a small part of
+the full products. When more than half of the tracked columns moved, the sum is
+recomputed, which also discards the round-off that the updates accumulate.
+
+:meth:`SimilarityCache.depends_on` names the spaces whose elements a subproblem reads,
+so that coordinate descent can skip a space none of whose inputs changed since it was
+last solved: the (deterministic) solver would return the same element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from lmckit.align.similarity import (
+    add_use_term,
+    circuit_partners,
+    circuit_terms,
+    space_problem,
+)
+from lmckit.groups.base import Subproblem
+from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
+
+__all__ = ["MIN_COLUMNS", "REFRESH", "SimilarityCache"]
+
+#: a space's cached sum is recomputed once this fraction of its tracked columns moved
+REFRESH = 0.5
+#: a space whose trackable uses contract fewer columns in all keeps no cache (the cache
+#: costs one ``m x n`` matrix; such terms are cheaper to recompute)
+MIN_COLUMNS = 16
+
+
+@dataclass
+class _Tracked:
+    """A use whose other axes move by gathers: its term follows their index maps."""
+
+    use: Use
+    #: per gathered axis, the source position of each slice when the sum was computed
+    sources: dict[int, Tensor] = field(default_factory=dict)
+
+
+@dataclass
+class _Plan:
+    """How one space's similarity is built."""
+
+    tracked: list[_Tracked]
+    fresh: list[Use]
+    circuits: bool
+    cached: Tensor | None = None
+
+
+class SimilarityCache:
+    """The subproblems of a spec's spaces for one pair of models, kept between updates.
+
+    Args:
+        spec: the symmetry spec.
+        ref, other: the two models' float parameters (``other`` untransformed); read,
+            never written.
+        circuits: residual spaces see attention heads through their circuits
+            (:func:`lmckit.align.similarity.space_problem`).
+        budget: bytes the cached sums may take in all (default: the size of
+            ``other``); a space that does not fit is recomputed at every update.
+    """
+
+    def __init__(
+        self,
+        spec: SymmetrySpec,
+        ref: Mapping[str, Tensor],
+        other: Mapping[str, Tensor],
+        *,
+        circuits: bool = True,
+        budget: int | None = None,
+    ) -> None:
+        self.spec, self.ref, self.other, self.circuits = spec, ref, other, circuits
+        self._uses: dict[str, list[tuple[Space, Use]]] = {}
+        for space in spec:
+            for use in space.uses:
+                self._uses.setdefault(use.param, []).append((space, use))
+        if budget is None:
+            budget = sum(v.numel() * v.element_size() for v in other.values())
+        self._budget = budget
+        self._plans: dict[str, _Plan | None] = {}
+
+    # ------------------------------------------------------------------ structure
+
+    def depends_on(self, name: str) -> frozenset[str]:
+        """Spaces whose elements the subproblem of space ``name`` reads (itself among
+        them when its terms are linearised at its own element)."""
+        space = self.spec[name]
+        deps = {s.name for u in space.uses for s, v in self._uses[u.param] if v != u}
+        if self.circuits and space.circuits is None and not space.group.least_squares:
+            partners, _ = circuit_partners(self.spec, space)
+            if partners:
+                deps.add(name)
+                for heads, _, _ in partners:
+                    deps |= {s.name for p in heads.params for s, _ in self._uses[p]}
+        return frozenset(deps)
+
+    def _columns(self, use: Use, n: int) -> int:
+        """``K``: columns of the use's ``(n, K)`` unit-major matrix."""
+        return self.other[use.param].numel() // (use.outer * n * use.inner)
+
+    def _plan(self, space: Space) -> _Plan | None:
+        if space.name in self._plans:
+            return self._plans[space.name]
+        plan = None
+        group = space.group
+        if space.circuits is None and not (group.least_squares or group.needs_norms):
+            partners, replaced = (
+                circuit_partners(self.spec, space) if self.circuits else ([], frozenset())
+            )
+            tracked: list[Use] = []
+            fresh: list[Use] = []
+            for use in space.uses:
+                if not use.compare or use.param in replaced:
+                    continue
+                others = [s for s, v in self._uses[use.param] if v != use]
+                (tracked if all(s.group.gathers for s in others) else fresh).append(use)
+            first = self.ref[space.uses[0].param]
+            use0 = space.uses[0]
+            m = first.shape[use0.axis % first.ndim] // (use0.outer * use0.inner)
+            size = m * space.n * first.element_size()
+            columns = sum(self._columns(u, space.n) for u in tracked)
+            if columns < MIN_COLUMNS or size > self._budget:
+                fresh, tracked = fresh + tracked, []
+            else:
+                self._budget -= size
+            plan = _Plan([_Tracked(u) for u in tracked], fresh, bool(partners))
+        self._plans[space.name] = plan
+        return plan
+
+    # ------------------------------------------------------------------- problems
+
+    def problem(self, space: Space, transform: Transform) -> Subproblem:
+        """The subproblem of ``space`` under ``transform``'s other elements.
+
+        Same value as :func:`lmckit.align.similarity.space_problem` (to float32
+        round-off). The returned ``sim`` may be the cache's own matrix: read it before
+        the next call for this space, and do not modify it.
+        """
+        plan = self._plan(space)
+        if plan is None:  # least squares, unit norms, head circuits: from scratch
+            return space_problem(
+                self.spec, space, self.ref, self.other, transform, circuits=self.circuits
+            )
+        sim: Tensor | None = None
+        if plan.circuits:
+            sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform)
+        for use in plan.fresh:
+            b = apply_to_param(self.spec, use.param, self.other[use.param], transform, skip_use=use)
+            sim = add_use_term(sim, self.ref[use.param], b, use, space.n)
+        if plan.tracked:
+            cached = self._tracked_sum(space, plan, transform)
+            sim = cached if sim is None else sim.add_(cached)
+        if sim is None:
+            raise ValueError(f"space {space.name!r} has no use to compare the two models on")
+        return Subproblem(sim)
+
+    def _sources(self, use: Use, transform: Transform) -> dict[int, Tensor]:
+        """Per other axis of the use's parameter that a space acts on: the source
+        position of each slice of ``B~_u``."""
+        value = self.other[use.param]
+        out = {}
+        for space, other_use in self._uses[use.param]:
+            if other_use == use:
+                continue
+            axis = other_use.axis % value.ndim
+            index = torch.arange(value.shape[axis], device=value.device)
+            if space.name in transform.elements:
+                blocked = index.reshape(other_use.outer, space.n, other_use.inner)
+                moved = space.group.act(blocked, transform.elements[space.name], other_use.role)
+                index = moved.reshape(-1)
+            out[axis] = index
+        return out
+
+    def _tracked_sum(self, space: Space, plan: _Plan, transform: Transform) -> Tensor:
+        """The cached sum of the tracked terms, brought up to ``transform``."""
+        maps = [self._sources(t.use, transform) for t in plan.tracked]
+        if plan.cached is not None:
+            moved = total = 0
+            changes: list[tuple[_Tracked, int, Tensor, dict[int, Tensor]]] = []
+            many = False
+            for t, new in zip(plan.tracked, maps, strict=True):
+                columns = self._columns(t.use, space.n)
+                total += columns
+                diffs = [(ax, (new[ax] != t.sources[ax]).nonzero().squeeze(1)) for ax in new]
+                diffs = [(ax, j) for ax, j in diffs if j.numel()]
+                many = many or len(diffs) > 1
+                for ax, j in diffs:
+                    moved += columns * j.numel() // new[ax].numel()
+                    changes.append((t, ax, j, new))
+            if not many and moved < REFRESH * total:
+                for t, ax, j, new in changes:
+                    self._update(plan.cached, t, ax, j, new, space.n)
+                return plan.cached
+            plan.cached.zero_()
+        cached = plan.cached
+        for t, new in zip(plan.tracked, maps, strict=True):
+            b = _gather(self.other[t.use.param], new)
+            cached = add_use_term(cached, self.ref[t.use.param], b, t.use, space.n)
+            t.sources = new
+        plan.cached = cached
+        assert cached is not None
+        return cached
+
+    def _update(
+        self, cached: Tensor, t: _Tracked, axis: int, j: Tensor, new: dict[int, Tensor], n: int
+    ) -> None:
+        """Add the rank-``|j|`` change of one term whose ``axis`` map moved at ``j``."""
+        name = t.use.param
+        rest = {ax: index for ax, index in new.items() if ax != axis}
+        b = self.other[name]
+        after = _gather(b.index_select(axis, new[axis][j]), rest)
+        before = _gather(b.index_select(axis, t.sources[axis][j]), rest)
+        add_use_term(cached, self.ref[name].index_select(axis, j), after.sub_(before), t.use, n)
+        t.sources = new
+
+
+def _gather(x: Tensor, maps: Mapping[int, Tensor]) -> Tensor:
+    """``x`` indexed by ``maps`` (axis -> source positions), skipping identity maps."""
+    for axis, index in maps.items():
+        if not torch.equal(index, torch.arange(index.numel(), device=index.device)):
+            x = x.index_select(axis, index)
+    return x
