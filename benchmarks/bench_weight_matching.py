@@ -1,97 +1,202 @@
-"""Weight matching: lmckit vs a straightforward per-layer loop.
+"""Weight matching: lmckit vs git-re-basin-pytorch and PyPI ``rebasin``, same weights.
 
-Two independently initialised 784-4096-4096-4096-10 MLPs (the cost of a sweep does
-not depend on training). Both implementations run the same number of sweeps over
-the three hidden layers; we report seconds per sweep and their ratio, and check that
-both reach the same objective.
+Two MLPs 64 -> H x3 -> 10 (lmckit's zoo ``mlp``, seeds 0 and 1, random initialisation:
+the cost of a sweep does not depend on training), matched to convergence (at most
+``--max-iter`` sweeps) by
 
-The naive loop is what a short research script does: NumPy float64, dense
-permutation matrices multiplied into the weights, every layer's cost rebuilt from
-scratch.
+* lmckit ``weight_matching`` (with the assignment backend it finds: ``lapx`` if
+  installed, else SciPy), and with SciPy forced (``--scipy-row``);
+* git-re-basin-pytorch (themrzmaster): its ``utils/weight_matching.py`` loaded from the
+  checkout given by ``--grb`` (the repository is not vendored);
+* PyPI ``rebasin`` (snimu) ``PermutationCoordinateDescent`` on the same weights loaded
+  into two modules (its time includes tracing the model graph; its per-sweep time
+  does not).
 
-Run: .venv/bin/python benchmarks/bench_weight_matching.py [--width 4096] [--sweeps 2]
+Each implementation runs on the same weights, one after the other for each width, in
+one process; the final objective of each is ``sum_p <A_p, B'_p>`` over all parameters
+in float64. Prints one table and the ratios of lmckit to the fastest peer (total time,
+time per sweep) with the load average before and after.
+
+Run: ``python benchmarks/bench_weight_matching.py --grb ../ext/git-re-basin-pytorch
+[--widths 512 2048 4096] [--threads 2]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import copy
+import importlib.util
+import io
+import os
 import platform
+import re
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import NamedTuple
 
-import numpy as np
 import torch
-from scipy.optimize import linear_sum_assignment
+from torch import Tensor
 
+import lmckit
 from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.groups import _assignment
 from lmckit.models import create_model
 
+Params = dict[str, Tensor]
 
-def naive_weight_matching(wa: list[np.ndarray], wb: list[np.ndarray], ba, bb, sweeps: int):
-    """Per-layer loop with dense permutation matrices (float64)."""
-    layers = len(wa) - 1  # hidden layers
-    perms = [np.eye(wa[i].shape[0]) for i in range(layers)]
-    for _ in range(sweeps):
-        for i in range(layers):
-            prev = perms[i - 1] if i > 0 else np.eye(wa[0].shape[1])
-            nxt = perms[i + 1] if i + 1 < layers else np.eye(wa[-1].shape[0])
-            # incoming weights with the previous layer's permutation applied
-            w_in = wb[i] @ prev.T
-            cost = wa[i] @ w_in.T + np.outer(ba[i], bb[i])
-            # outgoing weights with the next layer's permutation applied
-            w_out = nxt @ wb[i + 1]
-            cost += wa[i + 1].T @ w_out
-            rows, cols = linear_sum_assignment(cost, maximize=True)
-            p = np.zeros_like(cost)
-            p[rows, cols] = 1.0
-            perms[i] = p
-    total = 0.0
-    for i in range(len(wa)):
-        prev = perms[i - 1] if i > 0 else np.eye(wa[0].shape[1])
-        nxt = perms[i] if i < layers else np.eye(wa[-1].shape[0])
-        total += float(np.sum(wa[i] * (nxt @ wb[i] @ prev.T)))
-        total += float(np.sum(ba[i] * (nxt @ bb[i])))
-    return perms, total
+
+class Row(NamedTuple):
+    name: str
+    seconds: float
+    sweeps: int
+    per_sweep: float
+    objective: float
+
+
+def objective(a: Params, b: Params) -> float:
+    return sum(float((a[k].double() * b[k].double()).sum()) for k in a)
+
+
+def run_lmckit(model, pa: Params, pb: Params, max_iter: int) -> tuple[float, int, Params]:
+    spec = model.symmetry_spec()  # inferred once per architecture, before the clock
+    start = time.perf_counter()
+    result = weight_matching(spec, pa, pb, WeightMatchingConfig(max_iter=max_iter))
+    aligned = lmckit.apply(spec, pb, result.transform)
+    return time.perf_counter() - start, result.iterations, aligned
+
+
+def load_grb(checkout: Path):
+    path = checkout / "utils" / "weight_matching.py"
+    spec = importlib.util.spec_from_file_location("grb_weight_matching", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_grb(grb, pa: Params, pb: Params, max_iter: int) -> tuple[float, int, Params]:
+    names = ["layers.0", "layers.1", "layers.2", "head"]
+    rename = {f"{n}.{w}": f"layer{i}.{w}" for i, n in enumerate(names) for w in ("weight", "bias")}
+    back = {v: k for k, v in rename.items()}
+    a = {rename[k]: v for k, v in pa.items()}
+    b = {rename[k]: v for k, v in pb.items()}
+    ps = grb.mlp_permutation_spec(num_hidden_layers=3)
+    log = io.StringIO()
+    torch.manual_seed(0)  # its sweep order comes from the global generator
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(log):  # it prints every update
+        perm = grb.weight_matching(ps, a, b, max_iter=max_iter)
+    aligned = grb.apply_permutation(ps, perm, b)
+    seconds = time.perf_counter() - start
+    sweeps = 1 + max(int(m) for m in re.findall(r"^(\d+)/", log.getvalue(), re.M))
+    return seconds, sweeps, {back[k]: v for k, v in aligned.items()}
+
+
+def run_rebasin(model, pa: Params, pb: Params, max_iter: int) -> tuple[float, int, Params]:
+    from rebasin import PermutationCoordinateDescent
+
+    model_a, model_b = copy.deepcopy(model), copy.deepcopy(model)
+    model_a.load_state_dict(pa)
+    model_b.load_state_dict(pb)
+    torch.manual_seed(0)
+    start = time.perf_counter()
+    pcd = PermutationCoordinateDescent(
+        model_a, model_b, torch.zeros(2, pa["layers.0.weight"].shape[1])
+    )
+    sweeps = 0
+    step = pcd._calculate_permutations_step
+
+    def counted(loop):
+        nonlocal sweeps
+        sweeps += 1
+        return step(loop)
+
+    pcd._calculate_permutations_step = counted  # type: ignore[method-assign]
+    pcd.calculate_permutations(max_iter)
+    pcd.apply_permutations()
+    seconds = time.perf_counter() - start
+    return seconds, sweeps, {k: v.detach() for k, v in model_b.state_dict().items()}
+
+
+def scipy_backend(fn: Callable) -> Callable:
+    def run(*args):
+        saved = _assignment._lapjvr
+        _assignment._lapjvr = None
+        try:
+            return fn(*args)
+        finally:
+            _assignment._lapjvr = saved
+
+    return run
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=int, default=4096)
-    parser.add_argument("--sweeps", type=int, default=2)
+    parser.add_argument("--grb", type=Path, required=True, help="git-re-basin-pytorch checkout")
+    parser.add_argument("--widths", type=int, nargs="+", default=[512, 2048, 4096])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-iter", type=int, default=100)
+    parser.add_argument("--no-rebasin", action="store_true", help="skip PyPI rebasin")
+    parser.add_argument("--scipy-row", action="store_true", help="also lmckit with SciPy")
     args = parser.parse_args()
-
-    kwargs = dict(in_features=784, hidden=[args.width] * 3, out_features=10)
-    model, pa = create_model("mlp", seed=0, **kwargs)
-    _, pb = create_model("mlp", seed=1, **kwargs)
-    spec = model.symmetry_spec()
-
-    start = time.perf_counter()
-    res = weight_matching(spec, pa, pb, WeightMatchingConfig(max_iter=args.sweeps))
-    sweeps = res.iterations  # fewer than asked if it converged first
-    ours = (time.perf_counter() - start) / sweeps
-    ours_total = sum(d.objective_after for d in res.spaces.values())
-
-    names = [f"layers.{i}" for i in range(3)] + ["head"]
-    wa = [pa[f"{n}.weight"].double().numpy() for n in names]
-    wb = [pb[f"{n}.weight"].double().numpy() for n in names]
-    ba = [pa[f"{n}.bias"].double().numpy() for n in names]
-    bb = [pb[f"{n}.bias"].double().numpy() for n in names]
-    start = time.perf_counter()
-    _, naive_total = naive_weight_matching(wa, wb, ba, bb, sweeps)
-    naive = (time.perf_counter() - start) / sweeps
-
+    torch.set_num_threads(args.threads)
+    grb = load_grb(args.grb)
+    runners: list[tuple[str, Callable]] = [
+        ("lmckit", lambda m, a, b: run_lmckit(m, a, b, args.max_iter)),
+        ("git-re-basin-pytorch", lambda m, a, b: run_grb(grb, a, b, args.max_iter)),
+    ]
+    if not args.no_rebasin:
+        runners.append(("rebasin (PyPI)", lambda m, a, b: run_rebasin(m, a, b, args.max_iter)))
+    if args.scipy_row:
+        runners.append(
+            (
+                "lmckit, SciPy assignment",
+                scipy_backend(lambda m, a, b: run_lmckit(m, a, b, args.max_iter)),
+            )
+        )
     print(
-        f"machine: {platform.machine()}, {torch.get_num_threads()} torch threads, "
-        f"torch {torch.__version__}, numpy {np.__version__}"
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} torch threads, "
+        f"torch {torch.__version__}, lmckit assignment backend: {_assignment.assignment_backend()}"
     )
-    print(f"MLP 784-{args.width}x3-10, {sweeps} sweeps each")
-    print(f"{'implementation':<28}{'s / sweep':>12}")
-    print(f"{'lmckit weight_matching':<28}{ours:>12.2f}")
-    print(f"{'naive per-layer loop':<28}{naive:>12.2f}")
-    print(f"speed-up: {naive / ours:.2f}x")
-    print(
-        f"(objective after matching — lmckit, per-space sums: {ours_total:.6g}; "
-        f"naive, whole network: {naive_total:.6g})"
-    )
+    warm = dict(in_features=64, hidden=[32] * 3, out_features=10)
+    model, pa = create_model("mlp", seed=0, **warm)
+    _, pb = create_model("mlp", seed=1, **warm)
+    for _, run in runners:  # imports, first calls: not timed
+        run(model, pa, pb)
+    for width in args.widths:
+        kwargs = dict(in_features=64, hidden=[width] * 3, out_features=10)
+        model, pa = create_model("mlp", seed=0, **kwargs)
+        _, pb = create_model("mlp", seed=1, **kwargs)
+        model.symmetry_spec()
+        load = os.getloadavg()[0]
+        rows = []
+        for name, run in runners:
+            seconds, sweeps, aligned = run(model, pa, pb)
+            rows.append(Row(name, seconds, sweeps, seconds / sweeps, objective(pa, aligned)))
+            print(f"  H={width} {name}: {seconds:.2f} s, {sweeps} sweeps", flush=True)
+        print(f"\nH = {width} (load average {load:.1f} before, {os.getloadavg()[0]:.1f} after)")
+        print(f"{'implementation':<28}{'total s':>10}{'sweeps':>8}{'s/sweep':>10}{'objective':>14}")
+        for r in rows:
+            print(
+                f"{r.name:<28}{r.seconds:>10.2f}{r.sweeps:>8d}{r.per_sweep:>10.3f}{r.objective:>14.4f}"
+            )
+        ours = rows[0]
+        peers = [r for r in rows if not r.name.startswith("lmckit")]
+        fastest = min(peers, key=lambda r: r.seconds)
+        fastest_sweep = min(peers, key=lambda r: r.per_sweep)
+        print(
+            f"ratio total time lmckit / fastest peer ({fastest.name}): "
+            f"{ours.seconds / fastest.seconds:.2f}; objective lmckit - peer: "
+            f"{ours.objective - fastest.objective:+.4f}"
+        )
+        print(
+            f"ratio s/sweep lmckit / fastest peer ({fastest_sweep.name}): "
+            f"{ours.per_sweep / fastest_sweep.per_sweep:.2f}\n",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -26,12 +26,13 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from lmckit.align.incremental import SimilarityCache
+from lmckit.align.objective import space_objective, space_objectives, total_objective
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.similarity import fold_single_use_params, space_problem, space_similarity
+from lmckit.align.similarity import fold_single_use_params, space_similarity
 from lmckit.data import Dataset
 from lmckit.params import IncompatibleModelsError, Params, check_compatible, check_finite
-from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param, random_transform
+from lmckit.symmetry import SymmetrySpec, Transform, random_transform
 
 __all__ = [
     "GIT_REBASIN",
@@ -178,59 +179,6 @@ def _coordinate_descent(
     return transform, config.max_iter, False, history
 
 
-def space_objective(
-    spec: SymmetrySpec, space: Space, ref: Params, other: Params, transform: Transform
-) -> float:
-    """The objective of one space under ``transform``.
-
-    For most groups ``sum_u <A_u, T(B)_u>`` over the space's compared uses, an
-    elementwise inner product that needs no ``n x n`` product; head spaces compared by
-    circuits and least-squares spaces report ``<T_s, C_s>`` of their subproblem.
-    """
-    if space.circuits is not None or space.group.least_squares:
-        sim = space_problem(spec, space, ref, other, transform).sim
-        return space.group.objective(transform[space.name], sim)
-    total = 0.0
-    for use in (u for u in space.uses if u.compare):
-        b = apply_to_param(spec, use.param, other[use.param], transform)
-        total += _inner(ref[use.param], b)
-    return total
-
-
-def _space_objectives(
-    spec: SymmetrySpec, names: Sequence[str], ref: Params, other: Params, transform: Transform
-) -> dict[str, float]:
-    """:func:`space_objective` of every space in ``names``, moving each parameter once."""
-    inner: dict[str, float] = {}
-    out = {}
-    for name in names:
-        space = spec[name]
-        if space.circuits is not None or space.group.least_squares:
-            out[name] = space_objective(spec, space, ref, other, transform)
-            continue
-        total = 0.0
-        for use in (u for u in space.uses if u.compare):
-            if use.param not in inner:
-                b = apply_to_param(spec, use.param, other[use.param], transform)
-                inner[use.param] = _inner(ref[use.param], b)
-            total += inner[use.param]
-        out[name] = total
-    return out
-
-
-def _inner(a: Tensor, b: Tensor) -> float:
-    """``<a, b>`` summed in float64 (no float64 copies of the operands)."""
-    return float((a * b).sum(dtype=torch.float64))
-
-
-def _total(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
-    total = 0.0
-    for name in {u.param for s in spec for u in s.uses if u.compare}:
-        b = apply_to_param(spec, name, other[name], transform)
-        total += _inner(ref[name], b)
-    return total
-
-
 def _check_rows(
     spec: SymmetrySpec, ref: Mapping[str, Tensor], name: str, rows: Tensor, what: str
 ) -> None:
@@ -365,14 +313,14 @@ def weight_matching(
         best, sweeps, converged, history = _coordinate_descent(
             spec, names, ref, other, base, config, generator, bar, cache=cache
         )
-        best_total = _total(spec, ref, other, best) if config.restarts else 0.0
+        best_total = total_objective(spec, ref, other, best) if config.restarts else 0.0
         for _ in range(config.restarts):
             draw = random_transform(spec, generator, widths=widths)
             init_r = base.replace(**{name: draw[name] for name in names})
             cand, s2, c2, h2 = _coordinate_descent(
                 spec, names, ref, other, init_r, config, generator, bar, cache=cache
             )
-            total = _total(spec, ref, other, cand)
+            total = total_objective(spec, ref, other, cand)
             if total > best_total:
                 best, best_total, sweeps, converged, history = cand, total, s2, c2, h2
     finally:
@@ -380,8 +328,8 @@ def weight_matching(
 
     # identity elements left out: applying them would cost products for nothing
     moved = Transform(spec, {s.name: start[s.name] for s in spec if widths[s.name] != s.n})
-    before = _space_objectives(spec, names, ref, other, moved)
-    after = _space_objectives(spec, names, ref, other, best)
+    before = space_objectives(spec, names, ref, other, moved)
+    after = space_objectives(spec, names, ref, other, best)
     diagnostics = {name: SpaceDiagnostics(before[name], after[name]) for name in names}
     return AlignmentResult(
         transform=best,

@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lmckit.groups.base import MatrixGroup, Subproblem, check_tensor
+from lmckit.groups.base import MatrixGroup, Role, Subproblem, check_tensor
 
 __all__ = ["ONE_THREAD_ENTRIES", "Orthogonal"]
 
@@ -72,6 +72,13 @@ class Orthogonal(MatrixGroup):
 
     def reader_matrix(self, element: Tensor) -> Tensor:
         return element.double()
+
+    def act(self, x: Tensor, element: Tensor, role: Role) -> Tensor:
+        # writers and readers are both contracted with O (self-dual); in x's dtype, with
+        # no float64 round trip of the element
+        if role == "elementwise":
+            raise ValueError(f"{self.name} cannot act on elementwise parameters")
+        return torch.matmul(element.to(device=x.device, dtype=x.dtype), x)
 
     def solve_subproblem(self, problem: Subproblem) -> Tensor:
         sim = problem.sim

@@ -1,0 +1,74 @@
+"""The weight-matching objective, measured: per space and in total.
+
+``sum_p <theta_a[p], T(theta_b)[p]>`` over the compared parameters, split by space for
+the diagnostics of an alignment (:class:`lmckit.align.result.SpaceDiagnostics`). Inner
+products are summed in float64 without float64 copies of the operands, and each
+parameter is moved by the transform once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from lmckit.align.similarity import space_problem
+from lmckit.params import Params
+from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param
+
+__all__ = ["inner", "space_objective", "space_objectives", "total_objective"]
+
+
+def space_objective(
+    spec: SymmetrySpec, space: Space, ref: Params, other: Params, transform: Transform
+) -> float:
+    """The objective of one space under ``transform``.
+
+    For most groups ``sum_u <A_u, T(B)_u>`` over the space's compared uses, an
+    elementwise inner product that needs no ``n x n`` product; head spaces compared by
+    circuits and least-squares spaces report ``<T_s, C_s>`` of their subproblem.
+    """
+    if space.circuits is not None or space.group.least_squares:
+        sim = space_problem(spec, space, ref, other, transform).sim
+        return space.group.objective(transform[space.name], sim)
+    total = 0.0
+    for use in (u for u in space.uses if u.compare):
+        b = apply_to_param(spec, use.param, other[use.param], transform)
+        total += inner(ref[use.param], b)
+    return total
+
+
+def space_objectives(
+    spec: SymmetrySpec, names: Sequence[str], ref: Params, other: Params, transform: Transform
+) -> dict[str, float]:
+    """:func:`space_objective` of every space in ``names``, moving each parameter once."""
+    per_param: dict[str, float] = {}
+    out = {}
+    for name in names:
+        space = spec[name]
+        if space.circuits is not None or space.group.least_squares:
+            out[name] = space_objective(spec, space, ref, other, transform)
+            continue
+        total = 0.0
+        for use in (u for u in space.uses if u.compare):
+            if use.param not in per_param:
+                b = apply_to_param(spec, use.param, other[use.param], transform)
+                per_param[use.param] = inner(ref[use.param], b)
+            total += per_param[use.param]
+        out[name] = total
+    return out
+
+
+def inner(a: Tensor, b: Tensor) -> float:
+    """``<a, b>`` summed in float64 (no float64 copies of the operands)."""
+    return float((a * b).sum(dtype=torch.float64))
+
+
+def total_objective(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
+    """``sum_p <A_p, T(B)_p>`` over every compared parameter (each counted once)."""
+    total = 0.0
+    for name in {u.param for s in spec for u in s.uses if u.compare}:
+        b = apply_to_param(spec, name, other[name], transform)
+        total += inner(ref[name], b)
+    return total
