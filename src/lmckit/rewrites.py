@@ -229,14 +229,18 @@ def embed_in_wider(
         raise ValueError(f"cannot embed width {n} into {width} (MLP {units[0].n} into {inner})")
     if isinstance(rotation, int):
         flat = spec.with_groups(**{residual.name: Orthogonal()})
-        rotation = random_transform(flat, rotation, widths={residual.name: width})[residual.name]  # type: ignore[assignment]
-    if tuple(rotation.shape) != (width, n):
-        raise ValueError(f"rotation must be ({width}, {n}), got {tuple(rotation.shape)}")
+        drawn = random_transform(flat, rotation, widths={residual.name: width})[residual.name]
+        assert isinstance(drawn, Tensor)
+        embedding = drawn
+    else:
+        embedding = rotation
+    if tuple(embedding.shape) != (width, n):
+        raise ValueError(f"rotation must be ({width}, {n}), got {tuple(embedding.shape)}")
     if not torch.allclose(
-        rotation.double().T @ rotation.double(), torch.eye(n, dtype=torch.float64), atol=1e-5
+        embedding.double().T @ embedding.double(), torch.eye(n, dtype=torch.float64), atol=1e-5
     ):
         raise ValueError("rotation must have orthonormal columns")
-    elements: dict[str, object] = {residual.name: rotation}
+    elements: dict[str, object] = {residual.name: embedding}
     scales: dict[str, float] = {}
     for space in heads:
         group = space.group

@@ -19,7 +19,7 @@ from lmckit.align.result import AlignmentResult
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import Metrics, PathResult
-from lmckit.hf import ZOO_CONVERSIONS, zoo_from_hf
+from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
 from lmckit.io import LoadedModel, model_format
 from lmckit.measure import (
     MERGE_METHOD_OF_FIX,
@@ -216,7 +216,10 @@ def _form(a: LoadedModel, b: LoadedModel, symmetry: str | None, circuits: bool) 
     try:
         return aligned_form(a.module, a.params, b.params, symmetry=symmetry, circuits=circuits)
     except ValueError as err:
-        convertible = a.format == "hf" and a.source.config.get("model_type") in ZOO_CONVERSIONS
+        source = a.source
+        convertible = (
+            isinstance(source, HFModel) and source.config.get("model_type") in ZOO_CONVERSIONS
+        )
         if symmetry != "orthogonal" or "LayerNorm" not in str(err) or not convertible:
             raise
     (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+from torch import nn
 
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
@@ -23,6 +24,7 @@ from lmckit.cli.common import (
     validate_data_spec,
 )
 from lmckit.io import LoadedModel, save_model
+from lmckit.models import ZooModel
 from lmckit.recipe import SYMMETRIES
 from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind
 
@@ -147,7 +149,7 @@ def command(
 def _write(
     path: str,
     like: LoadedModel,
-    module: object,
+    module: nn.Module,
     params: dict,
     same_architecture: bool,
     metadata: dict,
@@ -156,4 +158,5 @@ def _write(
     if same_architecture:
         save_model(path, like, params, metadata=metadata)
     else:
+        assert isinstance(module, ZooModel)  # a rewrite's new form is a zoo configuration
         save(path, module, params, metadata=metadata)

@@ -19,6 +19,7 @@ from lmckit.cli.common import (
 )
 from lmckit.io import model_format, save_model
 from lmckit.measure import evaluate_split
+from lmckit.outputs import OutputKind
 from lmckit.workflow import merge_pair
 
 __all__ = ["command"]
@@ -53,7 +54,7 @@ def command(
     threads: int | None,
 ) -> None:
     """Interpolate MODEL_A and MODEL_B (align B first with `lmckit align`), in their format."""
-    kind = "hf" if model_format(model_a) == "hf" else "checkpoint"
+    kind: OutputKind = "hf" if model_format(model_a) == "hf" else "checkpoint"
     check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)
     set_threads(threads)
     if reset_bn and do_repair:

@@ -181,6 +181,7 @@ class GPT2(ZooModel):
         self.n_layer, self.n_head, self.n_embd, self.n_inner = n_layer, n_head, n_embd, n_inner
         self.context, self.norm, self.tie_embeddings = context, norm, tie_embeddings
         self.layer_norm_epsilon, self.attention = layer_norm_epsilon, attention
+        self.vocab_size = vocab_size
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -210,8 +211,7 @@ class GPT2(ZooModel):
 
     def example_inputs(self) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(0)
-        vocab = self.transformer.wte.num_embeddings
-        return (torch.randint(0, vocab, (2, min(self.context, 8)), generator=gen),)
+        return (torch.randint(0, self.vocab_size, (2, min(self.context, 8)), generator=gen),)
 
     def repair_sites(self) -> list[str]:
         return [f"transformer.h.{i}.mlp.c_fc" for i in range(self.n_layer)]

@@ -63,6 +63,7 @@ class MLP(ZooModel):
         self.acts = nn.ModuleList(make_activation(activation) for _ in hidden)
         self.head = nn.Linear(widths[-1], out_features, bias=bias)
         self.hidden = list(hidden)
+        self.in_features = in_features
         self.norm = norm
 
     def forward(self, x: Tensor) -> Tensor:
@@ -73,7 +74,7 @@ class MLP(ZooModel):
 
     def example_inputs(self) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(0)
-        return (torch.randn(2, self.layers[0].in_features, generator=gen),)
+        return (torch.randn(2, self.in_features, generator=gen),)
 
     def repair_sites(self) -> list[str]:
         if self.norm == "none":

@@ -61,6 +61,8 @@ class ZooModel(nn.Module):
     """
 
     config: ModelConfig
+    #: The name the class is registered under (set by :func:`register_model`).
+    registry_name: ClassVar[str]
     #: Space names by the module path of the space's first writer, e.g.
     #: ``{"layers.{i}": "hidden.{i}"}`` (see :func:`lmckit.spec.infer_spec`).
     space_names: ClassVar[Mapping[str, str]] = {}
@@ -102,7 +104,7 @@ def register_model(name: str) -> Callable[[type[ZooModel]], type[ZooModel]]:
         if name in _MODELS:
             raise ValueError(f"model {name!r} is already registered")
         _MODELS[name] = cls
-        cls.registry_name = name  # type: ignore[attr-defined]
+        cls.registry_name = name
         return cls
 
     return deco

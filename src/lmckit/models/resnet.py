@@ -118,7 +118,12 @@ class ResNet20(ZooModel):
         return self.classifier(self.pool(x).flatten(1))
 
     def _blocks(self) -> list[tuple[int, int, BasicBlock]]:
-        return [(s, b, blk) for s, stage in enumerate(self.stages) for b, blk in enumerate(stage)]
+        blocks: list[tuple[int, int, BasicBlock]] = []
+        for s, stage in enumerate(self.stages):
+            for b, block in enumerate(stage):
+                assert isinstance(block, BasicBlock)
+                blocks.append((s, b, block))
+        return blocks
 
     def example_inputs(self) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(0)

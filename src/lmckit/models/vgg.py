@@ -45,7 +45,7 @@ class VGG(ZooModel):
         if not (isinstance(width_mult, int | float) and 0 < width_mult < float("inf")):
             raise ValueError(f"vgg: width_mult must be a positive number, got {width_mult!r}")
         self.norm = norm
-        self.image_size = image_size
+        self.image_size, self.in_channels = image_size, in_channels
         layers: list[nn.Module] = []
         #: ``(conv index, norm index, relu index, out channels)`` per conv, in order.
         self.conv_sites: list[tuple[int, int, int, int]] = []
@@ -79,9 +79,8 @@ class VGG(ZooModel):
 
     def example_inputs(self) -> tuple[Tensor, ...]:
         gen = torch.Generator().manual_seed(0)
-        conv = self.features[self.conv_sites[0][0]]
         size = self.image_size
-        return (torch.randn(2, conv.in_channels, size, size, generator=gen),)
+        return (torch.randn(2, self.in_channels, size, size, generator=gen),)
 
     def repair_sites(self) -> list[str]:
         pick = 0 if self.norm == "none" else 1

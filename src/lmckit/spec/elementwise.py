@@ -206,7 +206,8 @@ def _reduce(an: Analysis, node: Node, x: Value, dims: list[int], keepdim: bool, 
         an.lattice.lower(x.axes[d], Level.PERM, f"{what} reduces over the units")
     if kind == "max":
         an.lower([x], f"{what} acts unit by unit")
-    axes, src = [], []
+    axes: list[list[Var]] = []
+    src: list[frozenset[tuple[str, int]]] = []
     for i in range(x.ndim):
         if i in dims:
             if keepdim:

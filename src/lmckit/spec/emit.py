@@ -226,22 +226,24 @@ def _output_probes(an: Analysis, unit: Var, n: int, calls: dict[str, set[str]]) 
 def _back_to_linear(node: Node) -> tuple[Node, int, int] | None:
     """Walk back from an attention operand to the linear projection that made it."""
     block, blocks = 0, 1
-    while True:
-        op = _op(node)
+    current: object = node
+    while isinstance(current, Node):
+        op = _op(current)
         if op == "linear":
-            return node, block, blocks
+            return current, block, blocks
         if op == "getitem":
-            parent = node.args[0]
+            parent, index = current.args[0], current.args[1]
             if not isinstance(parent, Node) or _op(parent) not in ("split", "chunk"):
                 return None
-            block, blocks = int(node.args[1]), len(parent.meta["val"])
-            node = parent.args[0]
+            if not isinstance(index, int):
+                return None
+            block, blocks = index, len(parent.meta["val"])
+            current = parent.args[0]
         elif op in _TRANSPARENT or op in ("split", "chunk"):
-            node = node.args[0]
+            current = current.args[0]
         else:
             return None
-        if not isinstance(node, Node):
-            return None
+    return None
 
 
 def _forward_to_linear(node: Node) -> Node | None:
@@ -264,14 +266,17 @@ def _circuits(an: Analysis) -> dict[str, HeadCircuits]:
         output = _forward_to_linear(nodes[site.node])
         if any(f is None for f in found) or output is None:
             continue
-        parts, biases = [], []
-        for linear, block, blocks in found:  # type: ignore[misc]
+        parts: list[CircuitPart] = []
+        biases: list[CircuitPart | None] = []
+        for linear, block, blocks in (f for f in found if f is not None):
             weight, bias = linear.args[1], (linear.args[2] if len(linear.args) > 2 else None)
             if not isinstance(weight, Node) or weight.name not in params:
                 break
             parts.append(CircuitPart(params[weight.name], block, blocks))
-            has_bias = isinstance(bias, Node) and bias.name in params
-            biases.append(CircuitPart(params[bias.name], block, blocks) if has_bias else None)
+            if isinstance(bias, Node) and bias.name in params:
+                biases.append(CircuitPart(params[bias.name], block, blocks))
+            else:
+                biases.append(None)
         out_weight = output.args[1]
         if len(parts) != 3 or not isinstance(out_weight, Node) or out_weight.name not in params:
             continue

@@ -35,12 +35,15 @@ _ALONG = {"select", "slice", "mean", "sum"}
 
 def _spares_last_axis(node: Node) -> bool:
     """Whether ``node`` (select/slice/mean/sum) leaves its input's last axis alone."""
-    ndim = node.args[0].meta["val"].ndim  # type: ignore[union-attr]
+    source = node.args[0]
     dims = node.args[1] if len(node.args) > 1 else None
-    if dims is None:
+    if not isinstance(source, Node) or dims is None:
         return False
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    return all(d % ndim != ndim - 1 for d in dims)
+    ndim = source.meta["val"].ndim
+    wanted = [dims] if isinstance(dims, int) else dims if isinstance(dims, list | tuple) else None
+    if wanted is None or not all(isinstance(d, int) for d in wanted):
+        return False
+    return all(int(d) % ndim != ndim - 1 for d in wanted)
 
 
 @dataclass(frozen=True)
