@@ -120,6 +120,7 @@ class ResNet20(ZooModel):
     def _blocks(self) -> list[tuple[int, int, BasicBlock]]:
         blocks: list[tuple[int, int, BasicBlock]] = []
         for s, stage in enumerate(self.stages):
+            assert isinstance(stage, nn.ModuleList)
             for b, block in enumerate(stage):
                 assert isinstance(block, BasicBlock)
                 blocks.append((s, b, block))
