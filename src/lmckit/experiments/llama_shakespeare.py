@@ -40,14 +40,14 @@ PAPER = "Generalized LMC for Transformers (2025), Table 1 setting on a Llama-sty
 class LlamaShakespeareConfig:
     """The models, the data and the training (everything that fixes the results)."""
 
-    chars: int = 1_115_394
+    chars: int = 400_000
     block: int = 128
     hidden: int = 128
     layers: int = 4
     heads: int = 4
     kv_heads: int = 2
     inner: int = 384
-    epochs: int = 6
+    epochs: int = 3
     batch_size: int = 32
     lr: float = 3e-3
     weight_decay: float = 0.01
