@@ -146,35 +146,37 @@ def residual_circuit_similarity(
     """
     circuits, group = _check(space)
     h = group.heads
-    qa, qb = (projection(p, circuits.query, circuits.query_bias, h) for p in (ref, other))
-    ka, kb = (projection(p, circuits.key, circuits.key_bias, h) for p in (ref, other))
-    va, vb = (projection(p, circuits.value, circuits.value_bias, h) for p in (ref, other))
+    parts = [
+        (circuits.query, circuits.query_bias),
+        (circuits.key, circuits.key_bias),
+        (circuits.value, circuits.value_bias),
+    ]
+    # Q, K, V of every head stacked: (3, h, k, e); O: (h, d_out, k)
+    xa = torch.stack([projection(ref, w, b, h) for w, b in parts])
+    xb = torch.stack([projection(other, w, b, h) for w, b in parts])
     oa, ob = _output(ref, circuits, h), _output(other, circuits, h)
-    t = current.float().to(qa.device)
+    t = current.to(device=xa.device, dtype=xa.dtype)
     m, n = t.shape
-    grad = t.new_zeros(m, n)
-
-    def augmented(mat: Tensor) -> Tensor:
-        out = mat.new_zeros(mat.shape[0] + 1, mat.shape[1] + 1)
-        out[:-1, :-1] = mat
-        out[-1, -1] = 1.0
-        return out
-
-    t_in = augmented(t) if inputs else torch.eye(qa.shape[-1], device=qa.device)
-    t_out = t if outputs else torch.eye(oa.shape[1], device=qa.device)
-
-    def sandwich(x: Tensor, mid: Tensor, y: Tensor) -> Tensor:
-        # sum_h X_h^T Mid_h Y_h, ``X, Y: (h, k, e)``, ``Mid: (h, k, k)``
-        return torch.einsum("hae,hab,hbf->ef", x, mid, y)
-
+    k = xa.shape[2]
+    # X^a Ti for Q, K, V at once (one product; Ti = diag(T, 1) on the augmented inputs)
+    turned = xa
     if inputs:
-        # d/dTi of <QK^a, Ti QK^b Ti^T> = QK^a Ti QK^b^T + QK^a^T Ti QK^b, in low rank
-        kk = torch.einsum("hae,ef,hbf->hab", ka, t_in, kb)
-        qq = torch.einsum("hae,ef,hbf->hab", qa, t_in, qb)
-        oo = torch.einsum("hda,de,heb->hab", oa, t_out, ob)
-        g_in = sandwich(qa, kk, qb) + sandwich(ka, qq, kb) + sandwich(va, oo, vb)
+        turned = xa[..., :m] @ t
+        turned = torch.cat([turned, xa[..., m:]], dim=-1)
+    # per head: K^a Ti K^b^T, Q^a Ti Q^b^T, V^a Ti V^b^T  ->  (3, h, k, k)
+    grams = turned @ xb.transpose(-1, -2)
+    grad = t.new_zeros(m, n)
+    if inputs:
+        # d/dTi of <QK^a, Ti QK^b Ti^T> = QK^a Ti QK^b^T + QK^a^T Ti QK^b and of
+        # <OV^a, To OV^b Ti^T> = OV^a^T To OV^b, in low rank: sum over heads and parts of
+        # X^a^T M X^b with M = (K Ti K^T, Q Ti Q^T, O^T To O) for X = (Q, K, V)
+        o_turned = oa.transpose(1, 2) @ t if outputs else oa.transpose(1, 2)
+        mids = torch.stack([grams[1], grams[0], o_turned @ ob])
+        left = mids.transpose(-1, -2) @ xa  # (3, h, k, e_a): M^T X^a
+        g_in = left.reshape(3 * h * k, -1).T @ xb.reshape(3 * h * k, -1)
         grad += g_in[:m, :n]
     if outputs:
-        vv = torch.einsum("hae,ef,hbf->hab", va, t_in, vb)
-        grad += torch.einsum("hda,hab,heb->de", oa, vv, ob)
+        # d/dTo of <OV^a, To OV^b Ti^T> = sum_h O^a (V^a Ti V^b^T) O^b^T
+        z = oa @ grams[2]  # (h, d_out, k)
+        grad += z.transpose(0, 1).reshape(m, h * k) @ ob.transpose(0, 1).reshape(n, h * k).T
     return grad
