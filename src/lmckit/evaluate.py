@@ -17,15 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import Tensor, nn
-from torch.func import functional_call
-from tqdm.auto import tqdm
 
+from lmckit.batched import Batching, point_sums
 from lmckit.params import Params, check_compatible, interpolate
 from lmckit.task import CLASSIFICATION, Task
 
 __all__ = [
+    "Batching",
     "Metrics",
     "PathResult",
     "evaluate",
@@ -64,24 +63,17 @@ def evaluate(
     """Mean loss and metric of ``model`` run with ``params`` (eval mode) over ``batches``.
 
     Means are over units (examples, or tokens of a language model), however batched.
+    With a process group (:mod:`lmckit.distributed`) each process evaluates its share
+    of ``batches`` and every process returns the figures of all of them.
     """
-    was_training = model.training
-    model.eval()
-    total_loss = total_metric = 0.0
-    count = 0
-    try:
-        with torch.no_grad():
-            for x, y in batches:
-                outputs = functional_call(model, dict(params), (x,))
-                loss, metric, units = task.batch_totals(outputs, y)
-                total_loss += loss
-                total_metric += metric
-                count += units
-    finally:
-        model.train(was_training)
-    if count == 0:
+    sums, units = point_sums(model, 1, lambda _: dict(params), lambda: batches, task=task)
+    return _metrics(sums[0], units, task)
+
+
+def _metrics(sums: Tensor, units: int, task: Task) -> Metrics:
+    if units == 0:
         raise ValueError("no data to evaluate on")
-    return Metrics(total_loss / count, total_metric / count, task.metric_name)
+    return Metrics(float(sums[0]) / units, float(sums[1]) / units, task.metric_name)
 
 
 def linear_grid(points: int = 11) -> list[float]:
@@ -225,11 +217,16 @@ def evaluate_along(
     meta: Mapping[str, Any] | None = None,
     progress: bool = False,
     task: Task = CLASSIFICATION,
+    batching: Batching | None = None,
 ) -> PathResult:
     """Evaluate any path given as ``t -> theta(t)`` (a line, a curve) at ``ts``.
 
     One module serves every point: each ``theta(t)`` runs through it with
-    ``torch.func.functional_call``.
+    ``torch.func.functional_call``, all points at once through ``torch.func.vmap``
+    where ``batching`` says so and the module allows (:mod:`lmckit.batched`; the
+    numbers are the same either way). Each point is built once, in order of ``t``.
+    With a process group the batches are split across processes
+    (:mod:`lmckit.distributed`).
 
     Args:
         model: module of the architecture.
@@ -240,19 +237,26 @@ def evaluate_along(
         prepare: optional ``(theta_t, t) -> theta_t'`` applied at each point, e.g. a
             BatchNorm reset or REPAIR (see :mod:`lmckit.merge`).
         meta: copied into the result.
-        progress: progress bar over points.
+        progress: progress bar.
         task: loss and metric (default: cross-entropy and accuracy).
+        batching: how the points are run (default :class:`Batching`: batched on
+            accelerators, point by point on the CPU; ``precision`` for mixed precision).
 
     Raises:
         FloatingPointError: the loss is not finite at some point.
     """
     grid = path_grid(ts, points)
+
+    def theta(i: int) -> Params:
+        p = point(grid[i])
+        return p if prepare is None else prepare(p, grid[i])
+
+    sums, units = point_sums(
+        model, len(grid), theta, batches, task=task, batching=batching, progress=progress
+    )
     losses, values = [], []
-    for t in tqdm(grid, desc="path", unit="point", disable=not progress, leave=False):
-        theta = point(t)
-        if prepare is not None:
-            theta = prepare(theta, t)
-        m = evaluate(model, theta, batches(), task=task)
+    for t, row in zip(grid, sums, strict=True):
+        m = _metrics(row, units, task)
         if not math.isfinite(m.loss):
             raise FloatingPointError(f"loss is not finite at t={t}")
         losses.append(m.loss)
@@ -274,13 +278,15 @@ def evaluate_path(
     meta: Mapping[str, Any] | None = None,
     progress: bool = False,
     task: Task = CLASSIFICATION,
+    batching: Batching | None = None,
 ) -> PathResult:
     """Evaluate the linear path ``(1 - t) theta_a + t theta_b`` between two parameter sets.
 
     Args:
         model: module of the architecture.
         params_a, params_b: endpoints (A at t=0, B at t=1).
-        batches, ts, points, prepare, meta, progress, task: as for :func:`evaluate_along`.
+        batches, ts, points, prepare, meta, progress, task, batching: as for
+            :func:`evaluate_along`.
     """
     check_compatible(params_a, params_b)
     return evaluate_along(
@@ -293,4 +299,5 @@ def evaluate_path(
         meta=meta,
         progress=progress,
         task=task,
+        batching=batching,
     )

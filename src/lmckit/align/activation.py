@@ -26,6 +26,7 @@ from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.weight import GIT_REBASIN
 from lmckit.data import Dataset, batches
+from lmckit.distributed import any_rank, is_distributed, shard, sum_over_ranks, world
 from lmckit.params import Params, check_compatible, check_finite
 from lmckit.symmetry import SymmetrySpec, Transform
 
@@ -145,6 +146,9 @@ def collect_cross_statistics(
     space with several probes (a residual stream) pools the samples of all of them.
     With ``device``, the passes
     and the sums run there (on a copy of ``model``); the statistics stay there.
+    With a process group (:mod:`lmckit.distributed`) each process streams every
+    ``W``-th batch and the sums are added up over processes: every process returns the
+    statistics of all the batches (each process needs at least one).
     """
     names = list(spec.names if spaces is None else spaces)
     wanted = {}
@@ -186,7 +190,8 @@ def collect_cross_statistics(
     model.eval()
     try:
         with torch.no_grad():
-            for x in tqdm(inputs, desc="activation statistics", disable=not progress, leave=False):
+            local = shard(inputs)
+            for x in tqdm(local, desc="activation statistics", disable=not progress, leave=False):
                 x = x.to(dev)
                 captured.clear()
                 functional_call(model, params_a, (x,))
@@ -206,9 +211,31 @@ def collect_cross_statistics(
         for h in handles:
             h.remove()
         model.train(was_training)
+    if is_distributed():
+        _sum_over_ranks(stats)
     if not stats:
         raise ValueError("no input batches were given")
     return stats
+
+
+def _sum_over_ranks(stats: dict[str, CrossStatistics]) -> None:
+    """Replace each process's sums by the sums over all processes (one collective)."""
+    processes = world()[1]
+    if any_rank(not stats):  # all processes raise together, none waits forever
+        raise ValueError(
+            f"activation statistics over {processes} processes need at least {processes} "
+            "input batches (one per process)"
+        )
+    fields = ("sum_a", "sum_b", "sum_aa", "sum_bb", "sum_ab")
+    parts = []
+    for st in stats.values():
+        parts.append(torch.tensor([float(st.count)], dtype=torch.float64))
+        parts.extend(getattr(st, f) for f in fields)
+    summed = iter(sum_over_ranks(parts))
+    for st in stats.values():
+        st.count = int(round(float(next(summed))))
+        for f in fields:
+            setattr(st, f, next(summed))
 
 
 def _unit_similarity(sim: Tensor, n: int) -> Tensor:

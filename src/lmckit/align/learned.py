@@ -49,6 +49,7 @@ from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.weight import GIT_REBASIN, space_objective, weight_matching
 from lmckit.align.width import GENERALIZED_LMC
 from lmckit.data import Dataset, batches
+from lmckit.distributed import any_rank, rank_rows, shard, sum_gradients, sum_over_ranks
 from lmckit.groups import sinkhorn
 from lmckit.merge import has_batchnorm, reset_batchnorm
 from lmckit.params import Params, check_compatible, check_finite, interpolate
@@ -186,13 +187,14 @@ def _midpoint_loss(
     try:
         with torch.no_grad():
             # training-sized batches: a language model's logits are (batch, time, vocab)
-            for x, y in batches(val[0], val[1], config.batch_size, limit=config.val_batches):
+            for x, y in shard(batches(val[0], val[1], config.batch_size, limit=config.val_batches)):
                 x, y = x.to(device), y.to(device)
                 total += float(loss(functional_call(model, mid, (x,)), y)) * len(x)
                 count += len(x)
     finally:
         model.train(was_training)
-    return total / count
+    (sums,) = sum_over_ranks([torch.tensor([total, count], dtype=torch.float64)])
+    return float(sums[0]) / float(sums[1])
 
 
 def _to(params: Params, device: torch.device) -> Params:
@@ -318,7 +320,10 @@ def learned_matching(
             for xb, yb in batches(
                 train_x, train_y, config.batch_size, shuffle=True, generator=generator
             ):
-                xb, yb = xb.to(device), yb.to(device)
+                # processes take their rows and sum gradients; with BatchNorm (whole-batch
+                # statistics) each runs the whole batch and the gradients are averaged
+                share = slice(None) if batchnorm else rank_rows(len(xb))
+                xs, ys = xb[share].to(device), yb[share].to(device)
                 lam = config.lam_low + (config.lam_high - config.lam_low) * float(
                     torch.rand((), generator=generator)
                 )
@@ -343,18 +348,22 @@ def learned_matching(
                         theta[k] = ((1 - lam) * va + lam * moved[k]).detach().clone()
                     else:
                         theta[k] = (1 - lam) * va + lam * moved[k]
-                value = loss(functional_call(model, theta, (xb,)), yb)
+                opt.zero_grad(set_to_none=True)
+                value = torch.zeros((), device=device)
+                if len(xs):
+                    value = loss(functional_call(model, theta, (xs,)), ys)
+                    if len(xs) < len(xb):  # this process's part of the batch mean
+                        value = value * (len(xs) / len(xb))
+                    value.backward()
+                (value,) = sum_gradients(list(conts.values()), [value], mean=batchnorm)
                 if not torch.isfinite(value):
                     raise FloatingPointError(f"learned matching diverged at step {step}")
-                opt.zero_grad(set_to_none=True)
-                value.backward()
                 opt.step()
                 step += 1
                 bar.update(1)
                 bar.set_postfix(loss=f"{value.item():.4f}", best=f"{best_loss:.4f}")
-                out_of_time = (
-                    config.max_seconds is not None
-                    and time.perf_counter() - start > config.max_seconds
+                out_of_time = config.max_seconds is not None and any_rank(
+                    time.perf_counter() - start > config.max_seconds
                 )
                 if step % config.eval_every == 0 or step == config.steps or out_of_time:
                     candidate = hard_transform()

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
-from lmckit.evaluate import evaluate
+from lmckit.batched import Batching, point_sums
 from lmckit.params import Params, check_compatible, weighted_average
+from lmckit.task import CLASSIFICATION
 
 __all__ = [
     "MAX_SIMPLEX_POINTS",
@@ -222,8 +222,14 @@ def evaluate_simplex(
     prepare: PointFn | None = None,
     meta: Mapping[str, Any] | None = None,
     progress: bool = False,
+    batching: Batching | None = None,
 ) -> SimplexResult:
     """Evaluate every point of a barycentric grid over ``models``.
+
+    All points run through ``model`` at once through ``torch.func.vmap`` where
+    ``batching`` says so and the module allows, else one by one (same numbers; see
+    :mod:`lmckit.batched`); with a process group the batches are split across processes
+    (:mod:`lmckit.distributed`).
 
     Args:
         model: module of the architecture.
@@ -235,7 +241,8 @@ def evaluate_simplex(
         prepare: optional ``(theta_w, w) -> theta_w'`` at each point, e.g. a BatchNorm
             reset.
         meta: copied into the result.
-        progress: progress bar over points.
+        progress: progress bar.
+        batching: how the points are run (default :class:`lmckit.batched.Batching`).
     """
     if len(models) < 2:
         raise ValueError(f"a simplex needs at least 2 models, got {len(models)}")
@@ -249,14 +256,20 @@ def evaluate_simplex(
     for w in grid:
         if len(w) != len(models):
             raise ValueError(f"weights {w} do not have one entry per model ({len(models)})")
+
+    def theta(i: int) -> Params:
+        point = weighted_average(models, grid[i])
+        return point if prepare is None else prepare(point, grid[i])
+
+    sums, units = point_sums(
+        model, len(grid), theta, batches, task=CLASSIFICATION, batching=batching, progress=progress
+    )
+    if units == 0:
+        raise ValueError("no data to evaluate on")
     losses, accs = [], []
-    for w in tqdm(grid, desc="simplex", unit="point", disable=not progress, leave=False):
-        theta = weighted_average(models, w)
-        if prepare is not None:
-            theta = prepare(theta, w)
-        m = evaluate(model, theta, batches())
-        if not math.isfinite(m.loss):
+    for w, (loss, acc) in zip(grid, sums.tolist(), strict=True):
+        if not math.isfinite(loss):
             raise FloatingPointError(f"loss is not finite at weights {w}")
-        losses.append(m.loss)
-        accs.append(m.acc)
+        losses.append(loss / units)
+        accs.append(acc / units)
     return SimplexResult(grid, losses, accs, dict(meta or {}))
