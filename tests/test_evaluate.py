@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmckit.evaluate import Metrics, PathResult, evaluate, evaluate_path, linear_grid
+from lmckit.evaluate import Batching, Metrics, PathResult, evaluate, evaluate_path, linear_grid
 from lmckit.models import create_model
 from lmckit.params import IncompatibleModelsError, interpolate
 
@@ -189,3 +190,257 @@ def test_language_model_logits_are_flattened() -> None:
     m = evaluate(lm, params, [(x, y)])
     expected = F.cross_entropy(params["emb.weight"][x].reshape(-1, 5), y.reshape(-1))
     assert m.loss == pytest.approx(float(expected), rel=1e-5)
+
+
+# --------------------------------------------------------------------------- batched
+
+
+def _zoo_pair(name: str, **kw):
+    model, a = create_model(name, seed=0, **kw)
+    _, b = create_model(name, seed=1, **kw)
+    return model, a, b
+
+
+def _hf_gpt2_pair():
+    transformers = pytest.importorskip("transformers")
+    from transformers.utils import logging as hf_logging
+
+    from lmckit.params import module_params
+
+    config = transformers.GPT2Config(
+        vocab_size=40, n_positions=8, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
+    )
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            model = transformers.GPT2LMHeadModel(config)
+            a = module_params(model)
+            torch.manual_seed(1)
+            b = module_params(transformers.GPT2LMHeadModel(config))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return model, a, b
+
+
+def _images(channels: int, size: int, classes: int = 10):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(45, channels, size, size, generator=gen)
+    y = torch.randint(0, classes, (45,), generator=gen)
+    return [(x[:20], y[:20]), (x[20:40], y[20:40]), (x[40:], y[40:])]
+
+
+def _tokens(vocab: int, context: int):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, vocab, (7, context), generator=gen)
+    y = torch.randint(0, vocab, (7, context), generator=gen)
+    return [(x[:4], y[:4]), (x[4:], y[4:])]
+
+
+# (model, params a, params b, batches): one case per family the zoo and transformers give
+BATCHED_CASES = {
+    "mlp": lambda: (
+        *_zoo_pair("mlp", in_features=64, hidden=[16, 16], out_features=10),
+        _images(1, 8),
+    ),
+    "mlp-batchnorm": lambda: (
+        *_zoo_pair("mlp", in_features=64, hidden=[16, 16], out_features=10, norm="batch"),
+        _images(1, 8),
+    ),
+    "resnet20": lambda: (
+        *_zoo_pair("resnet20", in_channels=1, num_classes=10, width_mult=1),
+        _images(1, 8),
+    ),
+    "vit": lambda: (
+        *_zoo_pair(
+            "vit",
+            image_size=8,
+            patch_size=4,
+            in_channels=1,
+            num_classes=10,
+            width=16,
+            depth=2,
+            heads=2,
+        ),
+        _images(1, 8),
+    ),
+    "gpt2": lambda: (
+        *_zoo_pair("gpt2", vocab_size=40, n_layer=2, n_head=2, n_embd=16, context=8),
+        _tokens(40, 8),
+    ),
+    "hf-gpt2": lambda: (*_hf_gpt2_pair(), _tokens(40, 8)),
+}
+
+
+@pytest.mark.parametrize("case", list(BATCHED_CASES))
+def test_batched_path_equals_the_point_loop(case: str, caplog) -> None:
+    model, a, b, data = BATCHED_CASES[case]()
+    loop = evaluate_path(model, a, b, lambda: data, points=5, batching=Batching(mode="loop"))
+    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+        batched = evaluate_path(
+            model, a, b, lambda: data, points=5, batching=Batching(mode="batched")
+        )
+    assert "evaluated 5 points batched, 5 per call" in caplog.text  # no silent fallback
+    assert batched.loss == pytest.approx(loop.loss, rel=1e-5, abs=1e-5)
+    assert batched.acc == pytest.approx(loop.acc, abs=1e-5)
+    assert len(set(loop.loss)) > 1  # the points differ: each was run with its own weights
+
+
+def test_batched_in_chunks_and_under_a_memory_budget(caplog) -> None:
+    model, a, b, data = BATCHED_CASES["resnet20"]()
+    loop = evaluate_path(model, a, b, lambda: data, points=5, batching=Batching(mode="loop"))
+    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+        chunks = evaluate_path(
+            model, a, b, lambda: data, points=5, batching=Batching("batched", points_per_call=2)
+        )
+    assert "5 points batched, 2 per call" in caplog.text
+    assert chunks.loss == pytest.approx(loop.loss, rel=1e-5, abs=1e-5)
+    caplog.clear()
+    # room for the stacked parameters and two points' activations, not five
+    params = sum(v.numel() * v.element_size() for v in a.values())
+    budget = 2 * 5 * params + 2 * 4 * 20 * 16 * 8 * 8 * 4
+    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+        fitted = evaluate_path(
+            model, a, b, lambda: data, points=5, batching=Batching("batched", memory_bytes=budget)
+        )
+    assert "5 points batched, 2 per call" in caplog.text
+    assert fitted.loss == pytest.approx(loop.loss, rel=1e-5, abs=1e-5)
+    with caplog.at_level(logging.INFO, logger="lmckit.batched"):
+        tiny = evaluate_path(
+            model, a, b, lambda: data, points=5, batching=Batching("batched", memory_bytes=1000)
+        )
+    assert "point by point" in caplog.text and "do not fit" in caplog.text
+    assert tiny.loss == loop.loss
+
+
+class _ItemBranch(nn.Module):
+    """Data-dependent control flow on activations (``.item()``): vmap cannot run it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h if h.sum().item() > -1e9 else -h
+
+
+class _CountingBuffer(nn.Module):
+    """Adds each batch's mean activation to a buffer in place: vmap cannot batch it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.register_buffer("seen", torch.zeros(()), persistent=False)
+
+    def forward(self, x):
+        h = self.fc(x)
+        self.seen.add_(h.mean())
+        return h
+
+
+@pytest.mark.parametrize("cls", [_ItemBranch, _CountingBuffer])
+def test_modules_vmap_cannot_run_fall_back_to_the_loop(cls, caplog) -> None:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, other = cls(), cls()
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    b = {k: v.detach().clone() for k, v in other.state_dict().items()}
+    gen = torch.Generator().manual_seed(0)
+    data = [(torch.randn(10, 4, generator=gen), torch.randint(0, 3, (10,), generator=gen))]
+    loop = evaluate_path(model, a, b, lambda: data, points=4, batching=Batching(mode="loop"))
+    with caplog.at_level(logging.WARNING, logger="lmckit.batched"):
+        batched = evaluate_path(
+            model, a, b, lambda: data, points=4, batching=Batching(mode="batched")
+        )
+    assert "evaluating point by point: vmap cannot run the module" in caplog.text
+    assert batched.loss == pytest.approx(loop.loss, rel=1e-6)
+
+
+def test_batched_with_a_batchnorm_reset_at_each_point(caplog) -> None:
+    from lmckit.merge import reset_prepare
+
+    model, a, b, data = BATCHED_CASES["resnet20"]()
+    inputs = lambda: [x for x, _ in data]  # noqa: E731
+    seen: list[float] = []
+
+    def prepare(theta, t):
+        seen.append(t)
+        return reset_prepare(model, inputs)(theta, t)
+
+    loop = evaluate_path(
+        model, a, b, lambda: data, points=3, prepare=prepare, batching=Batching(mode="loop")
+    )
+    assert seen == [0.0, 0.5, 1.0]
+    seen.clear()
+    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+        batched = evaluate_path(
+            model, a, b, lambda: data, points=3, prepare=prepare, batching=Batching("batched")
+        )
+    assert "evaluated 3 points batched" in caplog.text
+    assert seen == [0.0, 0.5, 1.0]  # each point prepared once, in order
+    assert batched.loss == pytest.approx(loop.loss, rel=1e-5, abs=1e-5)
+
+
+def test_mixed_precision_runs_the_forward_in_bfloat16(caplog) -> None:
+    class Recording(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = nn.Linear(64, 10)
+            self.dtypes: set[torch.dtype] = set()
+
+        def forward(self, x):
+            h = self.fc(x.flatten(1))
+            self.dtypes.add(h.dtype)
+            return h
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model, other = Recording(), Recording()
+    a = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    b = {k: v.detach().clone() for k, v in other.state_dict().items()}
+    data = _images(1, 8)
+    full = evaluate_path(model, a, b, lambda: data, points=3, batching=Batching("batched"))
+    assert model.dtypes == {torch.float32}
+    model.dtypes.clear()
+    with caplog.at_level(logging.WARNING, logger="lmckit.batched"):
+        half = evaluate_path(
+            model, a, b, lambda: data, points=3, batching=Batching("batched", precision="bfloat16")
+        )
+    # CPU autocast skips vmap's batched products: the points run one by one, in bfloat16
+    assert "autocast does not reach" in caplog.text
+    assert model.dtypes == {torch.bfloat16}
+    # bfloat16 keeps ~3 significant digits: close to the float32 figures, not equal
+    assert half.loss == pytest.approx(full.loss, rel=2e-2)
+    assert half.loss != full.loss
+
+
+def test_batched_non_finite_point_and_settings_errors(caplog) -> None:
+    module, params = create_model("mlp", seed=0, in_features=4, hidden=[6], out_features=3)
+    data = [(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long))]
+    broken = dict(params)
+    broken["head.bias"] = torch.full((3,), float("inf"))  # 0 * inf: NaN already at t = 0
+    with caplog.at_level(logging.WARNING, logger="lmckit.batched"):
+        with pytest.raises(FloatingPointError, match="not finite at t=0.0"):
+            evaluate_path(
+                module, params, broken, lambda: data, points=3, batching=Batching("batched")
+            )
+    assert not caplog.text  # NaN both ways is no reason to fall back
+    with pytest.raises(ValueError, match="no data"):
+        evaluate_path(module, params, params, lambda: [], batching=Batching("batched"))
+    with pytest.raises(ValueError, match="mode must be"):
+        Batching(mode="vmap")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="points_per_call"):
+        Batching(points_per_call=0)
+    with pytest.raises(ValueError, match="precision"):
+        Batching(precision="int8")  # type: ignore[arg-type]
+
+
+def test_auto_runs_point_by_point_on_the_cpu(caplog) -> None:
+    model, a, b, data = BATCHED_CASES["mlp"]()
+    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+        auto = evaluate_path(model, a, b, lambda: data, points=3)
+    assert "batched" not in caplog.text
+    loop = evaluate_path(model, a, b, lambda: data, points=3, batching=Batching(mode="loop"))
+    assert auto.loss == loop.loss  # the same computation, to the bit

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import warnings
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -73,7 +74,9 @@ class Batching:
         memory_bytes: what batching may use for stacked parameters and activations;
             ``None``: :data:`CPU_MEMORY_BYTES` on the CPU, half the free memory on CUDA.
         precision: ``float32`` (default), or ``bfloat16`` / ``float16`` to run forward
-            passes under ``torch.autocast`` (meant for GPUs; sums stay float64).
+            passes under ``torch.autocast`` (meant for GPUs; sums stay float64). On the
+            CPU autocast does not reach ``vmap``'s batched products, so there mixed
+            precision runs point by point.
     """
 
     mode: Mode = "auto"
@@ -205,14 +208,17 @@ def _batched(
     first = next(it, None)
     made.append(point(0))
     device = _device(model, made[0])
+    if batching.precision != "float32" and device.type == "cpu":
+        # CPU autocast leaves matmul alone, and vmap runs linear layers as matmuls
+        raise _Fallback("autocast does not reach vmap's batched products on the CPU")
     if first is None:  # this process has no batches: nothing to add
         return torch.zeros(count, 2, dtype=torch.float64), 0
     point_bytes = sum(v.numel() * v.element_size() for v in made[0].values())
     budget = _budget(device, batching)
     if 2 * count * point_bytes > budget:
         raise _Fallback(
-            f"{count} points' stacked parameters ({count * point_bytes:,} bytes) do not fit "
-            f"half the memory budget ({budget:,} bytes)"
+            f"{count} points and their stacked copy ({2 * count * point_bytes:,} bytes) do "
+            f"not fit the memory budget ({budget:,} bytes)"
         )
     x, y = first[0].to(device), first[1].to(device)
     probe: list[Tensor] = []
@@ -222,7 +228,8 @@ def _batched(
             probe.append(_sums(task, functional_call(model, made[0], (x,)), y)[0])
 
     act = _largest_output(model, run_probe)
-    per_call = batching.points_per_call or (budget - count * point_bytes) // max(
+    # the points and their stacked copy take 2 * count * point_bytes; activations the rest
+    per_call = batching.points_per_call or (budget - 2 * count * point_bytes) // max(
         1, _ACTIVATION_FACTOR * act
     )
     per_call = min(count, per_call)
@@ -263,7 +270,10 @@ def _check_probe(plain: float, batched: float, precision: Precision) -> None:
     # the first point ran both ways on the first batch: a module whose batched run
     # differs from its plain one (beyond rounding) is run point by point instead
     rtol = 1e-3 if precision == "float32" else 5e-2
-    if not abs(batched - plain) <= rtol * max(1.0, abs(plain)):
+    if not math.isfinite(plain):  # NaN or inf both ways: reported by the caller
+        if math.isfinite(batched):
+            raise _Fallback(f"the batched loss {batched} is finite, the plain one {plain} not")
+    elif not abs(batched - plain) <= rtol * max(1.0, abs(plain)):
         raise _Fallback(f"the batched loss {batched} differs from the plain one {plain}")
 
 

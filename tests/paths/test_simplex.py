@@ -98,3 +98,24 @@ def test_plot_simplex_writes_a_png(tmp_path: Path) -> None:
     two = SimplexResult(simplex_grid(2, 2), [1.0, 2.0, 1.0], [1.0, 1.0, 1.0])
     with pytest.raises(ValueError, match="3 models"):
         plot_simplex({"two": two}, tmp_path / "bad.png")
+
+
+def test_batched_grid_equals_the_point_loop(mlp_pair, digits: Dataset, caplog) -> None:
+    import logging
+
+    from lmckit.batched import Batching
+
+    model, a, b, _ = mlp_pair
+    c = {k: v.flip(0) if v.ndim else v for k, v in a.items()}  # a third, different model
+    test = lambda: batches(digits.x_test, digits.y_test, 100)  # noqa: E731
+    loop = evaluate_simplex(model, [a, b, c], test, resolution=3, batching=Batching("loop"))
+    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+        batched = evaluate_simplex(
+            model, [a, b, c], test, resolution=3, batching=Batching("batched", points_per_call=4)
+        )
+    assert "evaluated 10 points batched, 4 per call" in caplog.text
+    assert batched.weights == loop.weights
+    assert batched.loss == pytest.approx(loop.loss, rel=1e-5, abs=1e-5)
+    assert batched.acc == pytest.approx(loop.acc, abs=1e-5)
+    assert batched.barrier_loss == pytest.approx(loop.barrier_loss, abs=1e-5)
+    assert loop.barrier_loss > 0.01  # a real barrier, not a flat grid
