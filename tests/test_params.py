@@ -79,3 +79,16 @@ def test_weighted_average_errors() -> None:
         weighted_average([], [])
     with pytest.raises(IncompatibleModelsError, match="'w'"):
         weighted_average([_params(3), _params(4)], [0.5, 0.5])
+
+
+def test_public_names_are_lazy_and_complete() -> None:
+    import subprocess
+    import sys
+
+    import lmckit
+
+    assert lmckit.__all__ == sorted(lmckit._EXPORTS)
+    assert all(getattr(lmckit, name) is not None for name in lmckit.__all__)
+    code = "import sys, lmckit, lmckit.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"  # the command line starts without PyTorch

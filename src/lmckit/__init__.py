@@ -1,67 +1,137 @@
-"""lmckit: align, merge and measure linear mode connectivity between neural networks."""
+"""lmckit: align, merge and measure linear mode connectivity between neural networks.
 
-from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
-from lmckit.evaluate import PathResult, evaluate, evaluate_path
-from lmckit.hf import from_hf
-from lmckit.io import LoadedModel, load_model, save_model
-from lmckit.params import Params, check_compatible, interpolate, module_params, weighted_average
-from lmckit.recipe import AlignForm, aligned_form
-from lmckit.spec import (
-    SpecCheckError,
-    SpecInferenceError,
-    SymmetryAnalysis,
-    analyze_symmetries,
-    check_spec,
-    infer_spec,
-)
-from lmckit.symmetry import (
-    HeadPermutation,
-    Invertible,
-    Orthogonal,
-    Permutation,
-    SemiPermutation,
-    Space,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply,
-    random_transform,
-)
+The names below are imported on first use (PEP 562): ``import lmckit`` itself is
+instant, so the command line starts without loading PyTorch until a command needs it
+(and an interrupt during start-up is handled like any other).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+    from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
+    from lmckit.evaluate import PathResult, evaluate, evaluate_path
+    from lmckit.hf import from_hf
+    from lmckit.io import LoadedModel, load_model, save_model
+    from lmckit.params import (
+        Params,
+        check_compatible,
+        interpolate,
+        module_params,
+        weighted_average,
+    )
+    from lmckit.recipe import AlignForm, aligned_form
+    from lmckit.spec import (
+        SpecCheckError,
+        SpecInferenceError,
+        SymmetryAnalysis,
+        analyze_symmetries,
+        check_spec,
+        infer_spec,
+    )
+    from lmckit.symmetry import (
+        HeadPermutation,
+        Invertible,
+        Orthogonal,
+        Permutation,
+        SemiPermutation,
+        Space,
+        SymmetrySpec,
+        Transform,
+        Use,
+        apply,
+        random_transform,
+    )
+
+#: Public name -> the module that defines it.
+_EXPORTS = {
+    **dict.fromkeys(["Checkpoint", "CheckpointError", "load", "save"], "lmckit.checkpoint"),
+    **dict.fromkeys(["PathResult", "evaluate", "evaluate_path"], "lmckit.evaluate"),
+    "from_hf": "lmckit.hf",
+    **dict.fromkeys(["LoadedModel", "load_model", "save_model"], "lmckit.io"),
+    **dict.fromkeys(
+        ["Params", "check_compatible", "interpolate", "module_params", "weighted_average"],
+        "lmckit.params",
+    ),
+    **dict.fromkeys(["AlignForm", "aligned_form"], "lmckit.recipe"),
+    **dict.fromkeys(
+        [
+            "SpecCheckError",
+            "SpecInferenceError",
+            "SymmetryAnalysis",
+            "analyze_symmetries",
+            "check_spec",
+            "infer_spec",
+        ],
+        "lmckit.spec",
+    ),
+    **dict.fromkeys(
+        [
+            "HeadPermutation",
+            "Invertible",
+            "Orthogonal",
+            "Permutation",
+            "SemiPermutation",
+            "Space",
+            "SymmetrySpec",
+            "Transform",
+            "Use",
+            "apply",
+            "random_transform",
+        ],
+        "lmckit.symmetry",
+    ),
+}
 
 __all__ = [
     "AlignForm",
-    "SpecCheckError",
-    "SpecInferenceError",
-    "SymmetryAnalysis",
-    "aligned_form",
-    "analyze_symmetries",
-    "check_spec",
-    "infer_spec",
-    "module_params",
     "Checkpoint",
     "CheckpointError",
-    "LoadedModel",
-    "from_hf",
-    "load_model",
-    "save_model",
-    "PathResult",
-    "evaluate",
-    "evaluate_path",
-    "load",
-    "save",
     "HeadPermutation",
     "Invertible",
+    "LoadedModel",
     "Orthogonal",
     "Params",
+    "PathResult",
     "Permutation",
     "SemiPermutation",
     "Space",
+    "SpecCheckError",
+    "SpecInferenceError",
+    "SymmetryAnalysis",
     "SymmetrySpec",
     "Transform",
     "Use",
+    "aligned_form",
+    "analyze_symmetries",
     "apply",
     "check_compatible",
+    "check_spec",
+    "evaluate",
+    "evaluate_path",
+    "from_hf",
+    "infer_spec",
     "interpolate",
+    "load",
+    "load_model",
+    "module_params",
     "random_transform",
+    "save",
+    "save_model",
     "weighted_average",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'lmckit' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

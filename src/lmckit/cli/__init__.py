@@ -101,7 +101,7 @@ class LmckitGroup(click.Group):
                 raise
             raise click.ClickException(f"out of memory: {_message(err)}") from None
 
-    def main(  # type: ignore[override]
+    def main(
         self,
         args: Any = None,
         prog_name: str | None = None,
