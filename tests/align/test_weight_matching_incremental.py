@@ -180,3 +180,21 @@ def test_no_cache_budget_gives_the_same_answer(monkeypatch) -> None:
     assert bare.iterations == full.iterations
     for name in spec.names:
         assert torch.equal(bare.transform[name], full.transform[name])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("case", ["mlp", "gpt2-perm", "gpt2-orth"])
+def test_cuda_products_give_the_cpu_answer(case: str) -> None:
+    # similarities (and their cached updates) on the GPU, solvers on the CPU
+    spec, ref, other = _pair(case)
+    on_cpu = weight_matching(spec, ref, other, seed=4)
+    on_gpu = weight_matching(spec, ref, other, seed=4, device="cuda")
+    assert on_gpu.iterations == on_cpu.iterations or case == "gpt2-orth"
+    for space in spec:
+        got, want = on_gpu.transform[space.name], on_cpu.transform[space.name]
+        assert got.device.type == "cpu"
+        if space.group.gathers and case != "gpt2-orth":
+            assert torch.equal(got, want), space.name
+    assert _total(spec, ref, other, on_gpu.transform) == pytest.approx(
+        _total(spec, ref, other, on_cpu.transform), rel=1e-5
+    )
