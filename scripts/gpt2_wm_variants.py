@@ -3,7 +3,7 @@
 Measures the test loss barrier (11 points) between two GPT-2s on Tiny Shakespeare after
 orthogonal weight matching in several variants: the default (heads seen by the residual
 through QK/OV circuits), the default followed by within-head basis alignment
-(``match_head_bases``), raw head weights, the residual matched on the embeddings and LM
+(``head_bases_matching``), raw head weights, the residual matched on the embeddings and LM
 head alone, embedding/LM-head rows weighted by sqrt(token frequency), and both models in
 circuit form (``aligned_form(..., circuits=True)``: heads interpolated as QK/OV
 circuits, as the paper's code does), orthogonal and permutations only, with and without
@@ -44,7 +44,7 @@ from lmckit import checkpoint
 from lmckit.align import (
     LearnedMatchingConfig,
     WeightMatchingConfig,
-    align_head_bases,
+    head_bases_matching,
     learned_matching,
     weight_matching,
 )
@@ -280,7 +280,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         print(f"{pair}: WM orthogonal, {name}: barrier {barrier(moved):.4f}, {seconds:.1f} s")
         if name.startswith("default"):
-            based = align_head_bases(spec, a, moved)
+            based = head_bases_matching(spec, a, moved).apply(moved)
             print(f"{pair}: WM orthogonal, default + head bases: barrier {barrier(based):.4f}")
     circuit_form = aligned_form(rms, a, b, circuits=True)
     circuits, ca, cb = circuit_form.module, circuit_form.a, circuit_form.b
@@ -308,7 +308,7 @@ def main() -> None:
     if args.learned and config.learned is not None:
         start = time.perf_counter()
         res = learned_matching(
-            rms, spec, a, b, data, config.learned, row_masks=masks, device=device
+            spec, a, b, config.learned, model=rms, data=data, row_masks=masks, device=device
         )
         moved = apply(spec, b, res.transform)
         seconds = time.perf_counter() - start

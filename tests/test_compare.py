@@ -4,14 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmckit.compare import (
-    METHODS,
-    EvalSettings,
-    align_pair,
-    compare_alignments,
-    format_table,
-    measure_path,
-)
+from lmckit.measure import EvalSettings, format_table, measure_path
+from lmckit.workflow import METHODS, align_pair, compare_alignments
 
 
 @pytest.fixture(scope="module")

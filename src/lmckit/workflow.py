@@ -273,7 +273,7 @@ def align_models(
         ValueError: a user mistake (unknown method, missing data, incompatible options, a
             symmetry the architecture cannot have).
     """
-    from lmckit.align import align_head_bases
+    from lmckit.align import head_bases_matching
 
     if method not in ALIGN_METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
@@ -291,7 +291,7 @@ def align_models(
                      progress=progress, device=device)  # fmt: skip
     aligned = apply(spec, pb, result.transform)
     if head_bases:
-        aligned = align_head_bases(spec, pa, aligned)
+        aligned = head_bases_matching(spec, pa, aligned).apply(aligned)
     metadata: dict[str, Any] = {
         "method": full,
         "symmetry": symmetry,
@@ -399,7 +399,7 @@ def simplex_barrier(
         circuits: interpolate transformers with heads as QK/OV circuits.
         seed, meta, progress: alignment seed, extra metadata, progress bars.
     """
-    from lmckit.align import align_head_bases, universe_matching
+    from lmckit.align import head_bases_matching, universe_matching
 
     settings = settings or EvalSettings()
     if len(checkpoints) < 2:
@@ -423,12 +423,14 @@ def simplex_barrier(
     info: dict[str, Any] = {**(meta or {}), "align": align, "circuits": circuits}
     if align == "weight":
         spec = spec_of(model)
-        universe = universe_matching(spec, models, seed=seed, progress=progress)
+        universe = universe_matching(
+            spec, models[0], models[1], others=models[2:], seed=seed, progress=progress
+        )
         models = universe.aligned(spec, models)
         info.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))
         if head_bases:
             first = models[0]
-            models = [first] + [align_head_bases(spec, first, p) for p in models[1:]]
+            models = [first] + [head_bases_matching(spec, first, p).apply(p) for p in models[1:]]
             info["head_bases"] = True
     # the same fix as on a path; at a simplex point it is handed the weights, not t
     prepare = path_prepare(

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from lmckit.align import activation_matching, orthogonal_activation_matching
-from lmckit.compare import EvalSettings, measure_path
 from lmckit.data import batches
 from lmckit.experiments.transformers import char_dataset, units_in_heads
+from lmckit.measure import EvalSettings, measure_path
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm

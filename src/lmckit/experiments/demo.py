@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from lmckit.compare import EvalSettings, compare_alignments
 from lmckit.data import load_digits
 from lmckit.evaluate import PathResult
+from lmckit.measure import EvalSettings
 from lmckit.models import create_model
 from lmckit.train import TrainConfig, train
+from lmckit.workflow import compare_alignments
 
 __all__ = ["DEMO_TRAIN", "run_demo"]
 

@@ -21,19 +21,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lmckit.compare import EvalSettings, align_pair, compare_alignments, format_table, measure_path
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import PathResult
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import path_row
+from lmckit.measure import EvalSettings, format_table, measure_path
 from lmckit.merge import has_batchnorm, reset_batchnorm
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.plot import plot_paths
 from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
+from lmckit.workflow import align_pair, compare_alignments
 
 __all__ = ["ModelSetup", "RESNET_FULL", "RESNET_LN_FULL", "MLP_FULL", "trained_pair"]
 

@@ -12,7 +12,7 @@ by activation matching, and the linear path between them is measured (test split
   aligned by an orthogonal map, heads and MLP units by permutations;
 * ``WM orthogonal + head bases``: that solution, then each matched head's query/key
   and value/output bases aligned by orthogonal maps
-  (:func:`lmckit.align.match_head_bases`; still data-free, same function);
+  (:func:`lmckit.align.head_bases_matching`; still data-free, same function);
 * ``WM orthogonal (circuit form)``: the RMSNorm forms with every head rewritten as its
   QK and OV circuit (:func:`lmckit.rewrites.heads_to_circuits`, exact), weight-matched
   and interpolated in that form, as the paper's code merges heads;
@@ -32,18 +32,19 @@ only (interpolating folded norm scales is not the same path as interpolating the
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from lmckit.align import (
+    ActivationMatchingConfig,
     LearnedMatchingConfig,
     WeightMatchingConfig,
     activation_matching,
-    align_head_bases,
+    head_bases_matching,
     learned_matching,
-    orthogonal_activation_matching,
     weight_matching,
 )
-from lmckit.compare import EvalSettings, format_table, measure_path, train_inputs
 from lmckit.data import Dataset
 from lmckit.data.token_stats import EMBEDDING, LM_HEAD, token_counts
 from lmckit.evaluate import PathResult
@@ -52,6 +53,7 @@ from lmckit.experiments.datasets import char_dataset, mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import path_row
+from lmckit.measure import EvalSettings, format_table, measure_path
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, apply
@@ -116,7 +118,7 @@ def compare_transformer_alignments(
         moved = apply(use_spec, rms_b, result.transform)
         out[label] = measure_path(rms, rms_a, moved, data, settings)
     # the same orthogonal solution, then each matched head's bases aligned too
-    based = align_head_bases(rms_spec, rms_a, moved)
+    based = head_bases_matching(rms_spec, rms_a, moved).apply(moved)
     out["WM orthogonal + head bases"] = measure_path(rms, rms_a, based, data, settings)
     # heads as QK/OV circuits: no inner bases left, the path interpolates circuits
     circuits, circ_a = transformer_form(rms, rms_a, circuits=True)
@@ -126,30 +128,29 @@ def compare_transformer_alignments(
     moved = apply(circ_spec, circ_b, result.transform)
     out["WM orthogonal (circuit form)"] = measure_path(circuits, circ_a, moved, data, settings)
     if activations:
-        inputs = train_inputs(data, settings)()
-        for label, use_spec in (
-            ("AM permutation", spec),
-            ("AM permutation (units in heads)", units_in_heads(spec)),
+        # the first stat_batches training batches; Pearson correlation, or each
+        # space's natural statistic (covariance for an orthogonal residual stream)
+        am = ActivationMatchingConfig(
+            batch_size=settings.batch_for(data), batches=settings.stat_batches
+        )
+        natural = replace(am, statistic="natural")
+        ln_pair = (module, params_a, params_b)
+        for label, (form, pa, pb), use_spec, use in (
+            ("AM permutation", ln_pair, spec, am),
+            ("AM permutation (units in heads)", ln_pair, units_in_heads(spec), am),
+            ("AM orthogonal", (rms, rms_a, rms_b), rms_spec, natural),
+            # circuit heads are matched by their attention patterns
+            ("AM orthogonal (circuit form)", (circuits, circ_a, circ_b), circ_spec, natural),
         ):
-            am = activation_matching(module, use_spec, params_a, params_b, inputs)
-            moved = apply(use_spec, params_b, am.transform)
-            out[label] = measure_path(module, params_a, moved, data, settings)
-        am_orth = orthogonal_activation_matching(rms, rms_spec, rms_a, rms_b, inputs)
-        out["AM orthogonal"] = measure_path(
-            rms, rms_a, apply(rms_spec, rms_b, am_orth), data, settings
-        )
-        # circuit heads are matched by their attention patterns
-        am_circ = orthogonal_activation_matching(circuits, circ_spec, circ_a, circ_b, inputs)
-        out["AM orthogonal (circuit form)"] = measure_path(
-            circuits, circ_a, apply(circ_spec, circ_b, am_circ), data, settings
-        )
+            res = activation_matching(use_spec, pa, pb, use, model=form, data=data)
+            out[label] = measure_path(form, pa, res.apply(pb), data, settings)
     if learned is not None:
         for label, form, use_spec, pa, pb in (
             ("learned orthogonal", rms, rms_spec, rms_a, rms_b),
             ("learned orthogonal (circuit form)", circuits, circ_spec, circ_a, circ_b),
         ):
             res = learned_matching(
-                form, use_spec, pa, pb, data, learned, seed=seed, row_masks=rms_masks
+                use_spec, pa, pb, learned, model=form, data=data, seed=seed, row_masks=rms_masks
             )
             out[label] = measure_path(form, pa, apply(use_spec, pb, res.transform), data, settings)
     return out

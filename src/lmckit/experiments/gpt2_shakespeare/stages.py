@@ -7,25 +7,25 @@ path evaluation and learned matching's passes on the runner's device.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from lmckit.align import (
+    ActivationMatchingConfig,
     AlignmentResult,
     UniverseConfig,
     WeightMatchingConfig,
     activation_matching,
-    align_head_bases,
+    head_bases_matching,
     learned_matching,
-    orthogonal_activation_matching,
     universe_matching,
     weight_matching,
 )
-from lmckit.data import Dataset, batches
+from lmckit.data import Dataset
 from lmckit.evaluate import PathResult
 from lmckit.experiments._recipe import transformer_form
 from lmckit.experiments.gpt2_shakespeare.config import GPT2ShakespeareConfig
@@ -109,7 +109,7 @@ def _wm_entry(
     )
     moved = apply(spec, pb, res.transform)
     if head_bases:
-        moved = align_head_bases(spec, pa, moved)
+        moved = head_bases_matching(spec, pa, moved).apply(moved)
     return _path_entry(
         bench.path(module, pa, moved),
         align_seconds=res.seconds,
@@ -129,12 +129,12 @@ def _learn(
     assert bench.config.learned is not None
     run = bench.run
     res = learned_matching(
-        module,
         spec,
         pa,
         pb,
-        bench.data,
         bench.config.learned,
+        model=module,
+        data=bench.data,
         seed=run.ctx.seed,
         device=run.device,
         progress=run.ctx.progress,
@@ -165,23 +165,21 @@ def pair_stages(
     circ_spec = circuits.symmetry_spec()
     circ_perm_spec = circ_spec.with_groups(residual=Permutation())
 
-    def stat_inputs() -> list[Tensor]:
-        limit = cfg.stat_batches
-        return [x for x, _ in batches(data.x_train, data.y_train, cfg.eval_batch_size, limit=limit)]
+    # the first stat_batches training batches (Pearson correlation by default)
+    am = ActivationMatchingConfig(batch_size=cfg.eval_batch_size, batches=cfg.stat_batches)
 
     def activation() -> dict[str, Any]:
-        res = activation_matching(rms, perm_spec, rms_a, rms_b, stat_inputs())
-        moved = apply(perm_spec, rms_b, res.transform)
+        res = activation_matching(perm_spec, rms_a, rms_b, am, model=rms, data=data)
+        moved = res.apply(rms_b)
         return _path_entry(bench.path(rms, rms_a, moved), align_seconds=res.seconds)
 
     def activation_circuits() -> dict[str, Any]:
         # residual by Procrustes on the streams' cross-covariance, heads by their
         # attention patterns, MLP units by correlation
-        start = time.perf_counter()
-        found = orthogonal_activation_matching(circuits, circ_spec, circ_a, circ_b, stat_inputs())
-        seconds = time.perf_counter() - start
-        moved = apply(circ_spec, circ_b, found)
-        return _path_entry(bench.path(circuits, circ_a, moved), align_seconds=seconds)
+        natural = replace(am, statistic="natural")
+        res = activation_matching(circ_spec, circ_a, circ_b, natural, model=circuits, data=data)
+        moved = res.apply(circ_b)
+        return _path_entry(bench.path(circuits, circ_a, moved), align_seconds=res.seconds)
 
     out["activation matching"] = run.stage("activation", activation)
     out["activation matching (orthogonal), circuit form"] = run.stage(
@@ -210,12 +208,8 @@ def pair_stages(
         ("orthogonal", "wm-orth-circuits", circ_spec, None),
     ):
         name = f"WM ({label}), circuit form" + ("" if use else ", unweighted tokens")
-        out[name] = run.stage(
-            stage,
-            lambda spec=spec, use=use: _wm_entry(
-                bench, spec, circuits, circ_a, circ_b, weights=use
-            ),
-        )
+        compute = partial(_wm_entry, bench, spec, circuits, circ_a, circ_b, weights=use)
+        out[name] = run.stage(stage, compute)
 
     if cfg.learned is not None and learned:
 
@@ -223,7 +217,7 @@ def pair_stages(
             res, moved = _learn(bench, spec, module, pa, pb)
             # the heads' inner bases are outside the spec, so learning cannot move them:
             # aligned afterwards, the same path with them matched is a second row
-            based = align_head_bases(spec, pa, moved)
+            based = head_bases_matching(spec, pa, moved).apply(moved)
             return _path_entry(
                 bench.path(module, pa, moved),
                 align_seconds=res.seconds,
@@ -337,8 +331,10 @@ def simplex_stages(bench: Bench, ln: ZooModel, models: list[Params]) -> dict[str
     ) -> tuple[dict, list[Params]]:
         res = universe_matching(
             spec,
-            models,
+            models[0],
+            models[1],
             UniverseConfig(max_iter=bench.config.universe_sweeps, inner=bench.config.weight),
+            others=models[2:],
             seed=run.ctx.seed,
             row_masks=_masks_for(models[0], bench.masks),
             row_weights=None if weights is None else _masks_for(models[0], weights),
@@ -349,7 +345,8 @@ def simplex_stages(bench: Bench, ln: ZooModel, models: list[Params]) -> dict[str
     def universe() -> dict[str, Any]:
         timing, aligned = universe_in(spec, rms_models)
         # every model's head bases aligned to the first model's (outside the spec)
-        based = [aligned[0]] + [align_head_bases(spec, aligned[0], p) for p in aligned[1:]]
+        first = aligned[0]
+        based = [first] + [head_bases_matching(spec, first, p).apply(p) for p in aligned[1:]]
         return {
             "simplex": bench.simplex(rms, aligned).to_dict(),
             "head_bases_simplex": bench.simplex(rms, based).to_dict(),

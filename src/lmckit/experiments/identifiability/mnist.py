@@ -14,7 +14,6 @@ from typing import Any
 
 from torch import Tensor
 
-from lmckit.compare import EvalSettings, compare_alignments, measure_path
 from lmckit.data import Dataset, batches
 from lmckit.diagnostics.identifiability import (
     MatchingObjective,
@@ -26,7 +25,9 @@ from lmckit.experiments.identifiability.common import PAPER, trained_plain_pair
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import Column, format_table
+from lmckit.measure import EvalSettings, measure_path
 from lmckit.train import TrainConfig
+from lmckit.workflow import compare_alignments
 
 __all__ = ["KAPPA_LARGE", "KAPPA_SYRE", "MNIST_FULL", "MNIST_QUICK", "MnistSetup"]
 

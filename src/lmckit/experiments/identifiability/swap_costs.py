@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmckit.compare import EvalSettings, measure_path
 from lmckit.data import make_gmm
 from lmckit.diagnostics.identifiability import (
     coherence,
@@ -26,6 +25,7 @@ from lmckit.experiments.identifiability.common import PAPER
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import Column, format_table, percent
+from lmckit.measure import EvalSettings, measure_path
 from lmckit.models.asymmetric import create_asym_model, to_plain
 from lmckit.train import TrainConfig
 
