@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from click.testing import CliRunner, Result
 
 import lmckit
@@ -229,3 +230,30 @@ def test_interrupted_write_leaves_no_partial_output(ckpts, tmp_path, monkeypatch
     assert result.exit_code == 1
     assert "could not write output" in result.output and "disk full" in result.output
     assert list(out_root.iterdir()) == []  # neither the output nor a temporary directory
+
+
+@pytest.mark.parametrize("device", ["auto", "cpu"])
+def test_reproduce_hands_device_to_the_experiment(tmp_path, monkeypatch, device: str) -> None:
+    import lmckit.experiments as experiments
+    from lmckit.experiments import ExperimentResult
+
+    seen = {}
+
+    def record(name, ctx):
+        seen[name] = ctx.device
+        return ExperimentResult(table="", rows=[])
+
+    monkeypatch.setattr(experiments, "run_experiment", record)
+    _ok("reproduce", "coherence", "--quick", "--device", device, "--out", tmp_path / "run",
+        "--quiet")  # fmt: skip
+    assert seen == {"coherence": device}
+
+
+def test_reproduce_device_is_checked_before_any_work(tmp_path) -> None:
+    result = _invoke("reproduce", "coherence", "--device", "gpu", "--out", tmp_path / "r")
+    assert result.exit_code == 2 and "'gpu' is not one of 'auto', 'cpu', 'cuda'" in result.output
+    if not torch.cuda.is_available():
+        result = _invoke("reproduce", "coherence", "--device", "cuda", "--out", tmp_path / "r")
+        assert result.exit_code == 1
+        assert "Error: --device cuda: no CUDA device is available" in result.output
+    assert not (tmp_path / "r").exists()

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
         apply,
         random_transform,
     )
+    from lmckit.task import Task, classification, mse
 
 #: Public name -> the module that defines it.
 _EXPORTS = {
@@ -83,6 +84,7 @@ _EXPORTS = {
         ],
         "lmckit.symmetry",
     ),
+    **dict.fromkeys(["Task", "classification", "mse"], "lmckit.task"),
 }
 
 __all__ = [
@@ -102,6 +104,7 @@ __all__ = [
     "SpecInferenceError",
     "SymmetryAnalysis",
     "SymmetrySpec",
+    "Task",
     "Transform",
     "Use",
     "aligned_form",
@@ -109,6 +112,7 @@ __all__ = [
     "apply",
     "check_compatible",
     "check_spec",
+    "classification",
     "evaluate",
     "evaluate_path",
     "from_hf",
@@ -117,6 +121,7 @@ __all__ = [
     "load",
     "load_model",
     "module_params",
+    "mse",
     "random_transform",
     "save",
     "save_model",

@@ -8,6 +8,7 @@ import click
 
 from lmckit.cli.common import (
     check_out_dir,
+    fail,
     force_option,
     quiet_option,
     seed_option,
@@ -36,6 +37,13 @@ __all__ = ["command"]
     "(default: $LMCKIT_DATA_ROOT or ../shared/data).",
 )
 @seed_option()
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where training and path evaluation run (auto: CUDA when available).",
+)
 @click.option("--list", "list_only", is_flag=True, help="List the experiments and exit.")
 @force_option
 @threads_option
@@ -46,6 +54,7 @@ def command(
     out_dir: str | None,
     data_root: str | None,
     seed: int,
+    device: str,
     list_only: bool,
     force: bool,
     threads: int | None,
@@ -59,6 +68,11 @@ def command(
         for exp, doc in list_experiments().items():
             click.echo(f"{exp:<20} {doc}")
         return
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("--device cuda: no CUDA device is available")
     root = Path(data_root) if data_root else default_data_root()
     target = Path(out_dir or Path("runs") / name)
     check_out_dir(str(target), "experiment", [str(root)], force)
@@ -70,6 +84,7 @@ def command(
         seed=seed,
         progress=not quiet,
         log=click.echo,
+        device=device,
     )
     result = run_experiment(name, ctx)
     click.echo(result.table)

@@ -9,11 +9,13 @@ from lmckit.data.dataset import Dataset, batches
 from lmckit.data.digits import load_digits
 from lmckit.data.gmm import make_gmm
 from lmckit.data.mnist import load_mnist, read_idx
+from lmckit.data.regression import RegressionData
 from lmckit.data.spec import DATA_SPEC_HELP, load_data
 
 __all__ = [
     "DATA_SPEC_HELP",
     "Dataset",
+    "RegressionData",
     "batches",
     "load_cifar10",
     "load_data",
