@@ -275,12 +275,13 @@ def save(
     if isinstance(model_or_config, ModelConfig):
         config = model_or_config
     else:
-        config = getattr(model_or_config, "config", None)
-        if not isinstance(config, ModelConfig):
+        found = getattr(model_or_config, "config", None)
+        if not isinstance(found, ModelConfig):
             raise CheckpointError(
                 f"cannot save {target}: the model has no ModelConfig (build it with "
                 "lmckit.models.create_model, or pass a ModelConfig)"
             )
+        config = found
     state = check_state_dict(dict(params), target)
     try:
         check_finite(state, what=f"refusing to save {target}")

@@ -115,6 +115,14 @@ def channel_statistics(
     return out
 
 
+def _repair_sites(model: nn.Module) -> list[str]:
+    """The sites a model lists in ``repair_sites()`` (the zoo's models do)."""
+    listed = getattr(model, "repair_sites", None)
+    if not callable(listed):
+        raise ValueError("pass sites=...: the model does not list its REPAIR sites")
+    return list(listed())
+
+
 def repair(
     model: nn.Module,
     params_a: Params,
@@ -150,9 +158,7 @@ def repair(
     """
     check_compatible(params_a, params_b)
     if sites is None:
-        if not hasattr(model, "repair_sites"):
-            raise ValueError("pass sites=...: the model does not list its REPAIR sites")
-        sites = model.repair_sites()
+        sites = _repair_sites(model)
     if not sites:
         raise ValueError("REPAIR needs at least one site")
     modules = dict(model.named_modules())
@@ -230,7 +236,7 @@ def repair_prepare(
 
     Endpoint statistics are measured once and reused at every ``t``.
     """
-    sites = model.repair_sites()
+    sites = _repair_sites(model)
     stats_a = channel_statistics(model, params_a, sites, inputs())
     stats_b = channel_statistics(model, params_b, sites, inputs())
 

@@ -127,6 +127,7 @@ def plot_simplex(
         )
         ax.set_aspect("equal")
         ax.axis("off")
+    assert image is not None  # results is not empty
     fig.colorbar(
         image, ax=axes[0].tolist(), shrink=0.8, label=metric if metric == "loss" else "accuracy (%)"
     )

@@ -24,7 +24,7 @@ The result computes the same function as ``params_b`` (tested to 1e-5).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -169,7 +169,7 @@ class HeadBasesResult(AlignmentResult):
         return apply_head_bases(self.transform.spec, params, self.bases)
 
 
-def _traces(maps: tuple[Tensor, Tensor], cross: tuple[Tensor, Tensor]) -> float:
+def _traces(maps: Sequence[Tensor], cross: Sequence[Tensor]) -> float:
     """``sum_h <R_h, X_h>`` over the QK and OV maps and their cross-products."""
     return sum(float((r.double() * x.double()).sum()) for r, x in zip(maps, cross, strict=True))
 

@@ -37,7 +37,7 @@ def hessian_vector_product(loss_fn: LossFn, params: Params, vector: Params) -> P
     """``H v`` with ``H`` the Hessian of the scalar ``loss_fn`` at ``params``."""
     if set(vector) != set(params):
         raise ValueError("the vector must have exactly the parameters' names")
-    _, pullback = vjp(grad(loss_fn), params)
+    pullback = vjp(grad(loss_fn), params)[1]
     (hv,) = pullback(vector)
     return hv
 
@@ -133,11 +133,14 @@ def loss_function(
     model.eval()
 
     def loss_fn(theta: Params) -> Tensor:
-        total = 0.0
-        for x, y in data:
-            outputs = functional_call(model, {**fixed, **theta}, (x,))
-            total = total + task.loss(outputs, y, reduction="sum")
-        return total / count  # type: ignore[return-value]
+        sums = (
+            task.loss(functional_call(model, {**fixed, **theta}, (x,)), y, reduction="sum")
+            for x, y in data
+        )
+        total = next(sums)  # data holds at least one batch
+        for part in sums:
+            total = total + part
+        return total / count
 
     return loss_fn, trainable
 

@@ -35,6 +35,7 @@ import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -227,7 +228,7 @@ class Runner:
         trained = []
         for seed in (self.ctx.seed, self.ctx.seed + 1):
             module, params = self.train(
-                f"{name}-seed{seed}", lambda s=seed: build(s), data, config, seed=seed, task=task
+                f"{name}-seed{seed}", partial(build, seed), data, config, seed=seed, task=task
             )
             trained.append(params)
         return module, trained[0], trained[1]

@@ -134,7 +134,7 @@ def _names(keys: Any) -> str:
 
 
 def build_module(
-    cls: type,
+    cls: type[Any],
     config: Any,
     state: Mapping[str, Tensor],
     *,

@@ -115,7 +115,7 @@ def example_inputs(
         HFError: a model whose main input is neither (audio, multimodal): pass your own.
     """
     module = model.module if isinstance(model, HFModel) else model
-    config = module.config
+    config: Any = module.config  # a transformers PretrainedConfig
     gen = torch.Generator().manual_seed(seed)
     kind = getattr(module, "main_input_name", None)
     if kind == "input_ids":

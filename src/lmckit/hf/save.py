@@ -169,7 +169,8 @@ def save_hf(
         t, s = differ[0]
         raise HFError(f"cannot write {target}: {cls.__name__} ties {t} to {s}, but they differ")
 
-    module = build_module(cls, config, state, dtype=dtype, where=target)
+    # a transformers PreTrainedModel (save_pretrained), typed as the nn.Module it is
+    module: Any = build_module(cls, config, state, dtype=dtype, where=target)
     built = module.state_dict()
     for key, value in state.items():
         # build_module checked names and shapes; this guards against silent re-tying.

@@ -117,14 +117,14 @@ def _row(name: str, entry: dict[str, Any], label: str) -> dict[str, Any]:
         }
     path = PathResult.from_dict(entry["path"])
     extra = {k: entry[k] for k in ("sweeps", "steps", "embed_max_logit_diff") if k in entry}
-    return row | {
+    measured: dict[str, Any] = {
         "barrier_loss": path.barrier_loss,
         "barrier_acc": path.barrier_acc,
         "mid_loss": path.midpoint_loss,
         "end_losses": [path.loss[0], path.loss[-1]],
         "loss": path.loss,
-        **extra,
     }
+    return row | measured | extra
 
 
 # --------------------------------------------------------------------------- experiment

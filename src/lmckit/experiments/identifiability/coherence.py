@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from functools import partial
 
 import torch
 from torch import Tensor, nn
@@ -114,6 +115,11 @@ COLUMNS = (
 )
 
 
+def _whole(x: Tensor, y: Tensor) -> list[tuple[Tensor, Tensor]]:
+    """The split as one batch."""
+    return [(x, y)]
+
+
 @register_experiment("coherence", paper=PAPER)
 def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
     """Teacher relu(z1 + z2) on c-copy embeddings: midpoint barrier vs coherence 1/c."""
@@ -158,22 +164,21 @@ def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
                     for s in (10_000 * o + 2 * p + ctx.seed, 10_000 * o + 2 * p + 1 + ctx.seed):
                         student, params = run.train(
                             f"{family}-c{copies}-o{o}-seed{s}",
-                            lambda s=s, o=o: _student(ambient, width, mask_seed=o, seed=s),
+                            partial(_student, ambient, width, mask_seed=o, seed=s),
                             data,
                             config,
                             seed=s,
                             task=mse(),
                         )
                         trained.append(params)
-                    test = [data.split("test")]
-                    path = evaluate_path(
-                        student, *trained, lambda test=test: test, ts=[0.0, 0.5, 1.0], task=mse()
-                    )
+                    pa, pb = trained
+                    test = partial(_whole, *data.split("test"))
+                    path = evaluate_path(student, pa, pb, test, ts=[0.0, 0.5, 1.0], task=mse())
                     ends = (path.loss[0] + path.loss[-1]) / 2
                     barriers.append(path.midpoint_loss - ends)
                     end_losses.append(ends)
-                    layer = student.hidden_layer()  # type: ignore[operator]
-                    chords.append(chord_deviation(layer, *trained, data.x_test, ts=(0.5,))[0])
+                    layer = student.hidden_layer()
+                    chords.append(chord_deviation(layer, pa, pb, data.x_test, ts=(0.5,))[0])
             bt = torch.tensor(barriers)
             rows.append(
                 {

@@ -40,6 +40,6 @@ def trained_plain_pair(
         data,
         config,
     )
-    plain, pa = to_plain(module, a)  # type: ignore[arg-type]
-    _, pb = to_plain(module, b)  # type: ignore[arg-type]
+    plain, pa = to_plain(module, a)
+    _, pb = to_plain(module, b)
     return plain, [pa, pb]

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import torch
@@ -30,6 +31,10 @@ from lmckit.models.asymmetric import create_asym_model, to_plain
 from lmckit.train import TrainConfig
 
 __all__ = ["swap_cost_summary"]
+
+
+def _asym_mlp(kwargs: dict[str, Any], seed: int) -> tuple[Any, dict[str, Tensor]]:
+    return create_asym_model("asym_mlp", seed=seed, **kwargs)
 
 
 def swap_cost_summary(delta: Tensor, diag: Tensor, *, cheap: float = 0.1) -> dict[str, float]:
@@ -114,7 +119,7 @@ def swap_costs_experiment(ctx: ExperimentContext) -> ExperimentResult:
             }
             module, a, b = run.train_pair(
                 f"gmm{k}-k{kappa:g}",
-                lambda seed, kw=kwargs: create_asym_model("asym_mlp", seed=seed, **kw),
+                partial(_asym_mlp, kwargs),
                 data,
                 config,
             )
@@ -125,8 +130,8 @@ def swap_costs_experiment(ctx: ExperimentContext) -> ExperimentResult:
             delta = swap_costs(costs)
             ridge = ridge_cost_matrix(data.x_train, mask, offset, weights, ridge=1e-3)
             deltas[(k, kappa)] = delta
-            plain, pa = to_plain(module, a)  # type: ignore[arg-type]
-            _, pb = to_plain(module, b)  # type: ignore[arg-type]
+            plain, pa = to_plain(module, a)
+            _, pb = to_plain(module, b)
             path = measure_path(plain, pa, pb, data, EvalSettings(split="train"))
             ends = (path.acc[0] + path.acc[-1]) / 2
             ridge_summary = swap_cost_summary(swap_costs(ridge), ridge.diagonal())

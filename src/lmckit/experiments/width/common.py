@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def sweep(
     rows, figures = [], []
     for wd in WEIGHT_DECAYS:
         for mult in multipliers:
-            row = run.stage(stage(wd, mult), lambda wd=wd, mult=mult: measure(wd, mult))
+            row = run.stage(stage(wd, mult), partial(measure, wd, mult))
             rows.append(row)
             if mult == multipliers[-1]:
                 name, title = figure(wd, mult, row)

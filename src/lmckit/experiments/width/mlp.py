@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from lmckit.align import weight_matching
@@ -213,7 +214,7 @@ def weight_decay(ctx: ExperimentContext) -> ExperimentResult:
             "merged_calibrated_loss": path.loss[1],
         }
 
-    rows = [run.stage(f"decay-{wd:g}", lambda wd=wd: measure(wd)) for wd in DECAYS]
+    rows = [run.stage(f"decay-{wd:g}", partial(measure, wd)) for wd in DECAYS]
 
     def fmt(values: dict[str, float]) -> str:
         return " ".join(f"{v:.3f}" for v in values.values())
