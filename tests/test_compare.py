@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmckit.measure import EvalSettings, format_table, measure_path
+from lmckit.measure import EvalSettings, format_table, measure_path, train_inputs
 from lmckit.workflow import METHODS, align_pair, compare_alignments
 
 
@@ -109,3 +109,27 @@ def test_data_fit_of_a_module_outside_the_zoo_names_both_numbers(digits) -> None
         check_data_fits(nn.Sequential(nn.Flatten(), nn.Linear(64, 7)), digits)
     with pytest.raises(DataMismatchError, match=r"inputs of shape \(1, 8, 8\) do not fit"):
         check_data_fits(nn.Sequential(nn.Flatten(), nn.Linear(30, 10)), digits)
+
+
+@pytest.mark.parametrize("fix", ["none", "reset_bn"])
+def test_simplex_vertices_are_the_models_with_the_fix(bn_mlp_pair, fix: str) -> None:
+    from pathlib import Path
+
+    from lmckit.io import LoadedModel
+    from lmckit.measure import evaluate_split
+    from lmckit.merge import reset_batchnorm
+    from lmckit.workflow import simplex_barrier
+
+    model, a, b, data = bn_mlp_pair
+    settings = EvalSettings(fix=fix)
+    loaded = [LoadedModel(model, p, "lmckit", Path(n), None) for p, n in ((a, "a"), (b, "b"))]
+    result = simplex_barrier(loaded, data, settings, resolution=2)
+    assert result.meta["fix"] == fix
+    for params, weights in ((a, (1.0, 0.0)), (b, (0.0, 1.0))):
+        inputs = train_inputs(data, settings)()
+        fixed = reset_batchnorm(model, params, inputs) if fix == "reset_bn" else params
+        expected = evaluate_split(model, fixed, data)
+        at = result.loss[result.weights.index(weights)]
+        assert at == pytest.approx(expected.loss, rel=1e-5)
+        if fix == "reset_bn":  # the reset does change a vertex: the test can tell
+            assert at != pytest.approx(evaluate_split(model, params, data).loss, rel=1e-5)

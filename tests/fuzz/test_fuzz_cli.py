@@ -38,12 +38,12 @@ def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmckit.workflow
+    import lmckit.workflow.train
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(lmckit.workflow, "fit", interrupted)
+    monkeypatch.setattr(lmckit.workflow.train, "fit", interrupted)
 
 
 @dataclass(frozen=True)

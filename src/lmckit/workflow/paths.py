@@ -1,0 +1,173 @@
+"""Points and paths between models: a merged point, the barrier of a pair, the
+multi-model barrier over a simplex."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+from torch import nn
+
+from lmckit.data import Dataset, batches
+from lmckit.datafit import check_data_fits
+from lmckit.evaluate import PathResult
+from lmckit.io import LoadedModel
+from lmckit.measure import (
+    MERGE_METHOD_OF_FIX,
+    EvalSettings,
+    measure_path,
+    resolve_fix,
+    train_inputs,
+)
+from lmckit.merge import has_batchnorm
+from lmckit.merge_methods import merge, merge_info, path_prepare
+from lmckit.params import Params
+from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
+from lmckit.recipe import aligned_form, spec_of
+
+__all__ = ["MERGE_FIXES", "merge_pair", "pair_barrier", "simplex_barrier"]
+
+#: What :func:`merge_pair` does after interpolating.
+MERGE_FIXES = ("none", "reset_bn", "repair")
+
+
+def merge_pair(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    *,
+    t: float = 0.5,
+    fix: str = "none",
+    data: Dataset | None = None,
+    settings: EvalSettings | None = None,
+) -> Params:
+    """The point ``(1 - t) a + t b``, optionally with BatchNorm reset or REPAIR on ``data``.
+
+    Raises:
+        ValueError: ``t`` outside ``[0, 1]``, an unknown fix, a fix without data, or
+            ``reset_bn`` for a network without BatchNorm.
+    """
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"--t must lie in [0, 1], got {t}")
+    if fix not in MERGE_FIXES:
+        raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
+    info = merge_info(MERGE_METHOD_OF_FIX[fix])
+    if info.needs_data and data is None:
+        raise ValueError(f"{fix} needs data (--data)")
+    if fix == "reset_bn" and not has_batchnorm(model):
+        raise ValueError("--reset-bn: the model has no BatchNorm layers")
+    if data is not None:
+        check_data_fits(model, data)
+    inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
+    return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
+
+
+def pair_barrier(
+    a: LoadedModel,
+    b: LoadedModel,
+    data: Dataset,
+    settings: EvalSettings | None = None,
+    *,
+    circuits: bool = False,
+    meta: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> PathResult:
+    """Loss and accuracy along the linear path from ``a`` to ``b`` on ``data``.
+
+    With ``circuits`` lmckit's transformers are interpolated with heads as QK/OV
+    circuits (the ends are the same functions; the path between them differs).
+    """
+    module, pa, pb = a.module, a.params, b.params
+    if circuits:
+        form = aligned_form(module, pa, pb, circuits=True)
+        module, pa, pb = form.module, form.a, form.b
+    check_data_fits(module, data)
+    return measure_path(module, pa, pb, data, settings, meta=meta, progress=progress)
+
+
+def _at_simplex_point(
+    on_path: Callable[[Params, float], Params], theta: Params, _weights: tuple[float, ...]
+) -> Params:
+    # NaN for t: a path hook that did read t would show it in the results
+    return on_path(theta, math.nan)
+
+
+def simplex_barrier(
+    checkpoints: Sequence[LoadedModel],
+    data: Dataset,
+    settings: EvalSettings | None = None,
+    *,
+    resolution: int = 10,
+    align: str = "none",
+    head_bases: bool = False,
+    circuits: bool = False,
+    seed: int = 0,
+    meta: dict[str, Any] | None = None,
+    progress: bool = False,
+) -> SimplexResult:
+    """The multi-model barrier over the simplex spanned by ``checkpoints``.
+
+    Args:
+        checkpoints: ``K >= 2`` checkpoints of one architecture.
+        data: evaluation data (the settings' split).
+        settings: split, fix (``auto``, ``none`` or ``reset_bn``) and batch size.
+        resolution: grid step ``1 / resolution`` in each convex weight; the grid's size
+            is checked before anything is allocated.
+        align: ``none``, or ``weight``: universe matching of every model into one frame.
+        head_bases: with ``align="weight"``, align every model's head bases to the first.
+        circuits: interpolate transformers with heads as QK/OV circuits.
+        seed, meta, progress: alignment seed, extra metadata, progress bars.
+    """
+    from lmckit.align import head_bases_matching, universe_matching
+
+    settings = settings or EvalSettings()
+    if len(checkpoints) < 2:
+        raise ValueError("--simplex needs at least two models")
+    if align not in ("none", "weight"):
+        raise ValueError(f"align must be none or weight, got {align!r}")
+    if head_bases and align != "weight":
+        raise ValueError("--head-bases goes with --simplex --align weight")
+    if head_bases and circuits:
+        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    if settings.fix == "repair":
+        raise ValueError("--fix repair is for two models; use reset_bn or none with --simplex")
+    check_simplex_size(len(checkpoints), resolution)
+    model = checkpoints[0].module
+    models = [c.params for c in checkpoints]
+    if circuits:
+        forms = [aligned_form(model, m, m, circuits=True) for m in models]
+        model, models = forms[0].module, [f.a for f in forms]
+    check_data_fits(model, data)
+    fix = resolve_fix(model, settings.fix)
+    info: dict[str, Any] = {**(meta or {}), "align": align, "circuits": circuits}
+    if align == "weight":
+        spec = spec_of(model)
+        universe = universe_matching(
+            spec, models[0], models[1], others=models[2:], seed=seed, progress=progress
+        )
+        models = universe.aligned(spec, models)
+        info.update(align_sweeps=universe.iterations, align_seconds=round(universe.seconds, 4))
+        if head_bases:
+            first = models[0]
+            models = [first] + [head_bases_matching(spec, first, p).apply(p) for p in models[1:]]
+            info["head_bases"] = True
+    # the same fix as on a path (checked as there); the fixes allowed here do not read
+    # where on the path a point lies, and a simplex point has convex weights, not a t
+    on_path = path_prepare(
+        MERGE_METHOD_OF_FIX[fix], model, models[0], models[1], train_inputs(data, settings)
+    )
+    prepare = None if on_path is None else partial(_at_simplex_point, on_path)
+    x, y = data.split(settings.split)
+    info.update(split=settings.split, fix=fix, resolution=resolution)
+    size = settings.batch_for(data)
+    return evaluate_simplex(
+        model,
+        models,
+        lambda: batches(x, y, size),
+        resolution=resolution,
+        prepare=prepare,
+        meta=info,
+        progress=progress,
+    )

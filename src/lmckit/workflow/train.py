@@ -1,0 +1,53 @@
+"""Train one model: build it from a seed, fit it, measure it on the test split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lmckit.data import Dataset
+from lmckit.datafit import check_data_fits
+from lmckit.evaluate import Metrics
+from lmckit.measure import evaluate_split
+from lmckit.models import ModelConfig, ZooModel, create_model
+from lmckit.models.sizing import check_fits_in_memory
+from lmckit.train import TrainConfig, TrainResult, fit
+
+__all__ = ["TrainedModel", "train_model"]
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """What :func:`train_model` returns: the module, its training record, test metrics."""
+
+    model: ZooModel
+    result: TrainResult
+    test: Metrics
+
+
+def train_model(
+    config: ModelConfig,
+    data: Dataset,
+    train: TrainConfig,
+    *,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    eval_batch_size: int | None = None,
+    progress: bool = False,
+) -> TrainedModel:
+    """Build ``config`` from ``seed``, train it on ``data``, measure it on the test split.
+
+    The memory the model needs (weights, gradients and two optimiser moments) is
+    checked against the machine's before anything is built, and the data against the
+    model before any step.
+
+    Raises:
+        ValueError: a model that does not fit memory or the data, or a bad setting.
+    """
+    check_fits_in_memory(config, copies=4)
+    module, params = create_model(config.name, seed=seed, **config.kwargs)
+    check_data_fits(module, data)
+    result = fit(module, params, data, train, seed=seed, device=device, progress=progress)
+    test = evaluate_split(module, result.params, data, batch_size=eval_batch_size)
+    return TrainedModel(module, result, test)
