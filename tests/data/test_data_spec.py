@@ -102,6 +102,7 @@ def test_public_api() -> None:
         [
             "DATA_SPEC_HELP",
             "Dataset",
+            "RegressionData",
             "batches",
             "load_cifar10",
             "load_data",

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Dataset", "batches"]
+from lmckit.data.splits import Splits
 
-_SPLITS = ("train", "val", "test")
+__all__ = ["Dataset", "batches"]
 
 
 @dataclass(frozen=True, eq=False)
-class Dataset:
+class Dataset(Splits):
     """A classification or language-modelling dataset held in memory.
 
     Classification: float32 inputs, one int64 label per example. Language modelling:
@@ -51,8 +51,7 @@ class Dataset:
             raise ValueError(
                 f"dataset {self.name!r}: num_classes must be >= 1, got {self.num_classes}"
             )
-        if (self.x_val is None) != (self.y_val is None):
-            raise ValueError(f"dataset {self.name!r}: give both x_val and y_val, or neither")
+        self.check_pairs("dataset")
         for split in self.splits:
             x, y = self.split(split)
             self._check_split(split, x, y)
@@ -94,37 +93,9 @@ class Dataset:
             )
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one input, e.g. ``(1, 28, 28)`` or ``(32,)``."""
-        return tuple(self.x_train.shape[1:])
-
-    @property
     def is_language(self) -> bool:
         """Whether inputs are token ids ``(N, T)`` with next-token targets ``(N, T)``."""
         return self.x_train.dtype == torch.int64
-
-    @property
-    def has_val(self) -> bool:
-        """Whether the dataset has a validation split."""
-        return self.x_val is not None
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """Names of the splits present: ``train``, ``val`` if any, ``test``."""
-        return _SPLITS if self.has_val else ("train", "test")
-
-    def split(self, which: str) -> tuple[Tensor, Tensor]:
-        """``(x, y)`` of the ``"train"``, ``"val"`` (where present) or ``"test"`` split."""
-        if which == "train":
-            return self.x_train, self.y_train
-        if which == "test":
-            return self.x_test, self.y_test
-        if which == "val" and self.x_val is not None and self.y_val is not None:
-            return self.x_val, self.y_val
-        missing = " (this dataset has no validation split)" if which == "val" else ""
-        raise ValueError(
-            f"unknown split {which!r}: expected one of {', '.join(self.splits)}{missing}"
-        )
 
     def __repr__(self) -> str:
         # The default repr would print every tensor element.

@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-__all__ = ["RegressionData"]
+from lmckit.data.splits import Splits
 
-_SPLITS = ("train", "val", "test")
+__all__ = ["RegressionData"]
 
 
 @dataclass(frozen=True, eq=False)
-class RegressionData:
+class RegressionData(Splits):
     """Inputs and real-valued targets held in memory.
 
     Attributes:
@@ -40,10 +40,7 @@ class RegressionData:
     y_val: Tensor | None = None
 
     def __post_init__(self) -> None:
-        if (self.x_val is None) != (self.y_val is None):
-            raise ValueError(
-                f"regression data {self.name!r}: give both x_val and y_val, or neither"
-            )
+        self.check_pairs("regression data")
         for split in self.splits:
             x, y = self.split(split)
             if not y.is_floating_point():
@@ -60,31 +57,6 @@ class RegressionData:
                 raise ValueError(
                     f"regression data {self.name!r}: {split} and train samples differ in shape"
                 )
-
-    @property
-    def input_shape(self) -> tuple[int, ...]:
-        """Shape of one input."""
-        return tuple(self.x_train.shape[1:])
-
-    @property
-    def has_val(self) -> bool:
-        """Whether there is a validation split."""
-        return self.x_val is not None
-
-    @property
-    def splits(self) -> tuple[str, ...]:
-        """Names of the splits present: ``train``, ``val`` if any, ``test``."""
-        return _SPLITS if self.has_val else ("train", "test")
-
-    def split(self, which: str) -> tuple[Tensor, Tensor]:
-        """``(x, y)`` of the ``"train"``, ``"val"`` (where present) or ``"test"`` split."""
-        if which == "train":
-            return self.x_train, self.y_train
-        if which == "test":
-            return self.x_test, self.y_test
-        if which == "val" and self.x_val is not None and self.y_val is not None:
-            return self.x_val, self.y_val
-        raise ValueError(f"unknown split {which!r}: expected one of {', '.join(self.splits)}")
 
     def __repr__(self) -> str:
         return (
