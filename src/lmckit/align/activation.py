@@ -151,7 +151,7 @@ def collect_cross_statistics(
     statistics of all the batches (each process needs at least one).
     """
     names = list(spec.names if spaces is None else spaces)
-    wanted = {}
+    wanted: dict[tuple[str, bool], list[tuple[str, int]]] = {}
     for name in names:
         space = spec[name]
         if not space.probes:
