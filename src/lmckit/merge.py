@@ -72,6 +72,48 @@ def _channels_last(x: Tensor, axis: int) -> Tensor:
     return x.movedim(axis % x.ndim, -1).reshape(-1, x.shape[axis]).double()
 
 
+#: A forward hook: ``(module, inputs, output) -> replacement output or None``.
+Hook = Callable[[nn.Module, tuple, Tensor], Tensor | None]
+
+
+class _Moments:
+    """Running count, sum and sum of squares of ``(samples, channels)`` features."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum: Tensor | float = 0.0
+        self.squares: Tensor | float = 0.0
+
+    def add(self, f: Tensor) -> None:
+        self.count += f.shape[0]
+        self.sum = self.sum + f.sum(0)
+        self.squares = self.squares + (f * f).sum(0)
+
+    def mean_var(self) -> tuple[Tensor, Tensor]:
+        """Per-channel mean and (population) variance."""
+        mean = torch.as_tensor(self.sum) / self.count
+        return mean, (self.squares / self.count - mean**2).clamp_min(0)
+
+
+def _run_hooked(
+    model: nn.Module, params: Params, inputs: Iterable[Tensor], hooks: dict[str, Hook]
+) -> None:
+    """Run ``inputs`` through ``model`` with ``params`` (eval mode, no gradients) with
+    ``hooks`` on the named modules; the model's mode is restored and the hooks removed."""
+    modules = dict(model.named_modules())
+    handles = [modules[name].register_forward_hook(fn) for name, fn in hooks.items()]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            for x in inputs:
+                functional_call(model, params, (x,))
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+
+
 class ChannelStats:
     """Per-channel mean and standard deviation at a site."""
 
@@ -84,34 +126,20 @@ def channel_statistics(
     model: nn.Module, params: Params, sites: Sequence[str], inputs: Iterable[Tensor]
 ) -> dict[str, ChannelStats]:
     """Mean and std of each channel of each site's output over ``inputs`` (eval mode)."""
-    modules = dict(model.named_modules())
-    sums: dict[str, list] = {}
+    sums: dict[str, _Moments] = {}
 
-    def hook(name: str):
+    def hook(name: str) -> Hook:
         def fn(module: nn.Module, _inp: tuple, out: Tensor) -> None:
             f = _channels_last(out.detach(), _channel_axis(module, out))
-            s = sums.setdefault(name, [0, 0.0, 0.0])
-            s[0] += f.shape[0]
-            s[1] = s[1] + f.sum(0)
-            s[2] = s[2] + (f * f).sum(0)
+            sums.setdefault(name, _Moments()).add(f)
 
         return fn
 
-    handles = [modules[s].register_forward_hook(hook(s)) for s in sites]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for x in inputs:
-                functional_call(model, params, (x,))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    _run_hooked(model, params, inputs, {s: hook(s) for s in sites})
     out = {}
-    for name, (count, s1, s2) in sums.items():
-        mean = s1 / count
-        out[name] = ChannelStats(mean, (s2 / count - mean**2).clamp_min(0).sqrt())
+    for name, moments in sums.items():
+        mean, var = moments.mean_var()
+        out[name] = ChannelStats(mean, var.sqrt())
     return out
 
 
@@ -182,18 +210,15 @@ def repair(
 
     # One pass: each site normalises with batch statistics and re-scales to the goal,
     # while accumulating the (pre-correction) statistics to fold in afterwards.
-    acc: dict[str, list] = {s: [0, 0.0, 0.0] for s in sites}
+    acc = {s: _Moments() for s in sites}
 
-    def hook(name: str):
+    def hook(name: str) -> Hook:
         def fn(module: nn.Module, _inp: tuple, out: Tensor) -> Tensor:
             axis = _channel_axis(module, out)
             f = _channels_last(out.detach(), axis)
             mean = f.mean(0)
             var = f.var(0, unbiased=False)
-            a = acc[name]
-            a[0] += f.shape[0]
-            a[1] = a[1] + f.sum(0)
-            a[2] = a[2] + (f * f).sum(0)
+            acc[name].add(f)
             scale = goal[name].std / (var + eps).sqrt()
             shift = goal[name].mean - scale * mean
             shape = [1] * out.ndim
@@ -202,23 +227,11 @@ def repair(
 
         return fn
 
-    handles = [modules[s].register_forward_hook(hook(s)) for s in sites]
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            for x in inputs():
-                functional_call(model, merged, (x,))
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
+    _run_hooked(model, merged, inputs(), {s: hook(s) for s in sites})
 
     out = dict(merged)
     for s in sites:
-        count, s1, s2 = acc[s]
-        mean = s1 / count
-        var = (s2 / count - mean**2).clamp_min(0)
+        mean, var = acc[s].mean_var()
         scale = goal[s].std / (var + eps).sqrt()
         shift = goal[s].mean - scale * mean
         w = out[f"{s}.weight"]

@@ -138,6 +138,20 @@ def _example_entries(folder: Path, limit: int = 3) -> str:
     return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: {shown}"
 
 
+def _named_output(
+    path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]], what: str
+) -> tuple[Path, Path]:
+    """``path`` as given and resolved, after refusing an empty path or an overlap with
+    ``inputs`` (``what`` names the output in errors)."""
+    text = os.fspath(path)
+    if not text.strip():
+        raise OutputError(f"the {what} is an empty path")
+    target = Path(text)
+    out = _real(target)
+    _check_inputs(out, inputs, what)
+    return target, out
+
+
 def check_output_dir(
     path: str | os.PathLike[str],
     *,
@@ -158,13 +172,8 @@ def check_output_dir(
     Raises:
         OutputError: naming the folder and the reason.
     """
-    text = os.fspath(path)
-    if not text.strip():
-        raise OutputError("the output folder is an empty path")
-    target = Path(text)
-    out = _real(target)
     what = "output folder"
-    _check_inputs(out, inputs, what)
+    target, out = _named_output(path, inputs, what)
     if _inside(_real(Path.cwd()), out):
         raise OutputError(
             f"refusing to write {what} {target}: it is the current working directory "
@@ -209,13 +218,8 @@ def check_output_file(
     Raises:
         OutputError: naming the file and the reason.
     """
-    text = os.fspath(path)
-    if not text.strip():
-        raise OutputError("the output file is an empty path")
-    target = Path(text)
-    out = _real(target)
     what = "output file"
-    _check_inputs(out, inputs, what)
+    target, out = _named_output(path, inputs, what)
     if suffixes is not None:
         allowed = sorted({s.lower() for s in suffixes})
         if target.suffix.lower() not in allowed:

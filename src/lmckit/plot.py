@@ -16,6 +16,8 @@ from lmckit.atomic import atomic_path  # noqa: E402
 from lmckit.evaluate import PathResult  # noqa: E402
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from lmckit.paths.simplex import SimplexResult
 
 __all__ = ["PLOT_SUFFIXES", "plot_paths", "plot_simplex"]
@@ -59,6 +61,11 @@ def plot_paths(
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    return _save(fig, path, title)
+
+
+def _save(fig: Figure, path: str | Path, title: str | None) -> Path:
+    """Title ``fig``, write it to ``path`` (format from the suffix, atomically), close it."""
     if title:
         fig.suptitle(title)
     path = Path(path)
@@ -131,10 +138,4 @@ def plot_simplex(
     fig.colorbar(
         image, ax=axes[0].tolist(), shrink=0.8, label=metric if metric == "loss" else "accuracy (%)"
     )
-    if title:
-        fig.suptitle(title)
-    path = Path(path)
-    with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)

@@ -91,27 +91,26 @@ _RESNET_TRAIN = TrainConfig(
     epochs=2, batch_size=128, optimizer="sgd", lr=0.05, weight_decay=5e-4, warmup=0.1
 )
 _RESNET_EVAL = EvalSettings(points=11, batch_size=250, stat_batches=2)
-RESNET_FULL = ModelSetup(
-    "resnet20",
-    {**_RESNET_KWARGS, "width_mult": 4, "norm": "batch"},
-    None,
-    1000,
-    _RESNET_TRAIN,
-    _RESNET_EVAL,
-)
+
+
+def _full_resnet(norm: str, train: TrainConfig) -> ModelSetup:
+    return ModelSetup(
+        "resnet20",
+        {**_RESNET_KWARGS, "width_mult": 4, "norm": norm},
+        None,
+        1000,
+        train,
+        _RESNET_EVAL,
+    )
+
+
+RESNET_FULL = _full_resnet("batch", _RESNET_TRAIN)
 # LayerNorm ResNets do not train with the BatchNorm schedule (2 epochs of SGD 0.05 left
 # them at 38 % / 34 % test accuracy): Adam with a warm-up instead
 _RESNET_LN_TRAIN = TrainConfig(
     epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=5e-4, warmup=0.1
 )
-RESNET_LN_FULL = ModelSetup(
-    "resnet20",
-    {**_RESNET_KWARGS, "width_mult": 4, "norm": "layer"},
-    None,
-    1000,
-    _RESNET_LN_TRAIN,
-    _RESNET_EVAL,
-)
+RESNET_LN_FULL = _full_resnet("layer", _RESNET_LN_TRAIN)
 
 
 def _quick_resnet(norm: str) -> ModelSetup:

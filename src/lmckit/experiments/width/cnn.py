@@ -15,9 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmckit.align import weight_matching
-from lmckit.calibration import calibrate, evaluate_path_calibrated
-from lmckit.evaluate import PathResult
+from lmckit.calibration import calibrate
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
@@ -26,13 +24,13 @@ from lmckit.experiments.width.common import (
     CALIBRATION_FRACTION,
     PAPER,
     WEIGHT_DECAYS,
+    naive_and_matched,
     split_test,
     sweep,
 )
 from lmckit.merge import reset_prepare
 from lmckit.models import create_model
 from lmckit.params import interpolate
-from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
 
 __all__ = ["CNN_SWEEPS", "VGG_LAYOUT", "CNNSweep"]
@@ -154,24 +152,19 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
             config,
         )
         train_seconds = time.perf_counter() - start
-        spec = model.symmetry_spec()
-        wm_result = weight_matching(spec, a, b, seed=ctx.seed)
-        b_wm = apply(spec, b, wm_result.transform)
         # BatchNorm reset at every point: averaging two networks' weights shrinks the
         # variance of their features, so the stored running statistics no longer fit
-        reset = reset_prepare(model, stat_inputs)
-        paths: dict[str, PathResult] = {}
-        for method, other in (("naive", b), ("weight_matching", b_wm)):
-            paths[method] = evaluate_path_calibrated(
-                model,
-                a,
-                other,
-                fit,
-                held,
-                points=setup.points,
-                prepare=reset,
-                meta={"method": method, "fix": "reset_bn"},
-            )
+        measured, paths, matching = naive_and_matched(
+            model,
+            a,
+            b,
+            fit,
+            held,
+            points=setup.points,
+            seed=ctx.seed,
+            prepare=reset_prepare(model, stat_inputs),
+            meta={"fix": "reset_bn"},
+        )
         # the naive midpoint once more with the endpoints' averaged running statistics
         stale = calibrate(model, interpolate(a, b, 0.5), fit(), held()).after
         naive, wm = paths["naive"], paths["weight_matching"]
@@ -181,18 +174,11 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
             "multiplier": mult,
             "channels": _width_label(model),
             "parameters": sum(v.numel() for k, v in a.items() if "running" not in k),
-            "acc_a": naive.acc[0],
-            "acc_b": naive.acc[-1],
-            "naive_acc_barrier": naive.barrier_acc,
-            "naive_loss_barrier": naive.barrier_loss,
+            **measured,
             "naive_mid_acc": naive.midpoint_acc,
             "naive_mid_acc_no_reset": stale.acc,
-            "wm_acc_barrier": wm.barrier_acc,
-            "wm_loss_barrier": wm.barrier_loss,
             "wm_mid_acc": wm.midpoint_acc,
-            "wm_sweeps": wm_result.iterations,
-            "naive_mid_inverse_temperature": naive.meta["inverse_temperature"][len(naive.t) // 2],
-            "paths": {k: v.to_dict() for k, v in paths.items()},
+            "wm_sweeps": matching.iterations,
             "train_seconds": round(train_seconds, 1),
             "seconds": round(time.perf_counter() - start, 1),
         }

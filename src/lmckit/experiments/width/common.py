@@ -7,8 +7,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
+from lmckit.align import AlignmentResult, weight_matching
+from lmckit.calibration import evaluate_path_calibrated
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import PathResult
 from lmckit.experiments.runner import Runner
@@ -19,12 +21,14 @@ from lmckit.train import TrainConfig
 
 __all__ = [
     "BASE_WIDTH",
+    "Batches",
     "CALIBRATION_FRACTION",
     "DEPTH",
     "MULTIPLIERS",
     "PAPER",
     "WEIGHT_DECAYS",
     "mlp_pair",
+    "naive_and_matched",
     "split_test",
     "sweep",
 ]
@@ -59,6 +63,53 @@ def mlp_pair(
         config,
     )
     return module, a, b  # type: ignore[return-value]
+
+
+def naive_and_matched(
+    model: nn.Module,
+    a: Params,
+    b: Params,
+    fit: Batches,
+    held: Batches,
+    *,
+    points: int,
+    seed: int,
+    prepare: Callable[[Params, float], Params] | None = None,
+    meta: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, PathResult], AlignmentResult]:
+    """Calibrated paths from ``a`` to ``b`` as trained (``naive``) and weight-matched.
+
+    Returns:
+        The row entries every width sweep reports (end accuracies, naive and WM
+        barriers, the naive midpoint's inverse temperature, the paths as JSON), the
+        paths by method, and the weight-matching result.
+    """
+    spec = model.symmetry_spec()
+    matching = weight_matching(spec, a, b, seed=seed)
+    paths: dict[str, PathResult] = {}
+    for method, other in (("naive", b), ("weight_matching", matching.apply(b))):
+        paths[method] = evaluate_path_calibrated(
+            model,
+            a,
+            other,
+            fit,
+            held,
+            points=points,
+            prepare=prepare,
+            meta={"method": method, **(meta or {})},
+        )
+    naive, wm = paths["naive"], paths["weight_matching"]
+    row = {
+        "acc_a": naive.acc[0],
+        "acc_b": naive.acc[-1],
+        "naive_acc_barrier": naive.barrier_acc,
+        "naive_loss_barrier": naive.barrier_loss,
+        "wm_acc_barrier": wm.barrier_acc,
+        "wm_loss_barrier": wm.barrier_loss,
+        "naive_mid_inverse_temperature": naive.meta["inverse_temperature"][len(naive.t) // 2],
+        "paths": {k: v.to_dict() for k, v in paths.items()},
+    }
+    return row, paths, matching
 
 
 def sweep(

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from lmckit.align import weight_matching
+from torch import Tensor
+
 from lmckit.calibration import evaluate_path_calibrated
+from lmckit.data import Dataset
 from lmckit.diagnostics.width import (
     effective_rank,
     lewc_cosine,
@@ -34,11 +36,12 @@ from lmckit.experiments.width.common import (
     MULTIPLIERS,
     PAPER,
     WEIGHT_DECAYS,
+    Batches,
     mlp_pair,
+    naive_and_matched,
     split_test,
     sweep,
 )
-from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
 
 __all__ = ["FULL", "QUICK", "WidthSettings"]
@@ -117,45 +120,41 @@ SWEEP_COLUMNS = (
 )
 
 
+def _setup(
+    ctx: ExperimentContext, decays: tuple[float, ...]
+) -> tuple[WidthSettings, Runner, Dataset, tuple[Batches, Batches], Tensor]:
+    """The settings of ``ctx`` (quick or full), the runner over them and ``decays``, the
+    MNIST subset, its calibration / evaluation halves of the test split, and the probe
+    inputs (the first training images)."""
+    settings = QUICK if ctx.quick else FULL
+    run = Runner(ctx, {"settings": settings, "weight_decays": decays})
+    data = mnist_subset(ctx, settings.train_size, settings.test_size)
+    return settings, run, data, split_test(data), data.x_train[: settings.probe_size]
+
+
 @register_experiment("width-sweep", paper=PAPER)
 def width_sweep(ctx: ExperimentContext) -> ExperimentResult:
     """Permutation-free merging vs width and weight decay (MNIST MLPs, calibrated)."""
-    settings = QUICK if ctx.quick else FULL
-    run = Runner(ctx, {"settings": settings, "weight_decays": WEIGHT_DECAYS})
-    data = mnist_subset(ctx, settings.train_size, settings.test_size)
-    fit, held = split_test(data)
-    probe = data.x_train[: settings.probe_size]
+    settings, run, data, (fit, held), probe = _setup(ctx, WEIGHT_DECAYS)
 
     def measure(wd: float, mult: int) -> dict[str, Any]:
         width = settings.base_width * mult
         start = time.perf_counter()
         config = dataclasses.replace(settings.train, weight_decay=wd)
         model, a, b = mlp_pair(run, data, width, config)
-        spec = model.symmetry_spec()
-        b_wm = apply(spec, b, weight_matching(spec, a, b, seed=ctx.seed).transform)
-        paths: dict[str, PathResult] = {}
-        for method, other in (("naive", b), ("weight_matching", b_wm)):
-            paths[method] = evaluate_path_calibrated(
-                model, a, other, fit, held, points=settings.points, meta={"method": method}
-            )
+        measured, paths, _ = naive_and_matched(
+            model, a, b, fit, held, points=settings.points, seed=ctx.seed
+        )
         ratio = reciprocal_orthogonality_per_layer(model, a, b, probe, _reading_layers())
-        naive, wm = paths["naive"], paths["weight_matching"]
         return {
             "weight_decay": wd,
             "multiplier": mult,
             "width": width,
-            "acc_a": naive.acc[0],
-            "acc_b": naive.acc[-1],
-            "naive_acc_barrier": naive.barrier_acc,
-            "naive_mid_acc_barrier": _mid_acc_barrier(naive),
-            "naive_loss_barrier": naive.barrier_loss,
-            "wm_acc_barrier": wm.barrier_acc,
-            "wm_mid_acc_barrier": _mid_acc_barrier(wm),
-            "wm_loss_barrier": wm.barrier_loss,
-            "naive_mid_inverse_temperature": naive.meta["inverse_temperature"][len(naive.t) // 2],
+            **measured,
+            "naive_mid_acc_barrier": _mid_acc_barrier(paths["naive"]),
+            "wm_mid_acc_barrier": _mid_acc_barrier(paths["weight_matching"]),
             "recip_orth": sum(ratio.values()) / len(ratio),
             "recip_orth_per_layer": ratio,
-            "paths": {k: v.to_dict() for k, v in paths.items()},
             "seconds": round(time.perf_counter() - start, 1),
         }
 
@@ -185,11 +184,7 @@ DECAYS = (1e-4, 1e-3, 3e-3)
 @register_experiment("weight-decay", paper=PAPER)
 def weight_decay(ctx: ExperimentContext) -> ExperimentResult:
     """LEWC, weak additivity, reciprocal orthogonality and rank vs weight decay (widest MLP)."""
-    settings = QUICK if ctx.quick else FULL
-    run = Runner(ctx, {"settings": settings, "weight_decays": DECAYS})
-    data = mnist_subset(ctx, settings.train_size, settings.test_size)
-    fit, held = split_test(data)
-    probe = data.x_train[: settings.probe_size]
+    settings, run, data, (fit, held), probe = _setup(ctx, DECAYS)
     width = settings.base_width * settings.multipliers[-1]
 
     def measure(wd: float) -> dict[str, Any]:
