@@ -9,13 +9,14 @@ from torch import nn
 
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
-    POSITIVE,
     check_out_dir,
+    count_option,
     data_option,
     force_option,
     input_paths,
     load_dataset,
     load_models,
+    model_pair_arguments,
     parse_device,
     quiet_option,
     seed_option,
@@ -32,8 +33,7 @@ __all__ = ["command"]
 
 
 @click.command("align")
-@click.argument("model_a", type=click.Path(exists=True))
-@click.argument("model_b", type=click.Path(exists=True))
+@model_pair_arguments
 @click.option(
     "--method",
     type=click.Choice(list(ALIGN_METHODS)),
@@ -49,9 +49,7 @@ __all__ = ["command"]
     "by an orthogonal map (LayerNorm transformers are rewritten to RMSNorm first). "
     "Default: the architecture's own groups.",
 )
-@click.option(
-    "--steps", type=POSITIVE, default=500, show_default=True, help="Learned matching: max steps."
-)
+@count_option("--steps", 500, "Learned matching: max steps.")
 @click.option(
     "--lr", type=float, default=0.01, show_default=True, help="Learned matching: AdamW rate."
 )

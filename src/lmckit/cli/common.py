@@ -28,6 +28,7 @@ __all__ = [
     "SEED",
     "check_out_dir",
     "check_out_file",
+    "count_option",
     "data_option",
     "fail",
     "force_option",
@@ -35,6 +36,7 @@ __all__ = [
     "load_dataset",
     "load_model",
     "load_models",
+    "model_pair_arguments",
     "parse_device",
     "quiet_option",
     "seed_option",
@@ -68,6 +70,20 @@ force_option = click.option(
     help="Replace an existing non-empty --out folder that lmckit did not write "
     "(never an input, never the working directory).",
 )
+
+
+def model_pair_arguments(fn: FC) -> FC:
+    """The positional ``MODEL_A`` (the reference) and ``MODEL_B`` (the one moved) of a
+    command on a pair: lmckit checkpoints or Hugging Face folders."""
+    fn = click.argument("model_b", type=click.Path(exists=True))(fn)
+    return click.argument("model_a", type=click.Path(exists=True))(fn)
+
+
+def count_option(name: str, default: int | None, help: str | None = None) -> Callable[[FC], FC]:
+    """An option taking a whole number >= 1; its default is shown unless it is ``None``."""
+    return click.option(
+        name, type=POSITIVE, default=default, show_default=default is not None, help=help
+    )
 
 
 def seed_option(help: str | None = None) -> Callable[[FC], FC]:

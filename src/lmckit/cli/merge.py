@@ -14,6 +14,7 @@ from lmckit.cli.common import (
     input_paths,
     load_dataset,
     load_models,
+    model_pair_arguments,
     set_threads,
     threads_option,
 )
@@ -26,8 +27,7 @@ __all__ = ["command"]
 
 
 @click.command("merge")
-@click.argument("model_a", type=click.Path(exists=True))
-@click.argument("model_b", type=click.Path(exists=True))
+@model_pair_arguments
 @click.option(
     "--t", "t", type=float, default=0.5, show_default=True, help="Weight of B: (1 - t) A + t B."
 )

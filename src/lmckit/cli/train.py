@@ -8,8 +8,8 @@ import click
 
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
-    POSITIVE,
     check_out_dir,
+    count_option,
     data_option,
     force_option,
     input_paths,
@@ -32,15 +32,13 @@ NORMS = ("auto", "none", "batch", "layer", "group", "rms")
 @click.command("train")
 @click.option("--model", type=click.Choice(ARCHITECTURES), required=True, help="Architecture.")
 @data_option
-@click.option("--epochs", type=POSITIVE, default=10, show_default=True)
+@count_option("--epochs", 10)
 @seed_option("Initialisation and data-order seed.")
 @click.option(
     "--out", type=click.Path(file_okay=False), required=True, help="Checkpoint directory to write."
 )
-@click.option("--width", type=POSITIVE, default=512, show_default=True, help="MLP hidden width.")
-@click.option(
-    "--depth", type=POSITIVE, default=3, show_default=True, help="MLP number of hidden layers."
-)
+@count_option("--width", 512, "MLP hidden width.")
+@count_option("--depth", 3, "MLP number of hidden layers.")
 @click.option(
     "--width-mult",
     type=click.FloatRange(min=0, min_open=True),
@@ -63,23 +61,14 @@ NORMS = ("auto", "none", "batch", "layer", "group", "rms")
     show_default=True,
     help="MLP activation.",
 )
-@click.option("--n-layer", type=POSITIVE, default=6, show_default=True, help="Transformer layers.")
-@click.option(
-    "--n-head", type=POSITIVE, default=4, show_default=True, help="Attention heads per layer."
+@count_option("--n-layer", 6, "Transformer layers.")
+@count_option("--n-head", 4, "Attention heads per layer.")
+@count_option("--n-embd", 256, "Transformer residual width.")
+@count_option("--n-inner", None, "Transformer MLP width [default: 4 * n-embd].")
+@count_option(
+    "--context", None, "GPT-2 maximum sequence length [default: the data's block length]."
 )
-@click.option(
-    "--n-embd", type=POSITIVE, default=256, show_default=True, help="Transformer residual width."
-)
-@click.option(
-    "--n-inner", type=POSITIVE, default=None, help="Transformer MLP width [default: 4 * n-embd]."
-)
-@click.option(
-    "--context",
-    type=POSITIVE,
-    default=None,
-    help="GPT-2 maximum sequence length [default: the data's block length].",
-)
-@click.option("--patch-size", type=POSITIVE, default=4, show_default=True, help="ViT patch size.")
+@count_option("--patch-size", 4, "ViT patch size.")
 @click.option(
     "--dropout", type=float, default=0.0, show_default=True, help="GPT-2 dropout probability."
 )
@@ -89,7 +78,7 @@ NORMS = ("auto", "none", "batch", "layer", "group", "rms")
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True)
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
-@click.option("--batch-size", type=POSITIVE, default=128, show_default=True)
+@count_option("--batch-size", 128)
 @click.option(
     "--schedule", type=click.Choice(["cosine", "constant"]), default="cosine", show_default=True
 )
