@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run lmckit's checks: lint, format, tests. Creates the .venv if it is missing.
+# Run lmckit's checks: lint, format, types, tests. Creates the .venv if it is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,4 +11,6 @@ fi
 
 .venv/bin/ruff check src tests benchmarks scripts
 .venv/bin/ruff format --check src tests benchmarks scripts
+# types: configured in pyproject.toml ([tool.mypy]: src/lmckit, strict on the public API)
+.venv/bin/mypy
 .venv/bin/python -m pytest "$@"
