@@ -102,10 +102,29 @@ def test_barrier_writes_json_and_png(ckpts, tmp_path) -> None:
     assert {"t", "loss", "acc", "barrier_loss", "barrier_acc"} <= set(data)
     assert data["t"] == [0.0, 0.25, 0.5, 0.75, 1.0]
     assert len(data["loss"]) == len(data["acc"]) == 5
-    chord = [(1 - t) * data["loss"][0] + t * data["loss"][-1] for t in data["t"]]
+    # every point against a direct evaluation of the interpolated weights (plain torch,
+    # not lmckit's path code), and the barriers against those losses
+    a, b = lmckit.load(ckpts / "a"), lmckit.load(ckpts / "b")
+    digits = load_digits(seed=0)
+    losses, accs = [], []
+    for t in data["t"]:
+        mixed = {k: (1 - t) * a.params[k] + t * b.params[k] for k in a.params}
+        with torch.no_grad():
+            logits = torch.func.functional_call(a.model.eval(), mixed, (digits.x_test,))
+        losses.append(float(torch.nn.functional.cross_entropy(logits, digits.y_test)))
+        accs.append(float((logits.argmax(1) == digits.y_test).double().mean()))
+    assert data["loss"] == pytest.approx(losses, rel=1e-5)
+    assert data["acc"] == pytest.approx(accs, abs=1e-9)
+    ts = data["t"]
     assert data["barrier_loss"] == pytest.approx(
-        max(v - c for v, c in zip(data["loss"], chord, strict=True))
+        max(v - ((1 - t) * losses[0] + t * losses[-1]) for t, v in zip(ts, losses, strict=True)),
+        rel=1e-4,
     )
+    assert data["barrier_acc"] == pytest.approx(
+        max(((1 - t) * accs[0] + t * accs[-1]) - v for t, v in zip(ts, accs, strict=True)),
+        abs=1e-9,
+    )
+    assert data["barrier_loss"] > 0.01  # two seeds, unaligned: a barrier the check can see
     assert png.read_bytes()[:8] == PNG_MAGIC
 
 

@@ -153,3 +153,18 @@ def hf_folder(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]
         return built[family]
 
     return get
+
+
+def first_output(module: torch.nn.Module, inputs: Any, params: Any = None) -> torch.Tensor:
+    """The module's first output (logits, or the last hidden state of a bare model) on
+    ``inputs`` (a tensor or a tuple of them), with ``params`` if given; no gradients."""
+    args = inputs if isinstance(inputs, tuple) else (inputs,)
+    with torch.no_grad():
+        out = module(*args) if params is None else torch.func.functional_call(module, params, args)
+    return out[0]
+
+
+@pytest.fixture(scope="session")
+def logits() -> Callable[..., torch.Tensor]:
+    """:func:`first_output`: ``logits(module, inputs, params=None)``."""
+    return first_output

@@ -41,14 +41,9 @@ def _moved_copy(folder: Path, out: Path, symmetry: str | None, seed: int = 5) ->
     return form.a, moved
 
 
-def _logits(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
-        return module(x).logits
-
-
 @pytest.mark.parametrize("symmetry", [None, "orthogonal"])
 def test_align_recovers_a_moved_copy_and_writes_a_loadable_folder(
-    family, symmetry, hf_folder, load_with_transformers, tmp_path
+    family, symmetry, hf_folder, load_with_transformers, tmp_path, logits
 ) -> None:
     if symmetry == "orthogonal" and family not in RMS_NATIVE:
         pytest.skip("orthogonal residual maps written back: RMSNorm-native families")
@@ -63,7 +58,7 @@ def test_align_recovers_a_moved_copy_and_writes_a_loadable_folder(
     reloaded = load_with_transformers(family, out)
     b = load_with_transformers(family, tmp_path / "b")
     x = example_inputs(aligned)[0]
-    assert float((_logits(reloaded, x) - _logits(b, x)).abs().max()) < 1e-4
+    assert float((logits(reloaded, x) - logits(b, x)).abs().max()) < 1e-4
     meta = json.loads((out / "lmckit.json").read_text())
     assert meta["metadata"]["method"] == "weight_matching"
 
@@ -77,7 +72,7 @@ def test_orthogonal_on_a_layernorm_folder_says_why(hf_folder, tmp_path) -> None:
     assert "Traceback" not in result.output and not (tmp_path / "o").exists()
 
 
-def test_barrier_and_merge_on_folders(hf_folder, load_with_transformers, tmp_path) -> None:
+def test_barrier_and_merge_on_folders(hf_folder, load_with_transformers, tmp_path, logits) -> None:
     a = hf_folder("llama")
     _, _ = _moved_copy(a, tmp_path / "b", None)
     text = tmp_path / "text.txt"
@@ -92,7 +87,7 @@ def test_barrier_and_merge_on_folders(hf_folder, load_with_transformers, tmp_pat
     _invoke("merge", a, a, "--out", tmp_path / "m")
     merged = load_with_transformers("llama", tmp_path / "m")
     x = torch.randint(0, 20, (2, 8))
-    assert torch.allclose(_logits(merged, x), _logits(load_with_transformers("llama", a), x))
+    assert torch.allclose(logits(merged, x), logits(load_with_transformers("llama", a), x))
 
 
 def _char_tokenizer(folder: Path, text: Path) -> Path:

@@ -14,13 +14,8 @@ from safetensors.torch import load_file, save_file
 from lmckit.hf import example_inputs, from_hf, load_hf, read_hf_weights
 
 
-def _logits(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
-    with torch.no_grad():
-        return module(*inputs).logits
-
-
 def test_load_equals_transformers_from_pretrained(
-    hf_folder, families, load_with_transformers, family: str
+    hf_folder, families, load_with_transformers, family: str, logits
 ) -> None:
     folder = hf_folder(family)
     model = load_hf(folder)
@@ -29,8 +24,8 @@ def test_load_equals_transformers_from_pretrained(
     # eval mode everywhere: the fixtures' configs have dropout (GPT-2 0.1, BERT 0.1)
     assert not any(m.training for m in model.module.modules())
     inputs = example_inputs(model)
-    expected = _logits(load_with_transformers(family, folder), inputs)
-    got = _logits(model.module, inputs)
+    expected = logits(load_with_transformers(family, folder), inputs)
+    got = logits(model.module, inputs)
     assert (got - expected).abs().max().item() < 1e-5
     # params are the module's own weights, each tied weight once (under its first name),
     # and functional_call with them is the same function
@@ -45,13 +40,15 @@ def test_load_equals_transformers_from_pretrained(
     assert torch.equal(called, got)
 
 
-def test_from_hf_returns_the_loaded_module_in_eval_mode(hf_folder, load_with_transformers) -> None:
+def test_from_hf_returns_the_loaded_module_in_eval_mode(
+    hf_folder, load_with_transformers, logits
+) -> None:
     folder = hf_folder("gpt2")
     module = from_hf(folder)
     assert not module.training
     inputs = example_inputs(module)
-    expected = _logits(load_with_transformers("gpt2", folder), inputs)
-    assert (_logits(module, inputs) - expected).abs().max().item() < 1e-5
+    expected = logits(load_with_transformers("gpt2", folder), inputs)
+    assert (logits(module, inputs) - expected).abs().max().item() < 1e-5
 
 
 def test_weights_are_the_folders_not_an_initialisation(hf_folder) -> None:
@@ -67,13 +64,13 @@ def test_cache_is_off_in_the_module_but_not_in_the_config(hf_folder) -> None:
     assert model.config["use_cache"] is True  # what the folder says, written back by save_hf
 
 
-def test_dtype_option(hf_folder) -> None:
+def test_dtype_option(hf_folder, logits) -> None:
     folder = hf_folder("mistral")
     wide = load_hf(folder, dtype=torch.float64)
     assert {v.dtype for v in wide.params.values() if v.is_floating_point()} == {torch.float64}
     inputs = example_inputs(wide)
-    ref = _logits(load_hf(folder).module, inputs)
-    assert (_logits(wide.module, inputs).float() - ref).abs().max().item() < 1e-5
+    ref = logits(load_hf(folder).module, inputs)
+    assert (logits(wide.module, inputs).float() - ref).abs().max().item() < 1e-5
     with pytest.raises(ValueError, match="dtype must be a floating-point dtype"):
         load_hf(folder, dtype=torch.int64)
 

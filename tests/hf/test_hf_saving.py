@@ -15,13 +15,6 @@ from lmckit.hf import HFError, example_inputs, load_hf, save_hf
 from lmckit.outputs import OutputError, check_output_dir, is_lmckit_output
 
 
-def _logits(module: torch.nn.Module, inputs, params=None) -> torch.Tensor:
-    with torch.no_grad():
-        if params is None:
-            return module(*inputs).logits
-        return torch.func.functional_call(module, params, inputs).logits
-
-
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a - b).abs().max().item()
 
@@ -42,18 +35,18 @@ def _disk_keys(folder: Path) -> set[str]:
 
 
 def test_permuted_ffn_round_trip(
-    hf_folder, families, load_with_transformers, tmp_path: Path, family: str
+    hf_folder, families, load_with_transformers, tmp_path: Path, family: str, logits
 ) -> None:
     model = load_hf(hf_folder(family))
     inputs = example_inputs(model)
     ffn = families[family].ffn
     permuted = _permute_ffn(model.params, ffn)
-    expected = _logits(model.module, inputs, permuted)
-    assert _max_diff(expected, _logits(model.module, inputs)) < 1e-5  # a true symmetry
+    expected = logits(model.module, inputs, permuted)
+    assert _max_diff(expected, logits(model.module, inputs)) < 1e-5  # a true symmetry
     out = save_hf(tmp_path / "out", model, permuted, metadata={"did": "permute"})
     loaded = load_with_transformers(family, out)
     assert type(loaded).__name__ == model.class_name
-    assert _max_diff(_logits(loaded, inputs), expected) < 1e-5
+    assert _max_diff(logits(loaded, inputs), expected) < 1e-5
     # the permuted weights were written, not the originals
     state = loaded.state_dict()
     for name, _axis in ffn:
@@ -62,7 +55,7 @@ def test_permuted_ffn_round_trip(
 
 
 def test_any_params_keep_their_function(
-    hf_folder, load_with_transformers, tmp_path: Path, family: str
+    hf_folder, load_with_transformers, tmp_path: Path, family: str, logits
 ) -> None:
     model = load_hf(hf_folder(family))
     inputs = example_inputs(model)
@@ -71,11 +64,11 @@ def test_any_params_keep_their_function(
         k: v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v
         for k, v in model.params.items()
     }
-    expected = _logits(model.module, inputs, moved)
-    assert _max_diff(expected, _logits(model.module, inputs)) > 1e-2  # a different function
+    expected = logits(model.module, inputs, moved)
+    assert _max_diff(expected, logits(model.module, inputs)) > 1e-2  # a different function
     before = {k: v.clone() for k, v in moved.items()}
     out = save_hf(tmp_path / "out", model, moved)
-    assert _max_diff(_logits(load_with_transformers(family, out), inputs), expected) < 1e-5
+    assert _max_diff(logits(load_with_transformers(family, out), inputs), expected) < 1e-5
     assert all(torch.equal(moved[k], before[k]) for k in before)  # inputs untouched
 
 
@@ -93,7 +86,7 @@ def test_tied_weights_are_written_once_while_equal(hf_folder, tmp_path: Path) ->
 
 
 def test_a_head_that_differs_from_the_embeddings_is_untied(
-    make_hf_folder, load_with_transformers, tmp_path: Path
+    make_hf_folder, load_with_transformers, tmp_path: Path, logits
 ) -> None:
     # Folding the final RMSNorm's weight into a tied LM head keeps the function but makes
     # the head differ from the embeddings: the written config must untie them.
@@ -115,7 +108,7 @@ def test_a_head_that_differs_from_the_embeddings_is_untied(
     assert {"lm_head.weight", "model.embed_tokens.weight"} <= _disk_keys(out)
     loaded = load_with_transformers("llama", out)
     assert torch.equal(loaded.state_dict()["model.embed_tokens.weight"], embed)
-    assert _max_diff(_logits(loaded, inputs), _logits(model.module, inputs)) < 1e-5
+    assert _max_diff(logits(loaded, inputs), logits(model.module, inputs)) < 1e-5
     # and it loads back into lmckit untied, with the same function
     again = load_hf(out)
     assert torch.equal(again.params["lm_head.weight"], folded["lm_head.weight"])
@@ -176,7 +169,9 @@ def test_written_folder_is_an_lmckit_output_of_kind_hf(hf_folder, tmp_path: Path
         check_output_dir(out, kind="hf")
 
 
-def test_on_disk_names_are_accepted(hf_folder, load_with_transformers, tmp_path: Path) -> None:
+def test_on_disk_names_are_accepted(
+    hf_folder, load_with_transformers, tmp_path: Path, logits
+) -> None:
     folder = hf_folder("vit")  # transformers 5 renames ViT's weights when loading
     model = load_hf(folder)
     disk = {k: v + 0.01 for k, v in load_file(folder / "model.safetensors").items()}
@@ -187,9 +182,9 @@ def test_on_disk_names_are_accepted(hf_folder, load_with_transformers, tmp_path:
         None, config=model.module.config, state_dict=disk
     )
     inputs = example_inputs(model)
-    expected = _logits(reference.eval(), inputs)
-    assert _max_diff(expected, _logits(model.module, inputs)) > 1e-3
-    assert _max_diff(_logits(load_with_transformers("vit", out), inputs), expected) < 1e-5
+    expected = logits(reference.eval(), inputs)
+    assert _max_diff(expected, logits(model.module, inputs)) > 1e-3
+    assert _max_diff(logits(load_with_transformers("vit", out), inputs), expected) < 1e-5
 
 
 def test_the_source_folder_is_never_written(hf_folder, tmp_path: Path) -> None:

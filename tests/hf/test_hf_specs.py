@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import torch
-from torch.func import functional_call
-
 from lmckit.align import weight_matching
 from lmckit.groups import HeadPermutation, Permutation
 from lmckit.hf import example_inputs, load_hf
@@ -14,11 +11,6 @@ from lmckit.symmetry import apply, random_transform
 #: per family: (query heads, key/value heads, head width); GQA shares key heads
 HEADS = {"gpt2": (2, 2, 16), "bert": (4, 4, 8), "vit": (4, 4, 8), "llama": (4, 2, 8)}
 HEADS["mistral"] = HEADS["llama"]
-
-
-def _logits(module, params, x):
-    with torch.no_grad():
-        return functional_call(module, params, (x,))[0]
 
 
 def test_inferred_spaces(family, hf_folder) -> None:
@@ -53,12 +45,12 @@ def test_inferred_spaces(family, hf_folder) -> None:
         }
 
 
-def test_a_random_transform_keeps_the_logits_and_is_recovered(family, hf_folder) -> None:
+def test_a_random_transform_keeps_the_logits_and_is_recovered(family, hf_folder, logits) -> None:
     model = load_hf(hf_folder(family))
     x = example_inputs(model)[0]
     spec = analyze_symmetries(model.module, (x,)).spec
     moved = apply(spec, model.params, random_transform(spec, seed=1))
-    before, after = _logits(model.module, model.params, x), _logits(model.module, moved, x)
+    before, after = logits(model.module, x, model.params), logits(model.module, x, moved)
     assert float((before - after).abs().max()) < 1e-4 * float(before.abs().max())
     back = apply(spec, moved, weight_matching(spec, model.params, moved).transform)
     worst = max(float((back[k] - model.params[k]).abs().max()) for k in model.params)
