@@ -11,6 +11,7 @@ it stands for, keeping the gradient.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
 import torch
@@ -40,11 +41,14 @@ def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tenso
         for space, use in spec.uses_of(name):
             if space.name in matrices:
                 mat = matrices[space.name].to(value.dtype)
-                value = act_on_axis(
-                    value, use, space.n, lambda x, m=mat: torch.einsum("mn,onk->omk", m, x)
-                )
+                value = act_on_axis(value, use, space.n, functools.partial(_left_multiply, mat))
         out[name] = value
     return out
+
+
+def _left_multiply(mat: Tensor, x: Tensor) -> Tensor:
+    """``mat`` applied to the middle axis of ``x`` (shape ``(outer, n, inner)``)."""
+    return torch.einsum("mn,onk->omk", mat, x)
 
 
 def straight_through(
