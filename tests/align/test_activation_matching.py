@@ -46,9 +46,9 @@ def test_recovers_a_permuted_mlp(statistic: str) -> None:
     )
     spec = module.symmetry_spec()
     permuted = apply(spec, params, random_transform(spec, 1))
-    result = activation_matching(
-        module, spec, params, permuted, _batches((10,), 4, 64, seed=2), statistic=statistic
-    )
+    config = ActivationMatchingConfig(statistic)  # type: ignore[arg-type]
+    inputs = _batches((10,), 4, 64, seed=2)
+    result = activation_matching(spec, params, permuted, config, model=module, data=inputs)
     _assert_params_equal(params, apply(spec, permuted, result.transform))
     for diag in result.spaces.values():
         assert diag.objective_after > diag.objective_before
@@ -58,7 +58,8 @@ def test_recovers_a_permuted_resnet20() -> None:
     module, params = create_model("resnet20", seed=0, in_channels=1, num_classes=3, width_mult=1)
     spec = module.symmetry_spec()
     permuted = apply(spec, params, random_transform(spec, 3))
-    result = activation_matching(module, spec, params, permuted, _batches((1, 8, 8), 2, 16, 4))
+    inputs = _batches((1, 8, 8), 2, 16, 4)
+    result = activation_matching(spec, params, permuted, model=module, data=inputs)
     assert set(result.spaces) == set(spec.names)
     _assert_params_equal(params, apply(spec, permuted, result.transform))
 
@@ -69,19 +70,23 @@ def test_space_without_probes_is_a_clear_error() -> None:
     uses = (Use("0.weight", 0, "write"), Use("1.weight", 1, "read"))
     spec = SymmetrySpec((Space("h", 3, Permutation(), uses),))
     with pytest.raises(ValueError, match="space 'h' has no probes"):
-        activation_matching(net, spec, params, params, [torch.randn(4, 4)])
+        activation_matching(spec, params, params, model=net, data=[torch.randn(4, 4)])
     missing = SymmetrySpec((Space("h", 3, Permutation(), uses, (Probe("nowhere"),)),))
     with pytest.raises(ValueError, match="nowhere"):
-        activation_matching(net, missing, params, params, [torch.randn(4, 4)])
+        activation_matching(missing, params, params, model=net, data=[torch.randn(4, 4)])
 
 
 def test_bad_arguments_are_refused() -> None:
     module, params = create_model("mlp", seed=0, in_features=4, hidden=[5], out_features=2)
     spec = module.symmetry_spec()
-    with pytest.raises(ValueError, match="statistic"):
-        activation_matching(module, spec, params, params, [], statistic="cosine")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="statistic must be"):
+        ActivationMatchingConfig(statistic="cosine")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="no input batches"):
-        activation_matching(module, spec, params, params, [])
+        activation_matching(spec, params, params, model=module, data=[])
+    with pytest.raises(ValueError, match="not one tensor"):
+        activation_matching(spec, params, params, model=module, data=torch.randn(3, 4))
+    with pytest.raises(ValueError, match="needs model=... and data=..."):
+        activation_matching(spec, params, params, data=[torch.randn(3, 4)])
 
 
 def test_streamed_statistics_equal_numpy_full_batch() -> None:
@@ -134,7 +139,7 @@ def test_common_signature_streams_the_first_training_batches() -> None:
     result = activation_matching(spec, params, permuted, config, model=module, data=_dataset(x))
     _assert_params_equal(params, result.apply(permuted))
     # exactly the first two batches of 64: the same statistics as those inputs given directly
-    direct = activation_matching(module, spec, params, permuted, list(x[:128].split(64)))
+    direct = activation_matching(spec, params, permuted, model=module, data=x[:128].split(64))
     for name, diag in result.spaces.items():
         assert diag.objective_before == pytest.approx(direct.spaces[name].objective_before)
     with pytest.raises(ValueError, match="needs model=... and data=..."):
@@ -166,7 +171,7 @@ def test_least_squares_spaces_and_bad_configs_are_refused() -> None:
     module, params = create_model("mlp", seed=0, in_features=4, hidden=[5], out_features=2)
     spec = module.symmetry_spec().with_groups(**{"hidden.0": Invertible()})
     with pytest.raises(ValueError, match="cannot solve space 'hidden.0': Invertible"):
-        activation_matching(module, spec, params, params, [torch.randn(3, 4)])
+        activation_matching(spec, params, params, model=module, data=[torch.randn(3, 4)])
     for bad in ({"statistic": "cosine"}, {"batch_size": 0}, {"batches": 0}):
         with pytest.raises(ValueError):
             ActivationMatchingConfig(**bad)  # type: ignore[arg-type]

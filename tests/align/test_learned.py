@@ -156,7 +156,7 @@ def test_learned_from_identity_lowers_the_midpoint_loss(mlp_pair) -> None:
     config = LearnedMatchingConfig(
         steps=150, eval_every=15, patience=10, lr=0.05, weight_matching_init=False
     )
-    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    result = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
     for s in spec:  # hard permutations
         assert torch.equal(torch.sort(result.transform[s.name]).values, torch.arange(s.n))
     naive = _mid_loss(model, a, b, data)
@@ -169,7 +169,7 @@ def test_learned_recovers_a_permuted_copy(mlp_pair) -> None:
     spec = model.symmetry_spec()
     t = random_transform(spec, 5)
     moved = apply(spec, a, t)
-    result = learned_matching(model, spec, a, moved, data, FAST, seed=0)
+    result = learned_matching(spec, a, moved, FAST, model=model, data=data, seed=0)
     back = apply(spec, moved, result.transform)
     for k in a:
         torch.testing.assert_close(back[k], a[k])
@@ -216,24 +216,20 @@ def test_the_loss_argument_trains_and_validates(mlp_pair) -> None:
     assert mse.history[0] == pytest.approx(start, rel=1e-5)
 
 
-def test_old_and_new_call_forms_agree(mlp_pair) -> None:
+def test_model_and_data_are_required(mlp_pair) -> None:
     model, a, b, data = mlp_pair
     spec = model.symmetry_spec()
-    config = LearnedMatchingConfig(steps=10, eval_every=5)
-    old = learned_matching(model, spec, a, b, data, config, seed=0)
-    new = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
-    assert old.history == new.history
-    for s in spec:
-        assert torch.equal(old.transform[s.name], new.transform[s.name])
     with pytest.raises(ValueError, match="needs model=... and data=..."):
-        learned_matching(spec, a, b, config, data=data)
+        learned_matching(spec, a, b, FAST, data=data)
+    with pytest.raises(ValueError, match="needs model=... and data=..."):
+        learned_matching(spec, a, b, FAST, model=model)
 
 
 def test_sinkhorn_mode_gives_hard_permutations(mlp_pair) -> None:
     model, a, b, data = mlp_pair
     spec = model.symmetry_spec()
     config = LearnedMatchingConfig(steps=30, eval_every=10, permutations="sinkhorn")
-    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    result = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
     for s in spec:
         assert torch.equal(torch.sort(result.transform[s.name]).values, torch.arange(s.n))
 
@@ -243,7 +239,7 @@ def test_batchnorm_network_is_learned_with_batch_statistics(bn_mlp_pair) -> None
     spec = model.symmetry_spec()
     a_before = {k: v.clone() for k, v in a.items()}
     config = LearnedMatchingConfig(steps=40, eval_every=10, weight_matching_init=False, lr=0.05)
-    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    result = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
     assert min(result.history) < result.history[0]
     for k in a:  # inputs, running statistics included, are untouched
         assert torch.equal(a[k], a_before[k])
@@ -254,7 +250,7 @@ def test_orthogonal_residual_is_learned_as_an_orthogonal_map(digits: Dataset) ->
     a, b = _params(module, 0), _params(module, 1)
     spec = module.spec(Orthogonal())
     config = LearnedMatchingConfig(steps=40, eval_every=10, weight_matching_init=False)
-    result = learned_matching(module, spec, a, b, digits, config, seed=0)
+    result = learned_matching(spec, a, b, config, model=module, data=digits, seed=0)
     o = result.transform["residual"]
     torch.testing.assert_close(o.T @ o, torch.eye(12), atol=1e-5, rtol=0)
     x = digits.x_test[:20]
@@ -268,7 +264,7 @@ def test_unsupported_group_and_bad_config_are_value_errors(mlp_pair) -> None:
     model, a, b, data = mlp_pair
     spec = model.symmetry_spec().with_groups(**{"hidden.0": Invertible()})
     with pytest.raises(ValueError, match="Invertible"):
-        learned_matching(model, spec, a, b, data, FAST)
+        learned_matching(spec, a, b, FAST, model=model, data=data)
     for bad in ({"lam_low": 0.7, "lam_high": 0.6}, {"permutations": "soft"}, {"lr": 0.0}):
         with pytest.raises(ValueError):
             LearnedMatchingConfig(**bad)
@@ -280,7 +276,7 @@ def test_spaces_left_out_stay_at_weight_matching(mlp_pair) -> None:
     wm = weight_matching(spec, a, b, spaces=["hidden.0"], seed=0)
     config = LearnedMatchingConfig(steps=20, eval_every=10, weight_matching_init=False)
     result = learned_matching(
-        model, spec, a, b, data, config, init=wm.transform, spaces=["hidden.1"], seed=0
+        spec, a, b, config, model=model, data=data, init=wm.transform, spaces=["hidden.1"], seed=0
     )
     assert torch.equal(result.transform["hidden.0"], wm.transform["hidden.0"])
     Permutation().validate(result.transform["hidden.1"], 64)
@@ -300,7 +296,7 @@ def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map(circuits: bool) ->
     x = torch.randint(0, 40, (32, 8), generator=torch.Generator().manual_seed(0))
     data = Dataset("toy", x, torch.roll(x, -1, 1), x[:8], torch.roll(x[:8], -1, 1), 40)
     config = LearnedMatchingConfig(steps=10, eval_every=5, batch_size=8)
-    result = learned_matching(module, spec, params, moved, data, config, seed=0)
+    result = learned_matching(spec, params, moved, config, model=module, data=data, seed=0)
     o = result.transform["residual"]
     torch.testing.assert_close(o.T @ o, torch.eye(16), atol=1e-5, rtol=0)
     back = apply(spec, moved, result.transform)
@@ -316,8 +312,8 @@ def test_learned_on_cuda_matches_the_cpu_run(bn_mlp_pair) -> None:
     model, a, b, data = bn_mlp_pair
     spec = model.symmetry_spec()
     config = LearnedMatchingConfig(steps=20, eval_every=10, weight_matching_init=False, lr=0.05)
-    on_cpu = learned_matching(model, spec, a, b, data, config, seed=0)
-    on_gpu = learned_matching(model, spec, a, b, data, config, seed=0, device="cuda")
+    on_cpu = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
+    on_gpu = learned_matching(spec, a, b, config, model=model, data=data, seed=0, device="cuda")
     assert next(model.parameters()).device.type == "cpu"  # the caller's model is not moved
     for s in spec:  # the transform comes back on the CPU, a hard permutation
         element = on_gpu.transform[s.name]
@@ -339,7 +335,9 @@ def test_tiny_gpt2_orthogonal_map_is_learned_on_cuda() -> None:
     x = torch.randint(0, 40, (32, 8), generator=torch.Generator().manual_seed(0))
     data = Dataset("toy", x, torch.roll(x, -1, 1), x[:8], torch.roll(x[:8], -1, 1), 40)
     config = LearnedMatchingConfig(steps=10, eval_every=5, batch_size=8)
-    result = learned_matching(module, spec, params, moved, data, config, seed=0, device="cuda")
+    result = learned_matching(
+        spec, params, moved, config, model=module, data=data, seed=0, device="cuda"
+    )
     back = apply(spec, moved, result.transform)
     for k in params:
         torch.testing.assert_close(back[k], params[k], atol=1e-2, rtol=0)
@@ -349,8 +347,8 @@ def test_learned_with_an_explicit_cpu_device_is_the_default_run(mlp_pair) -> Non
     model, a, b, data = mlp_pair
     spec = model.symmetry_spec()
     config = LearnedMatchingConfig(steps=10, eval_every=5)
-    default = learned_matching(model, spec, a, b, data, config, seed=0)
-    explicit = learned_matching(model, spec, a, b, data, config, seed=0, device="cpu")
+    default = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
+    explicit = learned_matching(spec, a, b, config, model=model, data=data, seed=0, device="cpu")
     assert default.history == explicit.history
     for s in spec:
         assert torch.equal(default.transform[s.name], explicit.transform[s.name])
@@ -360,7 +358,7 @@ def test_time_limit_stops_early_and_still_validates(mlp_pair) -> None:
     model, a, b, data = mlp_pair
     spec = model.symmetry_spec()
     config = LearnedMatchingConfig(steps=10_000, eval_every=10_000, max_seconds=1e-9)
-    result = learned_matching(model, spec, a, b, data, config, seed=0)
+    result = learned_matching(spec, a, b, config, model=model, data=data, seed=0)
     assert result.iterations == 1  # one step, then out of time
     assert len(result.history) == 2  # the start and the transform at the stop
     with pytest.raises(ValueError, match="max_seconds"):
@@ -385,5 +383,5 @@ def test_row_masks_reach_the_weight_matching_start() -> None:
     data = Dataset("toy", x, torch.roll(x, -1, 1), x[:4], torch.roll(x[:4], -1, 1), 17)
     config = LearnedMatchingConfig(steps=0)  # the start only
     start = weight_matching(spec, a, b, row_masks=masks).transform
-    learned = learned_matching(module, spec, a, noisy, data, config, row_masks=masks)
+    learned = learned_matching(spec, a, noisy, config, model=module, data=data, row_masks=masks)
     torch.testing.assert_close(learned.transform["residual"], start["residual"], atol=1e-4, rtol=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.align import UniverseConfig, universe_matching
+from lmckit.align import UniverseConfig, UniverseResult, universe_matching
 from lmckit.data import Dataset, batches
 from lmckit.models import create_model
 from lmckit.paths import evaluate_simplex
@@ -23,6 +23,11 @@ def three_mlps(mlp_pair, digits: Dataset):
     return model, [a, b, c]
 
 
+def _universe(spec, models, config=None, **options) -> UniverseResult:
+    """Universe matching of a list of models: the first two, then ``others``."""
+    return universe_matching(spec, models[0], models[1], config, others=models[2:], **options)
+
+
 def _matrices_equal(spec, x, y) -> bool:
     return all(torch.equal(s.group.matrix(x[s.name]), s.group.matrix(y[s.name])) for s in spec)
 
@@ -31,7 +36,7 @@ def test_recovers_permuted_copies_of_one_model(mlp_pair) -> None:
     model, a, _, _ = mlp_pair
     spec = model.symmetry_spec()
     copies = [a] + [apply(spec, a, random_transform(spec, seed)) for seed in (1, 2, 3)]
-    result = universe_matching(spec, copies)
+    result = _universe(spec, copies)
     assert result.converged
     for moved in result.aligned(spec, copies):
         for k in a:
@@ -73,7 +78,7 @@ def test_pairwise_maps_bring_trained_models_closer(three_mlps) -> None:
 
 def test_objective_never_decreases(three_mlps) -> None:
     model, models = three_mlps
-    result = universe_matching(model.symmetry_spec(), models, seed=1)
+    result = _universe(model.symmetry_spec(), models, seed=1)
     assert all(
         b >= a - 1e-6 * abs(a) for a, b in zip(result.history, result.history[1:], strict=False)
     )
@@ -84,7 +89,7 @@ def test_multi_model_barrier_drops(three_mlps, digits: Dataset) -> None:
     spec = model.symmetry_spec()
     test = lambda: batches(digits.x_test, digits.y_test, 500)  # noqa: E731
     before = evaluate_simplex(model, models, test, resolution=4)
-    result = universe_matching(spec, models)
+    result = _universe(spec, models)
     after = evaluate_simplex(model, result.aligned(spec, models), test, resolution=4)
     assert after.barrier_loss < 0.5 * before.barrier_loss
     assert after.vertex_loss == pytest.approx(before.vertex_loss, abs=1e-5)
@@ -96,7 +101,7 @@ def test_orthogonal_spaces_are_matched_too() -> None:
     )
     spec = model.symmetry_spec().with_groups(**{"hidden.0": Orthogonal()})
     copies = [a] + [apply(spec, a, random_transform(spec, s)) for s in (1, 2)]
-    result = universe_matching(spec, copies)
+    result = _universe(spec, copies)
     for moved in result.aligned(spec, copies):
         for k in a:
             torch.testing.assert_close(moved[k], a[k], atol=1e-4, rtol=0)
@@ -105,11 +110,9 @@ def test_orthogonal_spaces_are_matched_too() -> None:
 def test_errors(mlp_pair) -> None:
     model, a, b, _ = mlp_pair
     spec = model.symmetry_spec()
-    with pytest.raises(ValueError, match="at least 2"):
-        universe_matching(spec, [a])
     _, wide = create_model("mlp", seed=0, in_features=64, hidden=[64, 80], out_features=10)
     with pytest.raises(ValueError, match="layers.1.weight"):
-        universe_matching(spec, [a, b, wide])
+        universe_matching(spec, a, b, others=[wide])
     with pytest.raises(ValueError):
         UniverseConfig(max_iter=0)
 
@@ -136,9 +139,9 @@ def test_universe_row_masks_ignore_unseen_token_rows() -> None:
     masks = {"transformer.wte.weight": seen, "lm_head.weight": seen}
     noisy = [_noisy_unseen_rows(p, seen, k) for k, p in enumerate(models)]
     config = UniverseConfig(max_iter=3)
-    clean = universe_matching(spec, models, config, row_masks=masks)
-    dirty = universe_matching(spec, noisy, config, row_masks=masks)
-    unmasked = universe_matching(spec, noisy, config)
+    clean = _universe(spec, models, config, row_masks=masks)
+    dirty = _universe(spec, noisy, config, row_masks=masks)
+    unmasked = _universe(spec, noisy, config)
     for k in range(3):
         torch.testing.assert_close(
             clean.transforms[k]["residual"], dirty.transforms[k]["residual"], atol=1e-4, rtol=0

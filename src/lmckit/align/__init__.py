@@ -8,7 +8,6 @@ from lmckit.align.activation import (
     ActivationMatchingConfig,
     activation_matching,
     collect_cross_statistics,
-    orthogonal_activation_matching,
 )
 from lmckit.align.head_bases import (
     HeadBases,
@@ -65,7 +64,6 @@ __all__ = [
     "match_head_bases",
     "naive",
     "naive_embedding",
-    "orthogonal_activation_matching",
     "register_aligner",
     "solve",
     "universe_matching",

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.align._compat import legacy_call, module_first
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.weight import GIT_REBASIN
@@ -35,7 +34,6 @@ __all__ = [
     "CrossStatistics",
     "activation_matching",
     "collect_cross_statistics",
-    "orthogonal_activation_matching",
 ]
 
 Statistic = Literal["correlation", "covariance", "natural"]
@@ -250,67 +248,23 @@ def _unit_similarity(sim: Tensor, n: int) -> Tensor:
     return torch.diagonal(sim.reshape(n, k, n, k), dim1=1, dim2=3).sum(-1)
 
 
-def _match(
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    inputs: Iterable[Tensor],
-    *,
-    statistic: Statistic = "correlation",
-    spaces: Sequence[str] | None = None,
-    progress: bool = False,
-    device: str | torch.device | None = None,
-) -> AlignmentResult:
-    """Activation matching on the input batches ``inputs`` (the aligners' core)."""
-    if statistic not in _STATISTICS:
+def _input_batches(
+    data: Dataset | Iterable[Tensor], config: ActivationMatchingConfig
+) -> Iterable[Tensor]:
+    """The input batches ``data`` stands for: the first training batches of a
+    :class:`Dataset`, or the given batches as they are."""
+    if isinstance(data, Dataset):
+        return (
+            x
+            for x, _ in batches(data.x_train, data.y_train, config.batch_size, limit=config.batches)
+        )
+    if isinstance(data, Tensor):
+        # iterating a tensor would yield its rows, each taken for a batch
         raise ValueError(
-            f"statistic must be 'correlation', 'covariance' or 'natural', got {statistic!r}"
+            "activation matching needs a Dataset or an iterable of input batches as data, "
+            "not one tensor (pass [inputs])"
         )
-    check_compatible(params_a, params_b)
-    check_finite(params_a, what="first model")
-    check_finite(params_b, what="second model")
-    spec.validate(params_b)
-    for name in spec.names if spaces is None else spaces:
-        if spec[name].group.least_squares:
-            raise ValueError(
-                f"activation matching cannot solve space {name!r}: {spec[name].group.name} "
-                "is fitted by least squares; pass spaces=... to leave it out"
-            )
-    start = time.perf_counter()
-    stats = collect_cross_statistics(
-        model, spec, params_a, params_b, inputs, spaces=spaces, progress=progress, device=device
-    )
-    elements = {}
-    diagnostics = {}
-    for name, st in stats.items():
-        group = spec[name].group
-        chosen = group.natural_statistic if statistic == "natural" else statistic
-        sim = (st.correlation() if chosen == "correlation" else st.covariance()).float().cpu()
-        sim = _unit_similarity(sim, spec[name].n)
-        element = group.solve(sim)
-        elements[name] = element
-        diagnostics[name] = SpaceDiagnostics(
-            group.objective(group.identity(spec[name].n), sim), group.objective(element, sim)
-        )
-    return AlignmentResult(
-        transform=Transform(spec, elements),
-        spaces=diagnostics,
-        seconds=time.perf_counter() - start,
-    )
-
-
-def _old_form(
-    _new: Callable[..., AlignmentResult],
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    inputs: Iterable[Tensor],
-    **options: Any,
-) -> AlignmentResult:
-    # ``activation_matching(model, spec, a, b, inputs, *, statistic, spaces, progress)``
-    return _match(model, spec, params_a, params_b, inputs, **options)
+    return data
 
 
 @register_aligner(
@@ -321,7 +275,6 @@ def _old_form(
     needs_model=True,
     needs_data=True,
 )
-@legacy_call(module_first, _old_form)
 def activation_matching(
     spec: SymmetrySpec,
     params_a: Params,
@@ -329,7 +282,7 @@ def activation_matching(
     config: ActivationMatchingConfig | None = None,
     *,
     model: nn.Module | None = None,
-    data: Dataset | None = None,
+    data: Dataset | Iterable[Tensor] | None = None,
     seed: int = 0,
     progress: bool = False,
     device: str | torch.device | None = None,
@@ -342,7 +295,10 @@ def activation_matching(
         params_a, params_b: reference and model to align; unchanged.
         config: statistic and how much training data to stream.
         model: the module both parameter sets run through (required).
-        data: its first ``config.batches`` training batches are streamed (required).
+        data: a :class:`Dataset`, whose first ``config.batches`` training batches of
+            ``config.batch_size`` are streamed, or an iterable of input batches
+            (tensors ``(batch, ...)`` that ``model`` takes), streamed as given
+            (``config.batch_size`` and ``config.batches`` then do not apply). Required.
         seed: unused (the batches are the first ones, in order).
         progress: progress bar over batches.
         device: where the passes and statistics run (default CPU).
@@ -351,41 +307,35 @@ def activation_matching(
     config = config or ActivationMatchingConfig()
     if model is None or data is None:
         raise ValueError("activation matching needs model=... and data=...")
-    inputs = (
-        x for x, _ in batches(data.x_train, data.y_train, config.batch_size, limit=config.batches)
+    check_compatible(params_a, params_b)
+    check_finite(params_a, what="first model")
+    check_finite(params_b, what="second model")
+    spec.validate(params_b)
+    for name in spec.names if spaces is None else spaces:
+        if spec[name].group.least_squares:
+            raise ValueError(
+                f"activation matching cannot solve space {name!r}: {spec[name].group.name} "
+                "is fitted by least squares; pass spaces=... to leave it out"
+            )
+    inputs = _input_batches(data, config)
+    start = time.perf_counter()
+    stats = collect_cross_statistics(
+        model, spec, params_a, params_b, inputs, spaces=spaces, progress=progress, device=device
     )
-    return _match(
-        model,
-        spec,
-        params_a,
-        params_b,
-        inputs,
-        statistic=config.statistic,
-        spaces=spaces,
-        progress=progress,
-        device=device,
+    elements = {}
+    diagnostics = {}
+    for name, st in stats.items():
+        group = spec[name].group
+        chosen = group.natural_statistic if config.statistic == "natural" else config.statistic
+        sim = (st.correlation() if chosen == "correlation" else st.covariance()).float().cpu()
+        sim = _unit_similarity(sim, spec[name].n)
+        element = group.solve(sim)
+        elements[name] = element
+        diagnostics[name] = SpaceDiagnostics(
+            group.objective(group.identity(spec[name].n), sim), group.objective(element, sim)
+        )
+    return AlignmentResult(
+        transform=Transform(spec, elements),
+        spaces=diagnostics,
+        seconds=time.perf_counter() - start,
     )
-
-
-def orthogonal_activation_matching(
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    inputs: Iterable[Tensor],
-) -> Transform:
-    """Activation matching with each space's natural statistic, e.g. RMSNorm transformers.
-
-    Kept for existing callers; new code calls :func:`activation_matching` with
-    ``ActivationMatchingConfig(statistic="natural")`` and gets an ``AlignmentResult``.
-    Orthogonal spaces (a residual stream) get the map maximising ``tr(O^T C)`` for the
-    cross-covariance ``C`` of the two models' activations (Pearson normalisation is not
-    orthogonally equivariant); every other space (heads, MLP units) is permuted by
-    Pearson correlation. Both statistics come from one pass over ``inputs``.
-
-    Returns:
-        The transform aligning ``params_b`` to ``params_a``.
-    """
-    if not any(s.group.natural_statistic == "covariance" for s in spec):
-        raise ValueError("orthogonal activation matching needs an Orthogonal space")
-    return _match(model, spec, params_a, params_b, inputs, statistic="natural").transform

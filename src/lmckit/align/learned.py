@@ -42,7 +42,6 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.align._compat import legacy_call, model_and_data_first, module_first
 from lmckit.align.dense import apply_dense, straight_through
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
@@ -208,7 +207,6 @@ def _to(params: Params, device: torch.device) -> Params:
     needs_model=True,
     needs_data=True,
 )
-@legacy_call(module_first, model_and_data_first)
 def learned_matching(
     spec: SymmetrySpec,
     params_a: Params,

@@ -22,15 +22,13 @@ model 0 and ``transforms`` holds every ``T_k``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from lmckit.align._compat import legacy_call, models_list
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.weight import (
@@ -107,23 +105,9 @@ def _same(spec: SymmetrySpec, x: Transform, y: Transform) -> bool:
     return all(s.group.close(x[s.name], y[s.name]) for s in spec)
 
 
-def _old_form(
-    new: Callable[..., UniverseResult],
-    spec: SymmetrySpec,
-    models: Sequence[Params],
-    config: UniverseConfig | None = None,
-    **options: Any,
-) -> UniverseResult:
-    # ``universe_matching(spec, models, config, **options)``
-    if len(models) < 2:
-        raise ValueError(f"universe matching needs at least 2 models, got {len(models)}")
-    return new(spec, models[0], models[1], config, others=tuple(models[2:]), **options)
-
-
 @register_aligner(
     "universe_matching", paper=GIT_REBASIN + " (App. A.9); " + C2M3, config=UniverseConfig
 )
-@legacy_call(models_list, _old_form)
 def universe_matching(
     spec: SymmetrySpec,
     params_a: Params,

@@ -13,6 +13,7 @@ Every aligner has one signature (the :class:`Aligner` protocol)::
   the network (:attr:`AlignerInfo.needs_model`); data-free methods ignore it.
 - ``data``: an :class:`lmckit.data.Dataset` (its training split), for methods that
   need data (:attr:`AlignerInfo.needs_data`); data-free methods ignore it.
+  ``activation_matching`` also takes an iterable of input batches instead.
 - ``seed``, ``progress``, ``device``: how to run it (randomness, a progress bar,
   where the heavy tensor work runs; results always come back on the CPU).
 - method options after those are keyword-only and optional (``init``, ``spaces``,
