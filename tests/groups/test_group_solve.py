@@ -121,6 +121,19 @@ def test_square_groups_refuse_rectangular_similarities() -> None:
             group.solve(torch.randn(4, 6))
 
 
+def test_rectangular_groups_refuse_narrower_targets_everywhere() -> None:
+    # solving, the plain embedding and a random draw all need m >= n
+    for group in (SemiPermutation(), PaddedPermutation(), Orthogonal()):
+        message = f"{group.name} embeds n=6 units into m >= n, got m=4"
+        with pytest.raises(ValueError, match=message):
+            group.solve(torch.randn(4, 6))
+        with pytest.raises(ValueError, match=message):
+            group.embedding(6, 4)
+        with pytest.raises(ValueError, match=message):
+            group.random(6, torch.Generator(), m=4)
+        group.validate(group.random(6, torch.Generator()), 6)  # m defaults to n
+
+
 def test_objective_is_the_trace_inner_product(case: Case) -> None:
     element = case.random(70)
     sim = torch.randn(case.m, case.n, generator=_gen(71))

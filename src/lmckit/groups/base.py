@@ -34,6 +34,7 @@ __all__ = [
     "Subproblem",
     "check_square",
     "check_tensor",
+    "check_wide",
 ]
 
 Role = Literal["write", "read", "elementwise"]
@@ -208,6 +209,15 @@ class Group(abc.ABC, Generic[E]):
 def check_square(m: int | None, n: int, group: Group) -> None:
     if m is not None and m != n:
         raise ValueError(f"{group.name} elements are square; got m={m}, n={n}")
+
+
+def check_wide(m: int | None, n: int, group: Group) -> int:
+    """The width ``m`` (default ``n``) that a rectangular group embeds ``n`` units
+    into, checked to be at least ``n``."""
+    m = n if m is None else m
+    if m < n:
+        raise ValueError(f"{group.name} embeds n={n} units into m >= n, got m={m}")
+    return m
 
 
 def check_tensor(element: object, group: Group, *, ndim: int, integer: bool) -> Tensor:

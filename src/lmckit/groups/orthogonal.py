@@ -10,7 +10,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lmckit.groups.base import MatrixGroup, Role, Subproblem, check_tensor
+from lmckit.groups.base import MatrixGroup, Role, Subproblem, check_tensor, check_wide
 
 __all__ = ["ONE_THREAD_ENTRIES", "Orthogonal"]
 
@@ -51,9 +51,7 @@ class Orthogonal(MatrixGroup):
     atol: ClassVar[float] = 1e-4
 
     def random(self, n: int, generator: torch.Generator, *, m: int | None = None) -> Tensor:
-        m = n if m is None else m
-        if m < n:
-            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
+        m = check_wide(m, n, self)
         gauss = torch.randn(m, n, generator=generator, dtype=torch.float64)
         q, r = torch.linalg.qr(gauss)
         # sign fix makes the draw Haar-distributed
@@ -61,8 +59,7 @@ class Orthogonal(MatrixGroup):
 
     def embedding(self, n: int, m: int) -> Tensor:
         """``[I; 0]``: the narrow space as the first ``n`` wide coordinates."""
-        if m < n:
-            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
+        check_wide(m, n, self)
         return torch.eye(m, n)
 
     def inverse(self, element: Tensor) -> Tensor:
@@ -83,8 +80,7 @@ class Orthogonal(MatrixGroup):
     def solve_subproblem(self, problem: Subproblem) -> Tensor:
         sim = problem.sim
         m, n = sim.shape
-        if m < n:
-            raise ValueError(f"an orthogonal embedding maps n={n} into m >= n, got m={m}")
+        check_wide(m, n, self)
         # orthogonal Procrustes: argmax_O tr(O^T C) = U V^T for C = U S V^T
         with _one_thread_if(m * n <= ONE_THREAD_ENTRIES):
             u, _, vh = torch.linalg.svd(sim.detach().cpu().double(), full_matrices=False)

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from lmckit.groups._assignment import injective
-from lmckit.groups.base import Group, Role, Subproblem, check_tensor
+from lmckit.groups.base import Group, Role, Subproblem, check_tensor, check_wide
 
 __all__ = ["PaddedPermutation", "PaddedPermutationElement"]
 
@@ -47,15 +47,12 @@ class PaddedPermutation(Group[PaddedPermutationElement]):
     def random(
         self, n: int, generator: torch.Generator, *, m: int | None = None
     ) -> PaddedPermutationElement:
-        m = n if m is None else m
-        if m < n:
-            raise ValueError(f"a padded permutation embeds {n} units into m >= n, got m={m}")
+        m = check_wide(m, n, self)
         return PaddedPermutationElement(torch.randperm(m, generator=generator)[:n], m)
 
     def embedding(self, n: int, m: int) -> PaddedPermutationElement:
         """The narrow units in the first ``n`` wide slots (``[I; 0]``)."""
-        if m < n:
-            raise ValueError(f"a padded permutation embeds {n} units into m >= n, got m={m}")
+        check_wide(m, n, self)
         return PaddedPermutationElement(torch.arange(n), m)
 
     def compose(
@@ -94,8 +91,7 @@ class PaddedPermutation(Group[PaddedPermutationElement]):
 
     def solve_subproblem(self, problem: Subproblem) -> PaddedPermutationElement:
         m, n = problem.sim.shape
-        if m < n:
-            raise ValueError(f"a padded permutation embeds n={n} units into m >= n, got m={m}")
+        check_wide(m, n, self)
         return PaddedPermutationElement(injective(problem.sim), m)
 
     def objective(self, element: PaddedPermutationElement, sim: Tensor) -> float:

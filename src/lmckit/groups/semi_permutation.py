@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from lmckit.groups._assignment import injective
-from lmckit.groups.base import Group, Role, Subproblem, check_tensor
+from lmckit.groups.base import Group, Role, Subproblem, check_tensor, check_wide
 
 __all__ = ["Coefficients", "SemiPermutation", "SemiPermutationElement"]
 
@@ -77,9 +77,7 @@ class SemiPermutation(Group[SemiPermutationElement]):
     def random(
         self, n: int, generator: torch.Generator, *, m: int | None = None
     ) -> SemiPermutationElement:
-        m = n if m is None else m
-        if m < n:
-            raise ValueError(f"a semi-permutation embeds {n} units into m >= n, got m={m}")
+        m = check_wide(m, n, self)
         # every narrow unit gets at least one wide unit, the rest are spread at random
         extra = torch.randint(0, n, (m - n,), generator=generator)
         assign = torch.cat([torch.arange(n), extra])[torch.randperm(m, generator=generator)]
@@ -88,8 +86,7 @@ class SemiPermutation(Group[SemiPermutationElement]):
 
     def embedding(self, n: int, m: int) -> SemiPermutationElement:
         """Wide unit ``i`` copies narrow unit ``i mod n``, coefficients uniform."""
-        if m < n:
-            raise ValueError(f"a semi-permutation embeds {n} units into m >= n, got m={m}")
+        check_wide(m, n, self)
         return _normalised(torch.arange(m) % n, torch.ones(m, dtype=torch.float64), n)
 
     def compose(
@@ -139,8 +136,7 @@ class SemiPermutation(Group[SemiPermutationElement]):
         (cosine, from the problem's norms; raw similarity without them); coefficients by
         :attr:`coefficients`."""
         m, n = problem.sim.shape
-        if m < n:
-            raise ValueError(f"a semi-permutation embeds n={n} units into m >= n, got m={m}")
+        check_wide(m, n, self)
         sim = problem.sim.detach().cpu().double()
         cosine = sim
         if problem.norms is not None:
