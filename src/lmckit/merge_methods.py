@@ -26,6 +26,7 @@ from torch import nn
 
 from lmckit.merge import Inputs, has_batchnorm, repair_prepare, reset_prepare
 from lmckit.params import Params, interpolate
+from lmckit.registry import Registry, summary
 
 __all__ = [
     "MergeInfo",
@@ -93,10 +94,10 @@ class MergeInfo:
     @property
     def summary(self) -> str:
         """First line of the factory's docstring."""
-        return ((self.prepare.__doc__ or "").strip().splitlines() or [""])[0]
+        return summary(self.prepare)
 
 
-_METHODS: dict[str, MergeInfo] = {}
+_METHODS: Registry[MergeInfo] = Registry("merge method")
 
 
 def register_merge_method(
@@ -110,9 +111,9 @@ def register_merge_method(
     """Decorator adding a merge method (its ``prepare`` factory) under ``name``."""
 
     def deco(factory: PrepareFactory) -> PrepareFactory:
-        if name in _METHODS:
-            raise ValueError(f"merge method {name!r} is already registered")
-        _METHODS[name] = MergeInfo(name, factory, paper, needs_model, needs_data, needs_batchnorm)
+        _METHODS.add(
+            name, MergeInfo(name, factory, paper, needs_model, needs_data, needs_batchnorm)
+        )
         return factory
 
     return deco
@@ -120,16 +121,12 @@ def register_merge_method(
 
 def list_merge_methods() -> list[str]:
     """Names of the registered merge methods, sorted."""
-    return sorted(_METHODS)
+    return _METHODS.names()
 
 
 def merge_info(name: str) -> MergeInfo:
     """The registry entry of ``name``; ``KeyError`` listing the valid names on a typo."""
-    try:
-        return _METHODS[name]
-    except KeyError:
-        known = ", ".join(sorted(_METHODS))
-        raise KeyError(f"unknown merge method {name!r}; known merge methods: {known}") from None
+    return _METHODS.get(name)
 
 
 def path_prepare(

@@ -35,6 +35,7 @@ from torch import nn
 from lmckit.align.result import AlignmentResult
 from lmckit.data import Dataset
 from lmckit.params import Params
+from lmckit.registry import Registry, summary
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
@@ -88,10 +89,15 @@ class AlignerInfo:
     @property
     def summary(self) -> str:
         """First line of the aligner's docstring."""
-        return ((self.fn.__doc__ or "").strip().splitlines() or [""])[0]
+        return summary(self.fn)
 
 
-_ALIGNERS: dict[str, AlignerInfo] = {}
+def _load_all() -> None:
+    # importing the package imports (and so registers) every aligner module
+    import lmckit.align  # noqa: F401
+
+
+_ALIGNERS: Registry[AlignerInfo] = Registry("aligner", load=_load_all)
 F = TypeVar("F", bound=Callable[..., AlignmentResult])
 
 
@@ -106,33 +112,20 @@ def register_aligner(
     """Decorator adding an aligner under ``name``; ``paper`` cites the method."""
 
     def deco(fn: F) -> F:
-        if name in _ALIGNERS:
-            raise ValueError(f"aligner {name!r} is already registered")
-        _ALIGNERS[name] = AlignerInfo(name, fn, paper, config, needs_model, needs_data)
+        _ALIGNERS.add(name, AlignerInfo(name, fn, paper, config, needs_model, needs_data))
         return fn
 
     return deco
 
 
-def _load_all() -> None:
-    # importing the package imports (and so registers) every aligner module
-    import lmckit.align  # noqa: F401
-
-
 def list_aligners() -> list[str]:
     """Names of the registered aligners, sorted."""
-    _load_all()
-    return sorted(_ALIGNERS)
+    return _ALIGNERS.names()
 
 
 def aligner_info(name: str) -> AlignerInfo:
     """The registry entry of ``name``; ``KeyError`` listing the valid names on a typo."""
-    _load_all()
-    try:
-        return _ALIGNERS[name]
-    except KeyError:
-        known = ", ".join(sorted(_ALIGNERS))
-        raise KeyError(f"unknown aligner {name!r}; known aligners: {known}") from None
+    return _ALIGNERS.get(name)
 
 
 def get_aligner(name: str) -> Aligner:

@@ -16,6 +16,7 @@ from typing import Any
 
 from lmckit.atomic import write_json, write_text
 from lmckit.outputs import RUN_MARKER
+from lmckit.registry import Registry, summary
 
 __all__ = [
     "ExperimentContext",
@@ -73,16 +74,13 @@ class ExperimentResult:
 
 
 Experiment = Callable[[ExperimentContext], ExperimentResult]
-_EXPERIMENTS: dict[str, tuple[Experiment, str]] = {}
 
 
 def register_experiment(name: str, *, paper: str = "") -> Callable[[Experiment], Experiment]:
     """Decorator adding an experiment under ``name`` (``paper``: where the claim is from)."""
 
     def deco(fn: Experiment) -> Experiment:
-        if name in _EXPERIMENTS:
-            raise ValueError(f"experiment {name!r} is already registered")
-        _EXPERIMENTS[name] = (fn, paper)
+        _EXPERIMENTS.add(name, (fn, paper))
         return fn
 
     return deco
@@ -93,22 +91,17 @@ def _load_all() -> None:
     import lmckit.experiments  # noqa: F401
 
 
+_EXPERIMENTS: Registry[tuple[Experiment, str]] = Registry("experiment", load=_load_all)
+
+
 def list_experiments() -> dict[str, str]:
     """Experiment names mapped to the first line of their docstrings."""
-    _load_all()
-    return {
-        name: ((fn.__doc__ or "").strip().splitlines() or [""])[0]
-        for name, (fn, _) in sorted(_EXPERIMENTS.items())
-    }
+    return {name: summary(_EXPERIMENTS.get(name)[0]) for name in _EXPERIMENTS.names()}
 
 
 def get_experiment(name: str) -> Experiment:
-    _load_all()
-    try:
-        return _EXPERIMENTS[name][0]
-    except KeyError:
-        known = ", ".join(sorted(_EXPERIMENTS))
-        raise KeyError(f"unknown experiment {name!r}; known experiments: {known}") from None
+    """The experiment registered as ``name`` (``KeyError`` listing the valid names)."""
+    return _EXPERIMENTS.get(name)[0]
 
 
 def default_data_root() -> Path:

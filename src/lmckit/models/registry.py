@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.params import Params
+from lmckit.registry import Registry
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
@@ -23,7 +24,7 @@ __all__ = [
     "register_model",
 ]
 
-_MODELS: dict[str, type[ZooModel]] = {}
+_MODELS: Registry[type[ZooModel]] = Registry("model")
 # Inferred specs by architecture (class and configuration): a memo of a pure function.
 _SPECS: dict[str, SymmetrySpec] = {}
 
@@ -101,9 +102,7 @@ def register_model(name: str) -> Callable[[type[ZooModel]], type[ZooModel]]:
     """Class decorator adding an architecture to the zoo under ``name``."""
 
     def deco(cls: type[ZooModel]) -> type[ZooModel]:
-        if name in _MODELS:
-            raise ValueError(f"model {name!r} is already registered")
-        _MODELS[name] = cls
+        _MODELS.add(name, cls)
         cls.registry_name = name
         return cls
 
@@ -118,16 +117,13 @@ def check_sizes(model: str, **sizes: object) -> None:
 
 
 def list_models() -> list[str]:
-    return sorted(_MODELS)
+    """Names of the zoo's architectures, sorted."""
+    return _MODELS.names()
 
 
 def get_model_class(name: str) -> type[ZooModel]:
-    try:
-        return _MODELS[name]
-    except KeyError:
-        raise KeyError(
-            f"unknown model {name!r}; known models: {', '.join(list_models())}"
-        ) from None
+    """The class registered as ``name`` (``KeyError`` listing the valid names)."""
+    return _MODELS.get(name)
 
 
 def build_module(config: ModelConfig) -> ZooModel:
