@@ -10,17 +10,16 @@ lower is better (e.g. mean absolute error) has the barrier
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from lmckit.batched import Batching, point_sums
 from lmckit.params import Params, check_compatible, interpolate
+from lmckit.record import JsonRecord
 from lmckit.task import CLASSIFICATION, Task
 
 __all__ = [
@@ -84,7 +83,7 @@ def linear_grid(points: int = 11) -> list[float]:
 
 
 @dataclass(frozen=True)
-class PathResult:
+class PathResult(JsonRecord):
     """Loss and metric at points ``t`` of a path from model A (t=0) to B (t=1).
 
     JSON (:meth:`to_dict`): ``t``, ``loss``, ``acc``, ``barrier_loss``, ``barrier_acc``,
@@ -102,6 +101,8 @@ class PathResult:
         metric: the metric's name (``"acc"``: accuracy).
         higher_is_better: the metric's direction (the metric barrier follows it).
     """
+
+    record_name: ClassVar[str] = "path result"
 
     t: list[float]
     loss: list[float]
@@ -164,30 +165,16 @@ class PathResult:
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> PathResult:
-        """Read :meth:`to_dict`'s form back; a ``ValueError`` names what is missing."""
-        try:
-            metric = str(data.get("metric", "acc"))
-            return cls(
-                [float(v) for v in data["t"]],
-                [float(v) for v in data["loss"]],
-                [float(v) for v in data[metric]],
-                dict(data.get("meta", {})),
-                metric,
-                bool(data.get("higher_is_better", True)),
-            )
-        except KeyError as err:
-            raise ValueError(f"path result is missing {err}") from None
-        except TypeError as err:
-            # e.g. "t": null or "meta": 3 in a hand-edited JSON file
-            raise ValueError(f"path result is malformed: {err}") from None
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def load(cls, path: str | Path) -> PathResult:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def _from_fields(cls, data: Mapping[str, Any]) -> PathResult:
+        metric = str(data.get("metric", "acc"))
+        return cls(
+            [float(v) for v in data["t"]],
+            [float(v) for v in data["loss"]],
+            [float(v) for v in data[metric]],
+            dict(data.get("meta", {})),
+            metric,
+            bool(data.get("higher_is_better", True)),
+        )
 
 
 PointFn = Callable[[Params, float], Params]

@@ -77,8 +77,11 @@ def test_invalid_results_are_value_errors() -> None:
         SimplexResult([(0.5, 0.6), (1.0, 0.0), (0.0, 1.0)], [1, 2, 3], [0, 0, 0])
     with pytest.raises(ValueError, match="vertex"):
         SimplexResult([(0.5, 0.5), (1.0, 0.0)], [1, 2], [0, 0])
-    with pytest.raises(ValueError, match="missing"):
+    with pytest.raises(ValueError, match="^simplex result is missing 'weights'$"):
         SimplexResult.from_dict({"loss": []})
+    # a hand-edited file: a null where a list belongs is a one-line error, no traceback
+    with pytest.raises(ValueError, match="^simplex result is malformed: "):
+        SimplexResult.from_dict({"weights": [[1.0, 0.0], [0.0, 1.0]], "loss": None, "acc": [1, 1]})
 
 
 def test_inputs_are_not_modified(mlp_pair, digits: Dataset) -> None:

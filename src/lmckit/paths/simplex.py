@@ -15,17 +15,16 @@ with ``L_k, A_k`` measured at the vertices.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from lmckit.batched import Batching, point_sums
 from lmckit.params import Params, check_compatible, weighted_average
+from lmckit.record import JsonRecord
 from lmckit.task import CLASSIFICATION
 
 __all__ = [
@@ -95,7 +94,7 @@ def simplex_grid(
 
 
 @dataclass(frozen=True)
-class SimplexResult:
+class SimplexResult(JsonRecord):
     """Loss and accuracy at convex weights ``w`` of ``K`` models.
 
     Attributes:
@@ -104,6 +103,8 @@ class SimplexResult:
         acc: accuracy (fraction) at each point.
         meta: free-form description.
     """
+
+    record_name: ClassVar[str] = "simplex result"
 
     weights: list[tuple[float, ...]]
     loss: list[float]
@@ -193,23 +194,13 @@ class SimplexResult:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> SimplexResult:
-        try:
-            return cls(
-                [tuple(float(x) for x in w) for w in data["weights"]],
-                [float(v) for v in data["loss"]],
-                [float(v) for v in data["acc"]],
-                dict(data.get("meta", {})),
-            )
-        except KeyError as err:
-            raise ValueError(f"simplex result is missing {err}") from None
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
-
-    @classmethod
-    def load(cls, path: str | Path) -> SimplexResult:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+    def _from_fields(cls, data: Mapping[str, Any]) -> SimplexResult:
+        return cls(
+            [tuple(float(x) for x in w) for w in data["weights"]],
+            [float(v) for v in data["loss"]],
+            [float(v) for v in data["acc"]],
+            dict(data.get("meta", {})),
+        )
 
 
 def evaluate_simplex(
