@@ -49,8 +49,9 @@ class ActivationMatchingConfig:
             ``"covariance"`` (what Procrustes wants for orthogonal maps), or
             ``"natural"``: each group's own choice
             (:attr:`lmckit.groups.Group.natural_statistic`).
-        batch_size: training examples per batch streamed through both models.
-        batches: how many training batches (the first ones, in order) are used.
+        batch_size: training examples per batch streamed through both models (when
+            ``data`` is a :class:`~lmckit.data.Dataset`; given batches are used as they are).
+        batches: how many training batches (the first ones, in order) are used (likewise).
     """
 
     statistic: Statistic = "correlation"
