@@ -275,8 +275,9 @@ def learned_matching(
     device = torch.device(device or "cpu")
     base = init or Transform.identity(spec)
     if config.weight_matching_init:
+        # without ``init`` weight matching takes its own (anchored) start
         base = weight_matching(
-            spec, params_a, params_b, init=base, spaces=names, seed=seed, row_masks=row_masks
+            spec, params_a, params_b, init=init, spaces=names, seed=seed, row_masks=row_masks
         ).transform
     a = {k: v.detach().to(device) for k, v in params_a.items()}
     # the spaces not learned are applied once, non-differentiably

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from lmckit.align.anchored import anchored_start
 from lmckit.align.incremental import SimilarityCache
 from lmckit.align.objective import space_objective, space_objectives, total_objective
 from lmckit.align.registry import register_aligner
@@ -60,16 +61,22 @@ class WeightMatchingConfig:
         restarts: extra runs from random initial transforms; the best total wins.
         residual_circuits: spaces that attention heads read or write (the residual
             stream) compare those heads by circuits instead of raw projection weights.
+        start: ``"anchored"``: begin from :func:`lmckit.align.anchored.anchored_start`
+            (spaces solved outward from the axes both models share); ``"identity"``:
+            from the identity (or plain embeddings). Ignored when ``init`` is given.
     """
 
     max_iter: int = 100
     tol: float = 1e-9
     restarts: int = 0
     residual_circuits: bool = True
+    start: str = "anchored"
 
     def __post_init__(self) -> None:
         if self.max_iter < 1 or self.restarts < 0 or self.tol < 0:
             raise ValueError(f"invalid weight matching config {self}")
+        if self.start not in ("anchored", "identity"):
+            raise ValueError(f"start must be 'anchored' or 'identity', got {self.start!r}")
 
 
 def space_widths(spec: SymmetrySpec, params: Mapping[str, Tensor]) -> dict[str, int]:
@@ -305,6 +312,8 @@ def weight_matching(
     _weigh_rows(spec, ref, other, row_masks, row_weights)
     fold_single_use_params(spec, ref, other)
     base = init or start
+    if init is None and config.start == "anchored":
+        base = anchored_start(spec, ref, other, start, names=names)
     generator = torch.Generator().manual_seed(seed)
 
     bar = tqdm(desc="weight matching", unit="sweep", disable=not progress, leave=False)
