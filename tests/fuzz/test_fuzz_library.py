@@ -215,3 +215,20 @@ def test_ctrl_c_in_a_running_command_exits_130_and_leaves_nothing(tmp_path: Path
     assert proc.returncode == 130, text
     assert "Traceback" not in text and text.rstrip().endswith("interrupted"), text
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_swallowed_on_its_way_up_is_raised_again(monkeypatch) -> None:
+    import lmckit.cli as cli
+
+    monkeypatch.setattr(cli, "INTERRUPT_RETRY_S", 0.05)
+    handler = cli._interrupt_handler()
+    before = signal.getsignal(signal.SIGALRM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            handler(signal.SIGINT, None)
+        # as if a __del__ had swallowed it: the run goes on, and is interrupted again
+        with pytest.raises(KeyboardInterrupt):
+            time.sleep(5)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 import errno
 import importlib
+import os
+import signal
 import sys
 import traceback
+from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import click
@@ -68,6 +72,31 @@ def _out_of_memory(err: BaseException) -> bool:
     )
 
 
+# an interrupt swallowed on its way up (raised inside a ``__del__`` or a callback whose
+# exceptions Python only prints) is raised again this often, then the process exits
+INTERRUPT_RETRY_S = 5.0
+INTERRUPT_RETRIES = 3
+
+
+def _interrupt_handler() -> Callable[[int, FrameType | None], None]:
+    """A SIGINT handler: ``KeyboardInterrupt`` now, and again on SIGALRM every
+    ``INTERRUPT_RETRY_S`` while the process is still there (a swallowed exception must
+    not leave a long run going); after ``INTERRUPT_RETRIES`` retries, exit 130."""
+    raised = 0
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        if signum == signal.SIGALRM and raised > INTERRUPT_RETRIES:
+            sys.stderr.write("interrupted\n")
+            os._exit(EXIT_INTERRUPTED)
+        raised += 1
+        signal.signal(signal.SIGALRM, handler)
+        signal.setitimer(signal.ITIMER_REAL, INTERRUPT_RETRY_S)
+        raise KeyboardInterrupt
+
+    return handler
+
+
 def _interrupted(err: BaseException) -> bool:
     return isinstance(err, KeyboardInterrupt) or isinstance(err.__cause__, KeyboardInterrupt)
 
@@ -111,6 +140,7 @@ class LmckitGroup(click.Group):
     ) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
+        signal.signal(signal.SIGINT, _interrupt_handler())
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as err:
