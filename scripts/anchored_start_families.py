@@ -149,7 +149,8 @@ def main() -> None:
         masks = None
         if fam.masks:
             seen = token_counts(data)[0] > 0
-            masks = {EMBEDDING: seen, LM_HEAD: seen}
+            # a tied LM head is one parameter with the embedding
+            masks = {k: seen for k in (EMBEDDING, LM_HEAD) if k in ca.params}
         naive = measure_path(ca.model, ca.params, cb.params, data, EvalSettings())
         print(f"{name}: naive {naive.barrier_loss:.4f}", flush=True)
         for symmetry, circuits in fam.forms:

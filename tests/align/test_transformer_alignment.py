@@ -210,6 +210,8 @@ def test_row_weights_count_rows_as_if_repeated() -> None:
     for bad, match in ((-weights, "non-negative"), (weights[:5], "axis 0")):
         with pytest.raises(ValueError, match=match):
             weight_matching(spec, a, b, row_weights={"transformer.wte.weight": bad})
+    with pytest.raises(ValueError, match="names 'wte.weight', not a float parameter"):
+        weight_matching(spec, a, b, row_masks={"wte.weight": seen})
 
 
 def test_head_permutation_group_with_circuits_validates() -> None:

@@ -190,7 +190,9 @@ def _check_rows(
     spec: SymmetrySpec, ref: Mapping[str, Tensor], name: str, rows: Tensor, what: str
 ) -> None:
     """``rows`` must run along axis 0 of ``ref[name]``, an axis in no space."""
-    if name not in ref or rows.shape != ref[name].shape[:1]:
+    if name not in ref:
+        raise ValueError(f"{what} names {name!r}, not a float parameter of the models")
+    if rows.shape != ref[name].shape[:1]:
         raise ValueError(f"{what} of {name!r} must be a tensor over its axis 0")
     if any(u.axis % ref[name].ndim == 0 for _, u in spec.uses_of(name)):
         raise ValueError(f"axis 0 of {name!r} is in a space; it cannot be masked or weighted")
