@@ -18,13 +18,15 @@ Command names, options and output formats are a contract; keep them stable.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import importlib
 import os
 import signal
 import sys
+import threading
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -97,6 +99,21 @@ def _interrupt_handler() -> Callable[[int, FrameType | None], None]:
     return handler
 
 
+@contextlib.contextmanager
+def _interrupts_raised_again() -> Iterator[None]:
+    """:func:`_interrupt_handler` on SIGINT for the block (in the main thread; the
+    caller's handler and no pending retry afterwards: tests invoke the CLI in-process)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGINT, _interrupt_handler())
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGINT, before)
+
+
 def _interrupted(err: BaseException) -> bool:
     return isinstance(err, KeyboardInterrupt) or isinstance(err.__cause__, KeyboardInterrupt)
 
@@ -140,7 +157,12 @@ class LmckitGroup(click.Group):
     ) -> Any:
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, False, **extra)
-        signal.signal(signal.SIGINT, _interrupt_handler())
+        with _interrupts_raised_again():
+            self._run(args, prog_name, complete_var, **extra)
+
+    def _run(
+        self, args: Any, prog_name: str | None, complete_var: str | None, **extra: Any
+    ) -> None:
         try:
             code = super().main(args, prog_name, complete_var, False, **extra)
         except click.ClickException as err:
