@@ -295,13 +295,18 @@ def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map(circuits: bool) ->
     moved = apply(spec, params, random_transform(spec, 1))
     x = torch.randint(0, 40, (32, 8), generator=torch.Generator().manual_seed(0))
     data = Dataset("toy", x, torch.roll(x, -1, 1), x[:8], torch.roll(x[:8], -1, 1), 40)
+    start = learned_matching(
+        spec, params, moved, LearnedMatchingConfig(steps=0), model=module, data=data
+    )
+    back = apply(spec, moved, start.transform)
+    for k in params:  # weight matching's start recovers the copy
+        torch.testing.assert_close(back[k], params[k], atol=1e-4, rtol=0)
     config = LearnedMatchingConfig(steps=10, eval_every=5, batch_size=8)
     result = learned_matching(spec, params, moved, config, model=module, data=data, seed=0)
     o = result.transform["residual"]
+    # learning may leave the copy (on this random model the midpoint of two different
+    # models can validate better than the model itself) but stays in the group
     torch.testing.assert_close(o.T @ o, torch.eye(16), atol=1e-5, rtol=0)
-    back = apply(spec, moved, result.transform)
-    for k in params:  # weight matching's start recovers the copy; learning keeps it
-        torch.testing.assert_close(back[k], params[k], atol=1e-2, rtol=0)
 
 
 _CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

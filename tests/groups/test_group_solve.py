@@ -226,3 +226,29 @@ def test_a_group_without_a_solver_cannot_be_made() -> None:
 
     with pytest.raises(TypeError, match="abstract"):
         Strange()  # type: ignore[abstract]
+
+
+@pytest.mark.parametrize(("m", "n"), [(6, 6), (9, 5)])
+def test_smooth_orthogonal_projection_is_the_polar_factor(m: int, n: int) -> None:
+    group = Orthogonal()
+    gen = _gen(m + n)
+    q = group.random(n, gen, m=m)
+    for dense in (q + 0.1 * torch.randn(m, n, generator=gen), torch.randn(m, n, generator=gen)):
+        u, _, vh = torch.linalg.svd(dense.double(), full_matrices=False)
+        if torch.linalg.cond(dense) < 10:  # Newton-Schulz needs no tiny singular value
+            smooth = group.smooth_projection(dense)
+            torch.testing.assert_close(smooth.double(), u @ vh, atol=1e-4, rtol=0)
+
+
+def test_smooth_orthogonal_projection_has_the_tangent_gradient_at_a_rotation() -> None:
+    """At an orthogonal Q the polar factor moves along Q skew(Q^T E): finite where the
+    SVD's gradient is not (every singular value is 1)."""
+    group = Orthogonal()
+    gen = _gen(0)
+    q = torch.linalg.qr(torch.randn(7, 7, generator=gen, dtype=torch.float64))[0]
+    e = torch.randn(7, 7, generator=gen, dtype=torch.float64)
+    _, moved = torch.autograd.functional.jvp(group.smooth_projection, (q,), (e,))
+    qe = q.T @ e
+    torch.testing.assert_close(moved, q @ (qe - qe.T) / 2, atol=1e-8, rtol=0)
+    assert group.smooth_projection(q).requires_grad is False
+    assert Permutation().smooth_projection(torch.eye(3)) is None

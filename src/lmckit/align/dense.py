@@ -54,17 +54,20 @@ def _left_multiply(mat: Tensor, x: Tensor) -> Tensor:
 def straight_through(
     group: Group, cont: Tensor, *, relax: bool = False, temperature: float = 1.0, iters: int = 20
 ) -> Tensor:
-    """The matrix of the element ``cont`` stands for, with ``cont``'s gradient.
+    """The matrix of the element ``cont`` stands for, with a gradient for ``cont``.
 
     With ``relax`` and a group that has a relaxation (:meth:`Group.soft_matrix`:
-    Sinkhorn for plain permutations), the soft matrix itself; otherwise the hard
-    projection ``P`` (:meth:`Group.project`, computed on the CPU) used as
-    ``cont + (P - cont).detach()``: the value is ``P``, the gradient goes to ``cont``
-    unchanged.
+    Sinkhorn for plain permutations), the soft matrix itself. Otherwise the value is the
+    hard projection ``P`` (:meth:`Group.project`, computed on the CPU); its gradient is
+    the projection's own where the group has a smooth one (:meth:`Group.smooth_projection`:
+    orthogonal maps), else it goes to ``cont`` unchanged (``cont + (P - cont).detach()``:
+    permutations, whose projection is piecewise constant).
     """
     if relax:
         soft = group.soft_matrix(cont, temperature=temperature, iters=iters)
         if soft is not None:
             return soft
     hard = group.matrix(group.project(cont.detach().cpu())).to(cont)
-    return cont + (hard - cont).detach()
+    smooth = group.smooth_projection(cont)
+    through = cont if smooth is None else smooth
+    return through + (hard - through).detach()

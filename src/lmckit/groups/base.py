@@ -13,6 +13,7 @@ an aligner never asks which group it holds, and a new group is one new module:
   :meth:`~Group.solve` and :meth:`~Group.objective`; :meth:`~Group.project` (the
   nearest element to a dense matrix, for learned matching) and
   :meth:`~Group.soft_matrix` (a differentiable relaxation, where there is one);
+  :meth:`~Group.smooth_projection` (the projection's gradient, where it has one);
 - membership: :meth:`~Group.validate`, cheap enough to run on every ``apply``.
 """
 
@@ -195,6 +196,12 @@ class Group(abc.ABC, Generic[E]):
 
     def soft_matrix(self, logits: Tensor, *, temperature: float, iters: int) -> Tensor | None:
         """A differentiable relaxation of the element nearest ``logits``, or ``None``."""
+        return None
+
+    def smooth_projection(self, dense: Tensor) -> Tensor | None:
+        """The matrix of :meth:`project` as a differentiable function of ``dense``
+        (learned matching follows its gradient; the value it uses is the exact
+        projection), or ``None`` where the projection is piecewise constant."""
         return None
 
     # -------------------------------------------------------------------- membership
