@@ -96,6 +96,20 @@ def test_align_lowers_the_barrier(ckpts, tmp_path, method: str) -> None:
     assert aligned["loss"][-1] == pytest.approx(naive["loss"][-1], rel=1e-5)
 
 
+@pytest.mark.parametrize("start", ["anchored", "identity"])
+def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
+    from lmckit.align import WeightMatchingConfig, weight_matching
+
+    out = tmp_path / "b_aligned"
+    _ok("align", ckpts / "a", ckpts / "b", "--start", start, "--out", out, "--quiet")
+    a, b = lmckit.load(ckpts / "a"), lmckit.load(ckpts / "b")
+    spec = a.model.symmetry_spec()
+    want = weight_matching(spec, a.params, b.params, WeightMatchingConfig(start=start))
+    got = lmckit.load(out).params
+    for k, v in want.apply(b.params).items():
+        assert torch.equal(got[k], v), k
+
+
 def test_barrier_writes_json_and_png(ckpts, tmp_path) -> None:
     png = tmp_path / "path.png"
     data = _barrier(ckpts / "a", ckpts / "b", tmp_path / "path.json", "--plot", str(png))

@@ -49,6 +49,14 @@ __all__ = ["command"]
     "by an orthogonal map (LayerNorm transformers are rewritten to RMSNorm first). "
     "Default: the architecture's own groups.",
 )
+@click.option(
+    "--start",
+    type=click.Choice(["anchored", "identity"]),
+    default="anchored",
+    show_default=True,
+    help="Weight matching: anchored solves each space outward from what the models share "
+    "(inputs, tokens, classes) first; identity starts from the identity (lmckit 0.1).",
+)
 @count_option("--steps", 500, "Learned matching: max steps.")
 @click.option(
     "--lr", type=float, default=0.01, show_default=True, help="Learned matching: AdamW rate."
@@ -84,6 +92,7 @@ def command(
     model_b: str,
     method: str,
     symmetry: str | None,
+    start: str,
     steps: int,
     lr: float,
     device: str,
@@ -97,14 +106,18 @@ def command(
     quiet: bool,
 ) -> None:
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
-    from lmckit.align import LearnedMatchingConfig
+    from lmckit.align import LearnedMatchingConfig, WeightMatchingConfig
 
     kind = align_output_kind(model_b, symmetry)
     check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)
     set_threads(threads)
     if circuits and head_bases:
         raise click.ClickException("--head-bases aligns bases inside heads; --circuits leaves none")
-    learned = LearnedMatchingConfig(steps=steps, lr=lr) if method == "learned" else None
+    config: LearnedMatchingConfig | WeightMatchingConfig | None = None
+    if method == "learned":
+        config = LearnedMatchingConfig(steps=steps, lr=lr)
+    elif method == "weight":
+        config = WeightMatchingConfig(start=start)
     torch_device = parse_device(device)
     if method == "weight":
         validate_data_spec(data_spec)  # weight matching reads no data, but a bad spec is an error
@@ -119,7 +132,7 @@ def command(
         head_bases=head_bases,
         data=data,
         seed=seed,
-        config=learned,
+        config=config,
         device=torch_device,
         progress=not quiet,
     )
