@@ -39,7 +39,7 @@ __all__ = ["command"]
     type=click.Choice(list(ALIGN_METHODS)),
     default="weight",
     show_default=True,
-    help="learned: straight-through learned matching from weight matching (needs --data).",
+    help="learned: learned matching, started from weight matching (needs --data).",
 )
 @click.option(
     "--symmetry",
