@@ -25,12 +25,13 @@ import torch
 
 from lmckit import checkpoint
 from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.align.objective import total_objective
 from lmckit.data import Dataset, load_mnist
 from lmckit.data.token_stats import EMBEDDING, LM_HEAD, token_counts
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.models import create_model
 from lmckit.recipe import aligned_form
-from lmckit.symmetry import Permutation, SymmetrySpec, apply
+from lmckit.symmetry import Orthogonal, Permutation, apply
 from lmckit.train import TrainConfig, fit
 
 
@@ -117,12 +118,6 @@ FAMILIES = {
 }
 
 
-def _objective(spec: SymmetrySpec, a: dict, b: dict) -> float:
-    """``sum_p <A_p, B_p>`` over the parameters the spec compares."""
-    names = {u.param for s in spec for u in s.uses if u.compare}
-    return sum(float((a[n].double() * b[n].double()).sum()) for n in names)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path, help="cache of the trained pairs")
@@ -160,11 +155,7 @@ def main() -> None:
             spec = form.spec
             if symmetry == "permutation" and circuits:
                 spec = spec.with_groups(
-                    **{
-                        s.name: Permutation()
-                        for s in spec
-                        if type(s.group).__name__ == "Orthogonal"
-                    }
+                    **{s.name: Permutation() for s in spec if isinstance(s.group, Orthogonal)}
                 )
             kind = ", permutations" if symmetry == "permutation" else ""
             label = f"{name} [{form.form or 'as trained'}{kind}]"
@@ -176,9 +167,10 @@ def main() -> None:
                 seconds = time.perf_counter() - begin
                 moved = apply(spec, form.b, res.transform)
                 path = measure_path(form.module, form.a, moved, data, EvalSettings())
+                objective = total_objective(spec, form.a, form.b, res.transform)
                 print(
                     f"{label} {start:>9}: barrier {path.barrier_loss:.4f}  objective "
-                    f"{_objective(spec, form.a, moved):.6g}  sweeps {res.iterations}  "
+                    f"{objective:.6g}  sweeps {res.iterations}  "
                     f"{seconds:.1f} s",
                     flush=True,
                 )

@@ -276,12 +276,13 @@ def learned_matching(
             )
     start = time.perf_counter()
     device = torch.device(device or "cpu")
-    base = init or Transform.identity(spec)
     if config.weight_matching_init:
         # without ``init`` weight matching takes its own (anchored) start
         base = weight_matching(
             spec, params_a, params_b, init=init, spaces=names, seed=seed, row_masks=row_masks
         ).transform
+    else:
+        base = init or Transform.identity(spec)
     a = {k: v.detach().to(device) for k, v in params_a.items()}
     # the spaces not learned are applied once, non-differentiably
     fixed = base.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
