@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 
@@ -16,6 +14,7 @@ from lmckit.align import (
     register_aligner,
 )
 from lmckit.align.head_bases import HeadBases, apply_head_bases
+from lmckit.align.registry import _check_signature
 from lmckit.data import Dataset
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model
@@ -53,24 +52,40 @@ def test_a_typo_lists_the_valid_names() -> None:
     ):
         get_aligner("weigth_matching")
     with pytest.raises(ValueError, match="already registered"):
-        register_aligner("naive", paper="")(lambda *a, **k: None)  # type: ignore[arg-type]
+        register_aligner("naive", paper="")(get_aligner("weight_matching"))
 
 
-@pytest.mark.parametrize("name", list_aligners())
-def test_every_aligner_has_the_common_signature(name: str) -> None:
-    params = inspect.signature(get_aligner(name)).parameters
-    positional = [p for p in params.values() if p.kind is p.POSITIONAL_OR_KEYWORD]
-    assert [p.name for p in positional] == ["spec", "params_a", "params_b", "config"]
-    assert positional[-1].default is None
-    keyword = {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
-    common = {"model": None, "data": None, "seed": 0, "progress": False, "device": None}
-    assert {k: keyword[k] for k in common} == common
-    # every further option is optional
-    assert all(
-        p.default is not p.empty
-        for p in params.values()
-        if p.name not in ("spec", "params_a", "params_b")
+def test_registration_rejects_an_aligner_without_the_common_signature() -> None:
+    def loose(spec, params_a, params_b, *, seed=1, init):
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError) as info:
+        register_aligner("loose", paper="")(loose)
+    assert str(info.value) == (
+        "aligner 'loose' lacks the common signature: positional parameters "
+        "('spec', 'params_a', 'params_b'), want ('spec', 'params_a', 'params_b', 'config'); "
+        "needs keyword-only model=None; needs keyword-only data=None; needs keyword-only "
+        "seed=0; needs keyword-only progress=False; needs keyword-only device=None; "
+        "options without a default: ['init']"
     )
+    assert "loose" not in list_aligners()
+
+    def fits(
+        spec,
+        params_a,
+        params_b,
+        config=None,
+        *,
+        model=None,
+        data=None,
+        seed=0,
+        progress=False,
+        device=None,
+        extra=3,
+    ):
+        raise AssertionError("never called")
+
+    _check_signature("fits", fits)  # passes: further options are fine when optional
 
 
 def _gpt2_with_random_head_bases():

@@ -1,6 +1,6 @@
 """Registry of aligners: ``@register_aligner``, ``get_aligner``, ``list_aligners``.
 
-Every aligner has one signature (the :class:`Aligner` protocol)::
+Every aligner has one signature, checked when it is registered::
 
     aligner(spec, params_a, params_b, config=None, *, model=None, data=None,
             seed=0, progress=False, device=None, **method_options) -> AlignmentResult
@@ -25,18 +25,13 @@ method has more to say); ``result.apply(params_b)`` is the aligned model.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
-
-import torch
-from torch import nn
+from typing import Any, TypeVar
 
 from lmckit.align.result import AlignmentResult
-from lmckit.data import Dataset
-from lmckit.params import Params
 from lmckit.registry import Registry, summary
-from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
     "Aligner",
@@ -48,22 +43,39 @@ __all__ = [
 ]
 
 
-class Aligner(Protocol):
-    """The signature every registered aligner has (module docstring)."""
+#: An aligner: any callable with the signature of the module docstring. The signature is
+#: checked when the aligner is registered (:func:`register_aligner`), so every registered
+#: aligner can be called the same way, including ones added outside lmckit.
+Aligner = Callable[..., AlignmentResult]
 
-    def __call__(
-        self,
-        spec: SymmetrySpec,
-        params_a: Params,
-        params_b: Params,
-        config: Any = None,
-        *,
-        model: nn.Module | None = None,
-        data: Dataset | None = None,
-        seed: int = 0,
-        progress: bool = False,
-        device: str | torch.device | None = None,
-    ) -> AlignmentResult: ...
+_POSITIONAL = ("spec", "params_a", "params_b", "config")
+_COMMON: dict[str, Any] = {
+    "model": None,
+    "data": None,
+    "seed": 0,
+    "progress": False,
+    "device": None,
+}
+
+
+def _check_signature(name: str, fn: Callable[..., Any]) -> None:
+    """``TypeError`` unless ``fn`` has the common aligner signature (module docstring)."""
+    params = inspect.signature(fn).parameters
+    positional = tuple(p.name for p in params.values() if p.kind is p.POSITIONAL_OR_KEYWORD)
+    keyword = {p.name: p.default for p in params.values() if p.kind is p.KEYWORD_ONLY}
+    problems = []
+    if positional != _POSITIONAL:
+        problems.append(f"positional parameters {positional}, want {_POSITIONAL}")
+    elif params["config"].default is not None:
+        problems.append("config must default to None")
+    for key, default in _COMMON.items():
+        if keyword.get(key, inspect.Parameter.empty) != default:
+            problems.append(f"needs keyword-only {key}={default!r}")
+    required = [k for k, p in params.items() if k not in _POSITIONAL and p.default is p.empty]
+    if required:
+        problems.append(f"options without a default: {required}")
+    if problems:
+        raise TypeError(f"aligner {name!r} lacks the common signature: " + "; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ def register_aligner(
     """Decorator adding an aligner under ``name``; ``paper`` cites the method."""
 
     def deco(fn: F) -> F:
+        _check_signature(name, fn)
         _ALIGNERS.add(name, AlignerInfo(name, fn, paper, config, needs_model, needs_data))
         return fn
 
