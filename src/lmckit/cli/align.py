@@ -10,6 +10,7 @@ from torch import nn
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
     check_out_dir,
+    choice_option,
     count_option,
     data_option,
     force_option,
@@ -34,27 +35,25 @@ __all__ = ["command"]
 
 @click.command("align")
 @model_pair_arguments
-@click.option(
+@choice_option(
     "--method",
-    type=click.Choice(list(ALIGN_METHODS)),
-    default="weight",
-    show_default=True,
-    help="learned: learned matching, started from weight matching (needs --data).",
+    list(ALIGN_METHODS),
+    "weight",
+    "learned: learned matching, started from weight matching (needs --data).",
 )
-@click.option(
+@choice_option(
     "--symmetry",
-    type=click.Choice(SYMMETRIES),
-    default=None,
-    help="permutation: orthogonal spaces become permutations; orthogonal: residual stream "
+    SYMMETRIES,
+    None,
+    "permutation: orthogonal spaces become permutations; orthogonal: residual stream "
     "by an orthogonal map (LayerNorm transformers are rewritten to RMSNorm first). "
     "Default: the architecture's own groups.",
 )
-@click.option(
+@choice_option(
     "--start",
-    type=click.Choice(["anchored", "identity"]),
-    default="anchored",
-    show_default=True,
-    help="Weight matching: anchored solves each space outward from what the models share "
+    ["anchored", "identity"],
+    "anchored",
+    "Weight matching: anchored solves each space outward from what the models share "
     "(inputs, tokens, classes) first; identity starts from the identity (lmckit 0.1).",
 )
 @count_option("--steps", 500, "Learned matching: max steps.")

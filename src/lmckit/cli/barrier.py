@@ -10,6 +10,7 @@ from lmckit.atomic import write_json
 from lmckit.cli.common import (
     POSITIVE,
     check_out_file,
+    choice_option,
     data_option,
     fail,
     input_paths,
@@ -37,13 +38,12 @@ __all__ = ["command"]
     show_default=True,
     help="Points on the path, both ends included.",
 )
-@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
-@click.option(
+@choice_option("--split", ["test", "train"], "test")
+@choice_option(
     "--fix",
-    type=click.Choice(FIXES),
-    default="auto",
-    show_default=True,
-    help="Fix at each point: auto resets BatchNorm statistics where there are any.",
+    FIXES,
+    "auto",
+    "Fix at each point: auto resets BatchNorm statistics where there are any.",
 )
 @click.option(
     "--simplex",

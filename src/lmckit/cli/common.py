@@ -86,6 +86,19 @@ def count_option(name: str, default: int | None, help: str | None = None) -> Cal
     )
 
 
+def choice_option(
+    name: str, choices: Sequence[str], default: str | None, help: str | None = None
+) -> Callable[[FC], FC]:
+    """An option taking one of ``choices``; its default is shown unless it is ``None``."""
+    return click.option(
+        name,
+        type=click.Choice(list(choices)),
+        default=default,
+        show_default=default is not None,
+        help=help,
+    )
+
+
 def seed_option(help: str | None = None) -> Callable[[FC], FC]:
     """``--seed``, default 0, limited to the seeds every random source accepts."""
     return click.option("--seed", type=SEED, default=0, show_default=True, help=help)

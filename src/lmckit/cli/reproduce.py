@@ -8,6 +8,7 @@ import click
 
 from lmckit.cli.common import (
     check_out_dir,
+    choice_option,
     fail,
     force_option,
     quiet_option,
@@ -37,12 +38,11 @@ __all__ = ["command"]
     "(default: $LMCKIT_DATA_ROOT or ../shared/data).",
 )
 @seed_option()
-@click.option(
+@choice_option(
     "--device",
-    type=click.Choice(["auto", "cpu", "cuda"]),
-    default="auto",
-    show_default=True,
-    help="Where training and path evaluation run (auto: CUDA when available).",
+    ["auto", "cpu", "cuda"],
+    "auto",
+    "Where training and path evaluation run (auto: CUDA when available).",
 )
 @click.option("--list", "list_only", is_flag=True, help="List the experiments and exit.")
 @force_option

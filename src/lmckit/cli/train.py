@@ -9,6 +9,7 @@ import click
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
     check_out_dir,
+    choice_option,
     count_option,
     data_option,
     force_option,
@@ -46,21 +47,14 @@ NORMS = ("auto", "none", "batch", "layer", "group", "rms")
     show_default=True,
     help="Channel multiplier (VGG, ResNet20).",
 )
-@click.option(
+@choice_option(
     "--norm",
-    type=click.Choice(NORMS),
-    default="auto",
-    show_default=True,
-    help="Normalisation; auto = none for MLPs, batch for CNNs, layer for transformers "
+    NORMS,
+    "auto",
+    "Normalisation; auto = none for MLPs, batch for CNNs, layer for transformers "
     "(rms: affine-free RMSNorm, transformers only).",
 )
-@click.option(
-    "--activation",
-    type=click.Choice(["relu", "gelu"]),
-    default="relu",
-    show_default=True,
-    help="MLP activation.",
-)
+@choice_option("--activation", ["relu", "gelu"], "relu", "MLP activation.")
 @count_option("--n-layer", 6, "Transformer layers.")
 @count_option("--n-head", 4, "Attention heads per layer.")
 @count_option("--n-embd", 256, "Transformer residual width.")
@@ -75,13 +69,11 @@ NORMS = ("auto", "none", "batch", "layer", "group", "rms")
 @click.option(
     "--untie-embeddings", is_flag=True, help="GPT-2: a separate LM head instead of wte^T."
 )
-@click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adam", show_default=True)
+@choice_option("--optimizer", OPTIMIZERS, "adam")
 @click.option("--lr", type=float, default=1e-3, show_default=True, help="Peak learning rate.")
 @click.option("--weight-decay", type=float, default=0.0, show_default=True)
 @count_option("--batch-size", 128)
-@click.option(
-    "--schedule", type=click.Choice(["cosine", "constant"]), default="cosine", show_default=True
-)
+@choice_option("--schedule", ["cosine", "constant"], "cosine")
 @click.option(
     "--warmup", type=float, default=0.0, show_default=True, help="Fraction of linear warm-up."
 )
