@@ -53,7 +53,9 @@ def test_fit_with_mse_recovers_planted_weights() -> None:
 
 def test_fit_with_mse_validates_and_keeps_the_best_point() -> None:
     x, y = _planted()
-    data = RegressionData("planted", x[:200], y[:200], x[300:], y[300:], x[200:300], y[200:300])
+    data = RegressionData(
+        "planted", x[:200], y[:200], x[300:], y[300:], x_val=x[200:300], y_val=y[200:300]
+    )
     module, init = _linear([0.0, 0.0, 0.0])
     config = TrainConfig(epochs=5, batch_size=50, optimizer="adam", lr=0.05, patience=10)
     result = fit(module, init, data, config, seed=0, progress=False, task=mse())

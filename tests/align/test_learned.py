@@ -145,7 +145,7 @@ def test_validation_split_holds_out_the_end_of_train(digits: Dataset) -> None:
     assert xt.shape[0] + xv.shape[0] == n
     assert torch.equal(xv, digits.x_train[n - xv.shape[0] :])
     with_val = Dataset(
-        "v", digits.x_train, digits.y_train, digits.x_test, digits.y_test, 10, xv, yv
+        "v", digits.x_train, digits.y_train, digits.x_test, digits.y_test, 10, x_val=xv, y_val=yv
     )
     assert validation_split(with_val, 0.25)[1][0] is xv
 

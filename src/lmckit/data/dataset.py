@@ -30,20 +30,12 @@ class Dataset(Splits):
         x_test: inputs ``(N_test, *input_shape)``.
         y_test: targets of the test inputs.
         num_classes: number of classes (vocabulary size for language models).
-        x_val: optional validation inputs ``(N_val, *input_shape)`` (early stopping).
+        x_val: optional validation inputs ``(N_val, *input_shape)`` (early stopping);
+            keyword-only.
         y_val: validation targets; given exactly when ``x_val`` is.
     """
 
-    # eq=False: the generated __eq__ would compare tensors, whose truth value is ambiguous.
-
-    name: str
-    x_train: Tensor
-    y_train: Tensor
-    x_test: Tensor
-    y_test: Tensor
     num_classes: int
-    x_val: Tensor | None = None
-    y_val: Tensor | None = None
 
     def __post_init__(self) -> None:
         # Checked once here so that every consumer can rely on dtypes and shapes.

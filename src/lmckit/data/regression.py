@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import Tensor
-
 from lmckit.data.splits import Splits
 
 __all__ = ["RegressionData"]
@@ -26,18 +24,9 @@ class RegressionData(Splits):
         y_train: float targets ``(N_train, *target_shape)``; the model's outputs must have
             the same shape per example.
         x_test, y_test: the held-out split, shaped likewise.
-        x_val, y_val: optional validation split (early stopping), given together.
+        x_val, y_val: optional validation split (early stopping), given together;
+            keyword-only.
     """
-
-    # eq=False: the generated __eq__ would compare tensors, whose truth value is ambiguous.
-
-    name: str
-    x_train: Tensor
-    y_train: Tensor
-    x_test: Tensor
-    y_test: Tensor
-    x_val: Tensor | None = None
-    y_val: Tensor | None = None
 
     def __post_init__(self) -> None:
         self.check_pairs("regression data")

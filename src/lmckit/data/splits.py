@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from torch import Tensor
 
 __all__ = ["SPLITS", "Splits"]
@@ -9,21 +11,26 @@ __all__ = ["SPLITS", "Splits"]
 SPLITS = ("train", "val", "test")
 
 
+@dataclass(frozen=True, eq=False)
 class Splits:
-    """Members of a dataset held as ``x_{split}``, ``y_{split}`` tensors (a mixin of
-    :class:`lmckit.data.Dataset` and :class:`lmckit.data.RegressionData`).
+    """Members of a dataset held as ``x_{split}``, ``y_{split}`` tensors (the base of
+    :class:`lmckit.data.Dataset` and :class:`lmckit.data.RegressionData`, which check
+    their dtypes and shapes).
 
-    The validation split is optional: ``x_val`` and ``y_val`` are both ``None`` or both
-    tensors (the datasets check that).
+    The validation split is optional and keyword-only (so subclasses can add required
+    fields after the test split): ``x_val`` and ``y_val`` are both ``None`` or both
+    tensors (:meth:`check_pairs`).
     """
+
+    # eq=False: the generated __eq__ would compare tensors, whose truth value is ambiguous.
 
     name: str
     x_train: Tensor
     y_train: Tensor
     x_test: Tensor
     y_test: Tensor
-    x_val: Tensor | None
-    y_val: Tensor | None
+    x_val: Tensor | None = field(default=None, kw_only=True)
+    y_val: Tensor | None = field(default=None, kw_only=True)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
