@@ -110,6 +110,25 @@ def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
         assert torch.equal(got[k], v), k
 
 
+def test_symmetries_reports_the_hidden_space_and_refuses_rotations(ckpts, tmp_path) -> None:
+    out = _ok("symmetries", ckpts / "bn_a", "--json", tmp_path / "r.json").output
+    report = json.loads((tmp_path / "r.json").read_text())
+    # one hidden layer of 32 units: its permutation moves the two linear layers and the
+    # BatchNorm around it; only the output bias and the BatchNorm step counter stay
+    assert [(s["name"], s["group"], s["n"]) for s in report["spaces"]] == [
+        ("hidden.0", "Permutation", 32)
+    ]
+    assert set(report["fixed"]) == {"head.bias", "norms.0.num_batches_tracked"}
+    assert report["elements"] - report["moved_elements"] == 10 + 1
+    assert out.startswith("mlp: 1 space under the architecture's own groups\n")
+    refused = _invoke("symmetries", ckpts / "bn_a", "--symmetry", "orthogonal")
+    assert refused.exit_code == 1
+    assert refused.output.strip().splitlines() == [
+        "Error: MLP has no space that admits orthogonal maps (every space passes through ops "
+        "that act unit by unit): its spaces hidden.0 allow permutations only"
+    ]
+
+
 def test_barrier_writes_json_and_png(ckpts, tmp_path) -> None:
     png = tmp_path / "path.png"
     data = _barrier(ckpts / "a", ckpts / "b", tmp_path / "path.json", "--plot", str(png))

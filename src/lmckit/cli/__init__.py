@@ -41,6 +41,7 @@ COMMANDS = {
     "align": "align",
     "barrier": "barrier",
     "merge": "merge",
+    "symmetries": "symmetries",
     "reproduce": "reproduce",
 }
 EXIT_INTERRUPTED = 130

@@ -5,7 +5,8 @@ files. The command line is a thin layer over them (parse, validate, call one of 
 write), and the experiments and library users get the same behaviour. One module per
 task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (a pair, a comparison
 of methods, the whole recipe on loaded models), :mod:`~lmckit.workflow.paths` (a merged
-point, a pair's barrier, a simplex).
+point, a pair's barrier, a simplex), :mod:`~lmckit.workflow.symmetries` (what a model
+would be aligned under).
 """
 
 from lmckit.workflow.align import (
@@ -16,8 +17,10 @@ from lmckit.workflow.align import (
     align_output_kind,
     align_pair,
     compare_alignments,
+    pair_form,
 )
 from lmckit.workflow.paths import MERGE_FIXES, merge_pair, pair_barrier, simplex_barrier
+from lmckit.workflow.symmetries import SpaceSummary, SymmetryReport, describe_symmetries
 from lmckit.workflow.train import TrainedModel, train_model
 
 __all__ = [
@@ -25,12 +28,16 @@ __all__ = [
     "METHODS",
     "MERGE_FIXES",
     "AlignedPair",
+    "SpaceSummary",
+    "SymmetryReport",
     "TrainedModel",
     "align_models",
     "align_output_kind",
     "align_pair",
     "compare_alignments",
+    "describe_symmetries",
     "merge_pair",
+    "pair_form",
     "pair_barrier",
     "simplex_barrier",
     "train_model",

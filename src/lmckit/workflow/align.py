@@ -31,6 +31,7 @@ __all__ = [
     "align_output_kind",
     "align_pair",
     "compare_alignments",
+    "pair_form",
 ]
 
 #: Methods of :func:`align_pair` / :func:`compare_alignments`.
@@ -142,7 +143,7 @@ class AlignedPair:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def _form(a: LoadedModel, b: LoadedModel, symmetry: str | None, circuits: bool) -> AlignForm:
+def pair_form(a: LoadedModel, b: LoadedModel, symmetry: str | None, circuits: bool) -> AlignForm:
     """The pair's alignment form; a LayerNorm Hugging Face GPT-2 or ViT under
     ``symmetry="orthogonal"`` is converted to lmckit's zoo model first (the rotation
     needs the RMSNorm form, which its own class cannot hold)."""
@@ -218,7 +219,7 @@ def align_models(
         raise ValueError(f"{full} needs data (--data)")
     if data is not None:
         check_data_fits(a.module, data)
-    form = _form(a, b, symmetry, circuits)
+    form = pair_form(a, b, symmetry, circuits)
     spec, pa, pb = form.spec, form.a, form.b
     result = info.fn(spec, pa, pb, config, model=form.module, data=data, seed=seed,
                      progress=progress, device=device)  # fmt: skip

@@ -1,0 +1,155 @@
+"""What lmckit would align in a model: its spaces, groups, and what no symmetry moves.
+
+:func:`describe_symmetries` puts one loaded model in the form :func:`align_models` would
+align it in (the same ``symmetry`` and ``circuits`` choices, the same rewrites) and reports
+the spec found there, for people (:meth:`SymmetryReport.text`) and as JSON
+(:meth:`SymmetryReport.to_dict`). It is the first thing to run on your own model: a
+space you expected and do not see, or a large share of parameters that no space moves,
+says before any alignment how much alignment can do.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from lmckit.groups import HeadPermutation
+from lmckit.io import LoadedModel
+from lmckit.models import ZooModel
+from lmckit.spec import analyze_symmetries
+from lmckit.symmetry import Space, SymmetrySpec
+from lmckit.workflow.align import pair_form
+
+__all__ = ["SpaceSummary", "SymmetryReport", "describe_symmetries"]
+
+
+@dataclass(frozen=True)
+class SpaceSummary:
+    """One space of the spec.
+
+    Attributes:
+        name: the space's name, e.g. ``"residual"``, ``"heads.0"``.
+        group: its group, e.g. ``"Permutation"``, ``"HeadPermutation(4 x 8)"`` (heads x
+            head size).
+        n: number of units.
+        params: the parameters with an axis in the space, in spec order.
+    """
+
+    name: str
+    group: str
+    n: int
+    params: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SymmetryReport:
+    """The symmetries lmckit aligns a model under (:func:`describe_symmetries`).
+
+    Attributes:
+        architecture: the model's class (a Hugging Face class or lmckit's zoo name).
+        symmetry: the symmetry asked for (``None``: the architecture's own groups).
+        form: what was done to expose it (e.g. ``"norm scales folded"``), empty if nothing.
+        spaces: the spec's spaces.
+        fixed: parameters that no space moves (aligning leaves them as they are).
+        folded: norm scales folded into the layers that read them (now all ones, so
+            no symmetry needs to move them; the orthogonal form of RMSNorm models).
+        elements: number of parameter elements in the form aligned.
+        moved_elements: of those, how many lie in a parameter some space moves or in a
+            folded scale.
+        left_out: why the graph analysis left axes out (ops it does not understand...).
+    """
+
+    architecture: str
+    symmetry: str | None
+    form: str
+    spaces: tuple[SpaceSummary, ...]
+    fixed: tuple[str, ...]
+    folded: tuple[str, ...]
+    elements: int
+    moved_elements: int
+    left_out: tuple[str, ...]
+
+    def text(self) -> str:
+        """The report for people: a table of spaces, then what is fixed and left out."""
+        asked = self.symmetry or "the architecture's own groups"
+        count = f"{len(self.spaces)} space" + ("" if len(self.spaces) == 1 else "s")
+        head = f"{self.architecture}: {count} under {asked}"
+        lines = [head + (f" ({self.form})" if self.form else "")]
+        width = max([len(s.name) for s in self.spaces] + [5])
+        group_width = max([len(s.group) for s in self.spaces] + [5])
+        lines.append(f"  {'space':<{width}}  {'group':<{group_width}}  {'units':>6}  parameters")
+        for s in self.spaces:
+            lines.append(
+                f"  {s.name:<{width}}  {s.group:<{group_width}}  {s.n:>6}  {len(s.params)}"
+            )
+        share = self.moved_elements / self.elements if self.elements else 0.0
+        lines.append(f"parameters some space moves: {share:.1%} of {self.elements:,} elements")
+        if self.folded:
+            lines.append(f"norm scales folded into the layers that read them: {len(self.folded)}")
+        if self.fixed:
+            lines.append(f"fixed (no space moves them): {_listed(self.fixed)}")
+        if self.left_out:
+            lines.append("left out by the graph analysis:")
+            lines += [f"  {line}" for line in self.left_out]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: every field, spaces as dicts."""
+        return dataclasses.asdict(self)
+
+
+def _listed(names: tuple[str, ...], most: int = 8) -> str:
+    # a model with many layers can have hundreds: the JSON report lists them all
+    shown = ", ".join(names[:most])
+    return shown if len(names) <= most else f"{shown} and {len(names) - most} more"
+
+
+def _group(space: Space) -> str:
+    group = space.group
+    if isinstance(group, HeadPermutation):
+        return f"{group.name}({group.heads} x {group.head_dim})"
+    return group.name
+
+
+def _spaces(spec: SymmetrySpec) -> tuple[SpaceSummary, ...]:
+    return tuple(
+        SpaceSummary(s.name, _group(s), s.n, tuple(dict.fromkeys(u.param for u in s.uses)))
+        for s in spec
+    )
+
+
+def describe_symmetries(
+    model: LoadedModel, *, symmetry: str | None = None, circuits: bool = False
+) -> SymmetryReport:
+    """The spec :func:`~lmckit.workflow.align_models` would align ``model`` under.
+
+    Args:
+        model: a loaded model (:func:`lmckit.load_model`: a checkpoint or a Hugging Face
+            folder).
+        symmetry, circuits: the form, as for ``align_models``
+            (:func:`lmckit.recipe.aligned_form`).
+
+    Raises:
+        ValueError: a symmetry the architecture cannot have, saying why (as ``align``).
+    """
+    form = pair_form(model, model, symmetry, circuits)
+    moved = {u.param for s in form.spec for u in s.uses} | form.folded
+    names = form.module.space_names if isinstance(form.module, ZooModel) else None
+    analysis = analyze_symmetries(
+        form.module, form.inputs, names=names, params=form.a, uniform=form.folded, check=False
+    )
+    architecture = (
+        form.module.config.name if isinstance(form.module, ZooModel) else type(form.module).__name__
+    )
+    return SymmetryReport(
+        architecture=architecture,
+        symmetry=symmetry,
+        form=form.form,
+        spaces=_spaces(form.spec),
+        fixed=tuple(k for k in form.a if k not in moved),
+        folded=tuple(k for k in form.a if k in form.folded),
+        elements=sum(v.numel() for v in form.a.values()),
+        moved_elements=sum(v.numel() for k, v in form.a.items() if k in moved),
+        left_out=analysis.left_out,
+    )
