@@ -2,7 +2,8 @@
 
 Issue 15 made the anchored start (:mod:`lmckit.align.anchored`) weight matching's default;
 it must not make any family worse. For each pair this trains (and caches under OUT) two
-models with lmckit's trainer, aligns B to A by weight matching from both starts, and
+models with lmckit's trainer, aligns B to A by weight matching from both starts (and with
+``start="best"``, which picks one by the midpoint's training loss), and
 prints the test loss barrier (11 points; BatchNorm statistics reset at each point where
 the model has BatchNorm), the objective ``sum_p <A_p, T(B)_p>`` reached, the sweeps and
 the wall time. Families: MLPs and a VGG and a ResNet20 with BatchNorm on MNIST (first
@@ -159,11 +160,11 @@ def main() -> None:
                 )
             kind = ", permutations" if symmetry == "permutation" else ""
             label = f"{name} [{form.form or 'as trained'}{kind}]"
-            for start in ("identity", "anchored"):
+            for start in ("identity", "anchored", "best"):
                 begin = time.perf_counter()
-                res = weight_matching(
-                    spec, form.a, form.b, WeightMatchingConfig(start=start), row_masks=masks
-                )
+                config = WeightMatchingConfig(start=start)
+                res = weight_matching(spec, form.a, form.b, config, model=form.module,
+                                      data=data, row_masks=masks)  # fmt: skip
                 seconds = time.perf_counter() - begin
                 moved = apply(spec, form.b, res.transform)
                 path = measure_path(form.module, form.a, moved, data, EvalSettings())

@@ -110,6 +110,30 @@ def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
         assert torch.equal(got[k], v), k
 
 
+def test_align_start_best_keeps_the_start_chosen_on_training_data(ckpts, tmp_path) -> None:
+    from lmckit.align import WeightMatchingConfig, weight_matching
+
+    refused = _invoke("align", ckpts / "a", ckpts / "b", "--start", "best", "--out", tmp_path / "x")
+    assert refused.exit_code == 1
+    assert refused.output.strip() == (
+        "Error: --start best compares the starts on training data: give --data"
+    )
+    assert not (tmp_path / "x").exists()
+    out = tmp_path / "b_aligned"
+    _ok("align", ckpts / "a", ckpts / "b", "--start", "best", "--data", "digits", "--out", out,
+        "--quiet")  # fmt: skip
+    a, b = lmckit.load(ckpts / "a"), lmckit.load(ckpts / "b")
+    config = WeightMatchingConfig(start="best")
+    want = weight_matching(
+        a.model.symmetry_spec(), a.params, b.params, config, model=a.model, data=load_digits(seed=0)
+    )
+    for k, v in want.apply(b.params).items():
+        assert torch.equal(lmckit.load(out).params[k], v), k
+    recorded = load_metadata(out)["start"]
+    assert recorded["chosen"] == want.start
+    assert recorded["midpoint_losses"] == pytest.approx(want.midpoint_losses)
+
+
 def test_symmetries_reports_the_hidden_space_and_refuses_rotations(ckpts, tmp_path) -> None:
     out = _ok("symmetries", ckpts / "bn_a", "--json", tmp_path / "r.json").output
     report = json.loads((tmp_path / "r.json").read_text())

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -31,6 +31,7 @@ from lmckit.align.objective import space_objective, space_objectives, total_obje
 from lmckit.align.registry import register_aligner
 from lmckit.align.result import AlignmentResult, SpaceDiagnostics
 from lmckit.align.similarity import fold_single_use_params, space_similarity
+from lmckit.align.start_choice import best_start
 from lmckit.data import Dataset
 from lmckit.params import IncompatibleModelsError, Params, check_compatible, check_finite
 from lmckit.symmetry import SymmetrySpec, Transform, random_transform
@@ -63,7 +64,13 @@ class WeightMatchingConfig:
             stream) compare those heads by circuits instead of raw projection weights.
         start: ``"anchored"``: begin from :func:`lmckit.align.anchored.anchored_start`
             (spaces solved outward from the axes both models share); ``"identity"``:
-            from the identity (or plain embeddings). Ignored when ``init`` is given.
+            from the identity (or plain embeddings); ``"best"``: run from both and keep
+            the one whose midpoint has the lower loss on a sample of training data
+            (:mod:`lmckit.align.start_choice`; needs ``model`` and ``data``). Ignored
+            when ``init`` is given.
+        select_targets: ``start="best"``: how many training targets (labels; tokens
+            for language models) the midpoints are compared on; the default covers all
+            of a small training split.
     """
 
     max_iter: int = 100
@@ -71,12 +78,13 @@ class WeightMatchingConfig:
     restarts: int = 0
     residual_circuits: bool = True
     start: str = "anchored"
+    select_targets: int = 32768
 
     def __post_init__(self) -> None:
-        if self.max_iter < 1 or self.restarts < 0 or self.tol < 0:
+        if self.max_iter < 1 or self.restarts < 0 or self.tol < 0 or self.select_targets < 1:
             raise ValueError(f"invalid weight matching config {self}")
-        if self.start not in ("anchored", "identity"):
-            raise ValueError(f"start must be 'anchored' or 'identity', got {self.start!r}")
+        if self.start not in ("anchored", "identity", "best"):
+            raise ValueError(f"start must be 'anchored', 'identity' or 'best', got {self.start!r}")
 
 
 def space_widths(spec: SymmetrySpec, params: Mapping[str, Tensor]) -> dict[str, int]:
@@ -265,7 +273,9 @@ def weight_matching(
             spaces with rectangular groups (module docstring).
         params_b: model to align; unchanged.
         config: iterations, tolerance, restarts.
-        model, data: unused (data-free); accepted for the common aligner signature.
+        model, data: only for ``config.start="best"`` (the architecture of
+            ``params_a`` and a :class:`~lmckit.data.Dataset` whose training split
+            decides the start); otherwise unused: weight matching is data-free.
         seed: order of spaces in each sweep and restart draws.
         progress: show a progress bar over sweeps.
         device: where the similarities are computed (default CPU); the solvers run on
@@ -282,9 +292,19 @@ def weight_matching(
             the residual map. Applied before ``row_masks``.
 
     Returns:
-        An :class:`AlignmentResult`; ``result.apply(params_b)`` is B aligned to A.
+        An :class:`AlignmentResult` (a :class:`~lmckit.align.start_choice.StartChoice`
+        for ``start="best"``); ``result.apply(params_b)`` is B aligned to A.
     """
     config = config or WeightMatchingConfig()
+    if config.start == "best" and init is None:
+
+        def run(start: str) -> AlignmentResult:
+            return weight_matching(spec, params_a, params_b, replace(config, start=start),
+                                   seed=seed, progress=progress, device=device, spaces=spaces,
+                                   row_masks=row_masks, row_weights=row_weights)  # fmt: skip
+
+        return best_start(run, params_a, params_b, model=model, data=data,
+                          targets=config.select_targets, seed=seed)  # fmt: skip
     # compatibility first: models of different widths must be reported as such (naming
     # the first mismatched parameter), not as a spec that does not fit one of them
     if any(s.group.rectangular for s in spec):
@@ -314,7 +334,7 @@ def weight_matching(
     _weigh_rows(spec, ref, other, row_masks, row_weights)
     fold_single_use_params(spec, ref, other)
     base = init or start
-    if init is None and config.start == "anchored":
+    if init is None and config.start != "identity":
         base = anchored_start(spec, ref, other, start, names=names)
     generator = torch.Generator().manual_seed(seed)
 

@@ -51,10 +51,12 @@ __all__ = ["command"]
 )
 @choice_option(
     "--start",
-    ["anchored", "identity"],
+    ["anchored", "identity", "best"],
     "anchored",
     "Weight matching: anchored solves each space outward from what the models share "
-    "(inputs, tokens, classes) first; identity starts from the identity (lmckit 0.1).",
+    "(inputs, tokens, classes) first; identity starts from the identity (lmckit 0.1); "
+    "best runs both and keeps the one whose midpoint has the lower loss on --data's "
+    "training split (up to 32,768 labels or tokens).",
 )
 @count_option("--steps", 500, "Learned matching: max steps.")
 @click.option(
@@ -118,10 +120,13 @@ def command(
     elif method == "weight":
         config = WeightMatchingConfig(start=start)
     torch_device = parse_device(device)
-    if method == "weight":
+    reads_data = method != "weight" or start == "best"
+    if not reads_data:
         validate_data_spec(data_spec)  # weight matching reads no data, but a bad spec is an error
+    elif data_spec is None and method == "weight":
+        raise click.ClickException("--start best compares the starts on training data: give --data")
     a, b = load_models([model_a, model_b])
-    data = load_dataset(data_spec) if method != "weight" else None
+    data = load_dataset(data_spec) if reads_data else None
     aligned = align_models(
         a,
         b,

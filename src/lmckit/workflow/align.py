@@ -12,6 +12,7 @@ from torch import nn
 
 from lmckit.align.registry import aligner_info
 from lmckit.align.result import AlignmentResult
+from lmckit.align.start_choice import StartChoice
 from lmckit.data import Dataset
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
@@ -236,6 +237,8 @@ def align_models(
         "folded_norm_scales": sorted(form.folded),
         "spaces": {k: vars(v) for k, v in result.spaces.items()},
     }
+    if isinstance(result, StartChoice):
+        metadata["start"] = {"chosen": result.start, "midpoint_losses": result.midpoint_losses}
     if method == "learned" and config is not None:
         metadata["learned"] = {
             "steps": config.steps,
