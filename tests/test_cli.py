@@ -134,6 +134,32 @@ def test_align_start_best_keeps_the_start_chosen_on_training_data(ckpts, tmp_pat
     assert recorded["midpoint_losses"] == pytest.approx(want.midpoint_losses)
 
 
+def test_progress_bars_only_when_stderr_is_a_terminal(ckpts, tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    from lmckit.cli.common import _no_bars_off_a_terminal
+
+    class Stream:
+        def __init__(self, tty: bool) -> None:
+            self.tty = tty
+
+        def isatty(self) -> bool:
+            return self.tty
+
+    for tty, quiet, want in [(True, False, False), (True, True, True), (False, False, True)]:
+        monkeypatch.setattr(sys, "stderr", Stream(tty))
+        assert _no_bars_off_a_terminal(None, None, quiet) is want  # type: ignore[arg-type]
+    monkeypatch.undo()
+    # a pipe gets the result and no carriage-return frames of a bar
+    entry = "from lmckit.cli import main; main()"
+    cmd = [sys.executable, "-c", entry, "align", str(ckpts / "a"), str(ckpts / "b"),
+           "--out", str(tmp_path / "piped")]  # fmt: skip
+    run = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    assert "\r" not in run.stderr and "sweep" not in run.stderr, run.stderr
+    assert run.stdout.splitlines()[-1] == f"wrote {tmp_path / 'piped'}"
+
+
 def test_symmetries_reports_the_hidden_space_and_refuses_rotations(ckpts, tmp_path) -> None:
     out = _ok("symmetries", ckpts / "bn_a", "--json", tmp_path / "r.json").output
     report = json.loads((tmp_path / "r.json").read_text())

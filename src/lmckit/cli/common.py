@@ -9,6 +9,7 @@ Errors are raised as the library's exceptions (or :func:`fail`); the group in
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
@@ -63,7 +64,20 @@ threads_option = click.option(
     default=None,
     help="CPU threads for PyTorch (default: PyTorch's choice).",
 )
-quiet_option = click.option("--quiet", is_flag=True, help="No progress bars.")
+
+
+def _no_bars_off_a_terminal(_ctx: click.Context, _param: click.Parameter, quiet: bool) -> bool:
+    # progress bars (tqdm, on stderr) only where someone watches: a log file or a pipe
+    # would fill with carriage-return frames
+    return quiet or not sys.stderr.isatty()
+
+
+quiet_option = click.option(
+    "--quiet",
+    is_flag=True,
+    callback=_no_bars_off_a_terminal,
+    help="No progress bars (there are none either when stderr is not a terminal).",
+)
 force_option = click.option(
     "--force",
     is_flag=True,
