@@ -147,7 +147,8 @@ def test_progress_bars_only_when_stderr_is_a_terminal(ckpts, tmp_path, monkeypat
         def isatty(self) -> bool:
             return self.tty
 
-    for tty, quiet, want in [(True, False, False), (True, True, True), (False, False, True)]:
+    cases = [(True, None, False), (True, True, True), (False, None, True), (False, False, False)]
+    for tty, quiet, want in cases:
         monkeypatch.setattr(sys, "stderr", Stream(tty))
         assert _no_bars_off_a_terminal(None, None, quiet) is want  # type: ignore[arg-type]
     monkeypatch.undo()
@@ -158,6 +159,10 @@ def test_progress_bars_only_when_stderr_is_a_terminal(ckpts, tmp_path, monkeypat
     run = subprocess.run(cmd, capture_output=True, text=True, check=True)
     assert "\r" not in run.stderr and "sweep" not in run.stderr, run.stderr
     assert run.stdout.splitlines()[-1] == f"wrote {tmp_path / 'piped'}"
+    # --progress asks for them anyway (e.g. for a log followed with tail -f)
+    run = subprocess.run([*cmd, "--progress", "--force"], capture_output=True, text=True,
+                         check=True)  # fmt: skip
+    assert "weight matching:" in run.stderr
 
 
 def test_symmetries_reports_the_hidden_space_and_refuses_rotations(ckpts, tmp_path) -> None:

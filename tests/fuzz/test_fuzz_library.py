@@ -9,6 +9,7 @@ and a real Ctrl-C sent to a running ``lmckit`` process.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -192,7 +193,7 @@ def test_a_swap_killed_between_renames_gets_the_old_version_back(tmp_path: Path)
 def test_ctrl_c_in_a_running_command_exits_130_and_leaves_nothing(tmp_path: Path) -> None:
     out = tmp_path / "model"
     args = ["train", "--model", "mlp", "--data", "digits", "--width", "64", "--depth", "2",
-            "--epochs", "100000", "--batch-size", "8", "--threads", "1",
+            "--epochs", "100000", "--batch-size", "8", "--threads", "1", "--progress",
             "--out", str(out)]  # fmt: skip
     proc = subprocess.Popen(
         [sys.executable, "-m", "lmckit", *args],
@@ -205,6 +206,9 @@ def test_ctrl_c_in_a_running_command_exits_130_and_leaves_nothing(tmp_path: Path
     deadline = time.monotonic() + 120
     seen = b""
     while b"loss=" not in seen and time.monotonic() < deadline:
+        # wait for output at most until the deadline (a silent process must not hang us)
+        if not select.select([proc.stderr], [], [], max(0.0, deadline - time.monotonic()))[0]:
+            break
         chunk = os.read(proc.stderr.fileno(), 4096)
         if not chunk:
             break

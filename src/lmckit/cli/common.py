@@ -66,17 +66,20 @@ threads_option = click.option(
 )
 
 
-def _no_bars_off_a_terminal(_ctx: click.Context, _param: click.Parameter, quiet: bool) -> bool:
-    # progress bars (tqdm, on stderr) only where someone watches: a log file or a pipe
-    # would fill with carriage-return frames
-    return quiet or not sys.stderr.isatty()
+def _no_bars_off_a_terminal(
+    _ctx: click.Context, _param: click.Parameter, quiet: bool | None
+) -> bool:
+    # by default progress bars (tqdm, on stderr) only where someone watches: a log file or
+    # a pipe would fill with carriage-return frames
+    return not sys.stderr.isatty() if quiet is None else quiet
 
 
 quiet_option = click.option(
-    "--quiet",
-    is_flag=True,
+    "--quiet/--progress",
+    default=None,
     callback=_no_bars_off_a_terminal,
-    help="No progress bars (there are none either when stderr is not a terminal).",
+    help="No progress bars / progress bars even when stderr is not a terminal. "
+    "Default: bars on a terminal only.",
 )
 force_option = click.option(
     "--force",
