@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
@@ -117,15 +117,6 @@ def best_start(
     }
     # a NaN loss never wins (min would keep whichever came first)
     chosen = min(STARTS, key=lambda s: (losses[s] != losses[s], losses[s]))
-    kept = results[chosen]
-    return StartChoice(
-        transform=kept.transform,
-        spaces=kept.spaces,
-        iterations=kept.iterations,
-        converged=kept.converged,
-        seconds=time.perf_counter() - begin,  # both runs and both evaluations
-        history=kept.history,
-        iteration_unit=kept.iteration_unit,
-        start=chosen,
-        midpoint_losses=losses,
-    )
+    kept = {f.name: getattr(results[chosen], f.name) for f in fields(AlignmentResult)}
+    kept["seconds"] = time.perf_counter() - begin  # both runs and both evaluations
+    return StartChoice(**kept, start=chosen, midpoint_losses=losses)
