@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from scipy.optimize import linear_sum_assignment
 
-from lmckit.align import weight_matching
+from lmckit.aligners import weight_matching
 from lmckit.groups import _assignment
 from lmckit.models import create_model
 

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 import lmckit
-from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.groups import _assignment
 from lmckit.models import create_model
 

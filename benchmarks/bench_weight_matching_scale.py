@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.models import create_model
 from lmckit.recipe import aligned_form
 from lmckit.symmetry import apply

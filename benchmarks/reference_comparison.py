@@ -47,8 +47,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from lmckit.align import LearnedMatchingConfig, WeightMatchingConfig, learned_matching
-from lmckit.align import weight_matching as wm
+from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig, learned_matching
+from lmckit.aligners import weight_matching as wm
 from lmckit.data import Dataset, batches
 from lmckit.data.token_stats import seen_token_masks, text_prefix, token_counts
 from lmckit.evaluate import evaluate_along, linear_grid

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from lmckit.align import WeightMatchingConfig, weight_matching
+from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.models import create_model
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Permutation

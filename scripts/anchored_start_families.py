@@ -1,6 +1,6 @@
 """Weight matching from the identity vs from the anchored start, on several model families.
 
-Issue 15 made the anchored start (:mod:`lmckit.align.anchored`) weight matching's default;
+Issue 15 made the anchored start (:mod:`lmckit.aligners.weight.anchored`) weight matching's default;
 it must not make any family worse. For each pair this trains (and caches under OUT) two
 models with lmckit's trainer, aligns B to A by weight matching from both starts (and with
 ``start="best"``, which picks one by the midpoint's training loss), and
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from lmckit import checkpoint
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.align.objective import total_objective
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners.weight.objective import total_objective
 from lmckit.data import Dataset, load_mnist
 from lmckit.data.token_stats import EMBEDDING, LM_HEAD, token_counts
 from lmckit.measure import EvalSettings, measure_path

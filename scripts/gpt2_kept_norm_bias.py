@@ -24,7 +24,7 @@ from torch.func import functional_call
 from torch.nn.functional import cross_entropy
 
 from lmckit import checkpoint
-from lmckit.align import weight_matching
+from lmckit.aligners import weight_matching
 from lmckit.data import batches
 from lmckit.data.token_stats import seen_token_masks, token_row_weights
 from lmckit.recipe import aligned_form

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 from lmckit import checkpoint
-from lmckit.align import (
+from lmckit.aligners import (
     LearnedMatchingConfig,
     WeightMatchingConfig,
     head_bases_matching,

@@ -48,8 +48,8 @@ from reference_comparison import (  # noqa: E402
     moved,
 )
 
-from lmckit.align import WeightMatchingConfig, weight_matching  # noqa: E402
-from lmckit.align.anchored import anchored_start  # noqa: E402
+from lmckit.aligners import WeightMatchingConfig, weight_matching  # noqa: E402
+from lmckit.aligners.weight.anchored import anchored_start  # noqa: E402
 from lmckit.data import Dataset  # noqa: E402
 from lmckit.data.token_stats import seen_token_masks, token_row_weights  # noqa: E402
 from lmckit.symmetry import Permutation, SymmetrySpec, Transform, apply  # noqa: E402

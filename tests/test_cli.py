@@ -98,7 +98,7 @@ def test_align_lowers_the_barrier(ckpts, tmp_path, method: str) -> None:
 
 @pytest.mark.parametrize("start", ["anchored", "identity"])
 def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
-    from lmckit.align import WeightMatchingConfig, weight_matching
+    from lmckit.aligners import WeightMatchingConfig, weight_matching
 
     out = tmp_path / "b_aligned"
     _ok("align", ckpts / "a", ckpts / "b", "--start", start, "--out", out, "--quiet")
@@ -111,7 +111,7 @@ def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
 
 
 def test_align_start_best_keeps_the_start_chosen_on_training_data(ckpts, tmp_path) -> None:
-    from lmckit.align import WeightMatchingConfig, weight_matching
+    from lmckit.aligners import WeightMatchingConfig, weight_matching
 
     refused = _invoke("align", ckpts / "a", ckpts / "b", "--start", "best", "--out", tmp_path / "x")
     assert refused.exit_code == 1

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from lmckit.align import (
+from lmckit.aligners import (
     ActivationMatchingConfig,
     LearnedMatchingConfig,
     activation_matching,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.align import weight_matching
+from lmckit.aligners import weight_matching
 from lmckit.data import batches
 from lmckit.evaluate import evaluate
 from lmckit.merge import channel_statistics, has_batchnorm, repair, reset_batchnorm

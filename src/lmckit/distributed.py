@@ -7,7 +7,7 @@ while the default process group is initialised and has more than one process,
 * path evaluation (:func:`lmckit.evaluate.evaluate`, ``evaluate_path``,
   ``evaluate_along``, :func:`lmckit.paths.evaluate_simplex`) evaluates every ``W``-th
   batch on each of the ``W`` processes and sums loss, metric and counts over them;
-* activation statistics (:func:`lmckit.align.collect_cross_statistics`, so activation
+* activation statistics (:func:`lmckit.aligners.collect_cross_statistics`, so activation
   matching) stream every ``W``-th input batch and sum the cross-statistics;
 * learned matching splits each step's batch into ``W`` row slices and sums the
   gradients, so every process takes the same optimiser step and returns the same

@@ -95,7 +95,7 @@ class HeadCircuits:
     For head ``h`` with query rows ``Q_h = [W_q,h | b_q,h]`` (``(head_dim, d + 1)``)
     and keys ``K_h`` alike, the QK circuit is ``Q_h^T K_h``; with values ``V_h`` and
     the output columns ``O_h`` (``(d_out, head_dim)``) of ``output``, the OV circuit
-    is ``O_h V_h``. Heads are matched on these, see :mod:`lmckit.align.circuits`.
+    is ``O_h V_h``. Heads are matched on these, see :mod:`lmckit.aligners.weight.circuits`.
     """
 
     query: CircuitPart

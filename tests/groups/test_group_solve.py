@@ -207,7 +207,7 @@ def test_a_similarity_that_breaks_blocks_still_gets_a_block_permutation() -> Non
 
 
 def test_the_call_site_functions_are_the_groups_solvers() -> None:
-    from lmckit.align.solvers import objective, solve
+    from lmckit.aligners.solvers import objective, solve
 
     truth = Invertible().random(5, _gen(120)).double()
     b = torch.randn(5, 30, generator=_gen(121), dtype=torch.float64)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmckit.align import weight_matching
+from lmckit.aligners import weight_matching
 from lmckit.groups import HeadPermutation, Permutation
 from lmckit.hf import example_inputs, load_hf
 from lmckit.spec import analyze_symmetries

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.align import weight_matching
+from lmckit.aligners import weight_matching
 from lmckit.groups import Orthogonal, Permutation
 from lmckit.params import module_params
 from lmckit.spec import (

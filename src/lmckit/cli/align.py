@@ -107,7 +107,7 @@ def command(
     quiet: bool,
 ) -> None:
     """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
-    from lmckit.align import LearnedMatchingConfig, WeightMatchingConfig
+    from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig
 
     kind = align_output_kind(model_b, symmetry)
     check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.align.activation import collect_cross_statistics
-from lmckit.align.solvers import solve
+from lmckit.aligners.activation import collect_cross_statistics
+from lmckit.aligners.solvers import solve
 from lmckit.params import Params, check_compatible, interpolate
 from lmckit.symmetry import Permutation, SymmetrySpec
 

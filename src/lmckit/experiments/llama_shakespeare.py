@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from lmckit.align import activation_matching, weight_matching
-from lmckit.align.activation import ActivationMatchingConfig
+from lmckit.aligners import activation_matching, weight_matching
+from lmckit.aligners.activation import ActivationMatchingConfig
 from lmckit.experiments.datasets import char_dataset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner

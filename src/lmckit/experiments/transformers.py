@@ -12,7 +12,7 @@ by activation matching, and the linear path between them is measured (test split
   aligned by an orthogonal map, heads and MLP units by permutations;
 * ``WM orthogonal + head bases``: that solution, then each matched head's query/key
   and value/output bases aligned by orthogonal maps
-  (:func:`lmckit.align.head_bases_matching`; still data-free, same function);
+  (:func:`lmckit.aligners.head_bases_matching`; still data-free, same function);
 * ``WM orthogonal (circuit form)``: the RMSNorm forms with every head rewritten as its
   QK and OV circuit (:func:`lmckit.rewrites.heads_to_circuits`, exact), weight-matched
   and interpolated in that form, as the paper's code merges heads;
@@ -36,7 +36,7 @@ from dataclasses import replace
 
 import torch
 
-from lmckit.align import (
+from lmckit.aligners import (
     ActivationMatchingConfig,
     LearnedMatchingConfig,
     WeightMatchingConfig,

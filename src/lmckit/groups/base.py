@@ -91,7 +91,7 @@ class Group(abc.ABC, Generic[E]):
     #: :meth:`act` only gathers along the axis (square index permutations): it works on
     #: integer index tensors, so an aligner can follow where each slice of a parameter
     #: came from and update a similarity by the slices that moved
-    #: (:mod:`lmckit.align.incremental`).
+    #: (:mod:`lmckit.aligners.weight.incremental`).
     gathers: ClassVar[bool] = False
     #: activation matching solves this group on the cross-correlation (Pearson) or on
     #: the cross-covariance (what Procrustes wants: Pearson normalisation is not

@@ -225,7 +225,7 @@ def evaluate_simplex(
     Args:
         model: module of the architecture.
         models: ``K >= 2`` parameter sets (align them into one frame first, e.g. with
-            :func:`lmckit.align.universe_matching`).
+            :func:`lmckit.aligners.universe_matching`).
         batches: callable returning a fresh iterable of ``(x, y)`` batches.
         resolution: grid resolution ``r`` (step ``1 / r`` in each weight).
         weights: explicit grid instead (must include every vertex).

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmckit.align.registry import aligner_info
-from lmckit.align.result import AlignmentResult
-from lmckit.align.start_choice import StartChoice
+from lmckit.aligners.registry import aligner_info
+from lmckit.aligners.result import AlignmentResult
+from lmckit.aligners.weight.start_choice import StartChoice
 from lmckit.data import Dataset
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
@@ -66,7 +66,7 @@ def align_pair(
     seed: int = 0,
     progress: bool = False,
 ) -> AlignmentResult | None:
-    """Run the registered aligner ``method`` (:mod:`lmckit.align.registry`) on one pair.
+    """Run the registered aligner ``method`` (:mod:`lmckit.aligners.registry`) on one pair.
 
     ``naive`` returns ``None`` (no transform). Aligners that stream training batches
     take the settings' evaluation batch size and ``stat_batches``.
@@ -199,8 +199,8 @@ def align_models(
         data: training data for activation statistics or learned matching; checked to
             fit the model whenever given.
         seed: the method's randomness.
-        config: the method's config (:attr:`lmckit.align.registry.AlignerInfo.config`,
-            e.g. a :class:`lmckit.align.LearnedMatchingConfig`); ``None``: its defaults.
+        config: the method's config (:attr:`lmckit.aligners.registry.AlignerInfo.config`,
+            e.g. a :class:`lmckit.aligners.LearnedMatchingConfig`); ``None``: its defaults.
         device: where the method runs its tensor work (results come back on the CPU).
         progress: progress bars.
 
@@ -208,7 +208,7 @@ def align_models(
         ValueError: a user mistake (unknown method, missing data, incompatible options, a
             symmetry the architecture cannot have).
     """
-    from lmckit.align import head_bases_matching
+    from lmckit.aligners import head_bases_matching
 
     if method not in ALIGN_METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")

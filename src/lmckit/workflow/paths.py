@@ -120,7 +120,7 @@ def simplex_barrier(
         circuits: interpolate transformers with heads as QK/OV circuits.
         seed, meta, progress: alignment seed, extra metadata, progress bars.
     """
-    from lmckit.align import head_bases_matching, universe_matching
+    from lmckit.aligners import head_bases_matching, universe_matching
 
     settings = settings or EvalSettings()
     if len(checkpoints) < 2:

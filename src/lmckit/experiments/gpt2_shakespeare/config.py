@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lmckit.align import LearnedMatchingConfig, WeightMatchingConfig
+from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig
 from lmckit.experiments.runner import config_hash
 from lmckit.train import TrainConfig
 

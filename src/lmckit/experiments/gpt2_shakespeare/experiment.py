@@ -16,7 +16,7 @@ on the *test* split (``t`` in steps of 0.1, token cross-entropy) after each alig
   permuted (``spec.with_groups(residual=Permutation())``), heads by QK/OV circuits;
 * ``WM (orthogonal)`` / ``learned (orthogonal)``: the residual stream aligned by an
   orthogonal map; ``+ head bases``: then each matched head's query/key and value/output
-  bases aligned by orthogonal maps (:func:`lmckit.align.match_head_bases`, data-free);
+  bases aligned by orthogonal maps (:func:`lmckit.aligners.match_head_bases`, data-free);
 * ``..., circuit form``: both RMSNorm models with every head rewritten as its QK and OV
   circuit (:func:`lmckit.rewrites.heads_to_circuits`, exact), weight-matched and
   interpolated in that form, embedding and LM-head rows weighted by their tokens'

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from lmckit.align import (
+from lmckit.aligners import (
     ActivationMatchingConfig,
     AlignmentResult,
     UniverseConfig,

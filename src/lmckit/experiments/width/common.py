@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lmckit.align import AlignmentResult, weight_matching
+from lmckit.aligners import AlignmentResult, weight_matching
 from lmckit.calibration import evaluate_path_calibrated
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import PathResult

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.align import UniverseConfig, UniverseResult, universe_matching
+from lmckit.aligners import UniverseConfig, UniverseResult, universe_matching
 from lmckit.data import Dataset, batches
 from lmckit.models import create_model
 from lmckit.paths import evaluate_simplex

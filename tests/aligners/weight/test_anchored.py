@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.align.anchored import anchor_stages, anchored_start
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners.weight.anchored import anchor_stages, anchored_start
 from lmckit.models import create_model
 from lmckit.recipe import aligned_form
 from lmckit.symmetry import Transform, apply, random_transform

@@ -1,7 +1,7 @@
 """The weight-matching objective, measured: per space and in total.
 
 ``sum_p <theta_a[p], T(theta_b)[p]>`` over the compared parameters, split by space for
-the diagnostics of an alignment (:class:`lmckit.align.result.SpaceDiagnostics`). Inner
+the diagnostics of an alignment (:class:`lmckit.aligners.result.SpaceDiagnostics`). Inner
 products are summed in float64 without float64 copies of the operands, and each
 parameter is moved by the transform once.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from lmckit.align.similarity import space_problem
+from lmckit.aligners.weight.similarity import space_problem
 from lmckit.params import Params
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from lmckit.align import (
+from lmckit.aligners import (
     HeadBases,
     WeightMatchingConfig,
     align_head_bases,

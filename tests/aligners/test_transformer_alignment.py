@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 from torch.func import functional_call
 
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.align.circuits import head_circuits, head_similarity, head_similarity_matrix
-from lmckit.align.solvers import solve
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners.solvers import solve
+from lmckit.aligners.weight.circuits import head_circuits, head_similarity, head_similarity_matrix
 from lmckit.data import batches
 from lmckit.evaluate import evaluate_path
 from lmckit.experiments.transformers import char_dataset, compare_transformer_alignments

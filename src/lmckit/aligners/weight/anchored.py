@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from torch import Tensor
 
-from lmckit.align.similarity import space_problem
+from lmckit.aligners.weight.similarity import space_problem
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use
 
 __all__ = ["anchor_stages", "anchored_start"]

@@ -29,9 +29,9 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.weight import (
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.weight import (
     GIT_REBASIN,
     WeightMatchingConfig,
     space_objective,

@@ -11,7 +11,7 @@ by cosine get the unit norms.
 Transformers: heads are compared by their QK/OV circuits, and a space the heads read
 from or write to (the residual stream) sees them through those circuits too, not
 through the raw projections, whose within-head bases differ between models
-(:func:`lmckit.align.circuits.residual_circuit_similarity`; the circuit terms are
+(:func:`lmckit.aligners.weight.circuits.residual_circuit_similarity`; the circuit terms are
 quadratic in the residual map, so each update solves their linearisation at the
 current map).
 """
@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmckit.align.circuits import head_similarity_matrix, residual_circuit_similarity
+from lmckit.aligners.weight.circuits import head_similarity_matrix, residual_circuit_similarity
 from lmckit.groups.base import Subproblem
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
 
@@ -86,7 +86,7 @@ def space_problem(
     """
     group = space.group
     if space.circuits is not None:
-        # attention heads are compared through their QK/OV circuits (align.circuits)
+        # attention heads are compared through their QK/OV circuits (aligners.weight.circuits)
         moved = {
             p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in space.params
         }

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.align import (
+from lmckit.aligners import (
     AlignmentResult,
     LearnedMatchingConfig,
     aligner_info,
@@ -13,8 +13,8 @@ from lmckit.align import (
     list_aligners,
     register_aligner,
 )
-from lmckit.align.head_bases import HeadBases, apply_head_bases
-from lmckit.align.registry import _check_signature
+from lmckit.aligners.head_bases import HeadBases, apply_head_bases
+from lmckit.aligners.registry import _check_signature
 from lmckit.data import Dataset
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model

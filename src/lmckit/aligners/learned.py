@@ -19,7 +19,7 @@ Each step draws ``lambda ~ U(low, high)`` and minimises the training loss of
 ``(1 - lambda) theta_a + lambda T(theta_b)`` with AdamW on the ``S``; the loss is an
 argument (default: cross-entropy of logits against labels or next tokens). The transform
 is applied to B *differentiably*: every use of a space is contracted with the dense
-matrix (:mod:`lmckit.align.dense`; writers, readers and elementwise parameters alike:
+matrix (:mod:`lmckit.aligners.dense`; writers, readers and elementwise parameters alike:
 for the groups it accepts the reader matrix ``T^{-T}`` equals ``T``). Early stopping watches the
 loss of the midpoint ``lambda = 1/2`` with the *hard* transform on a validation split;
 the best hard transform seen (including the initial one) is returned.
@@ -45,11 +45,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.align.dense import apply_dense, straight_through
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.weight import GIT_REBASIN, space_objective, weight_matching
-from lmckit.align.width import GENERALIZED_LMC
+from lmckit.aligners.dense import apply_dense, straight_through
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.weight import GIT_REBASIN, space_objective, weight_matching
+from lmckit.aligners.width import GENERALIZED_LMC
 from lmckit.data import Dataset, batches
 from lmckit.distributed import any_rank, rank_rows, shard, sum_gradients, sum_over_ranks
 from lmckit.groups import sinkhorn

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.align.start_choice import StartChoice, midpoint_loss
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import evaluate
 from lmckit.models import create_model

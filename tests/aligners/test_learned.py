@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.align import LearnedMatchingConfig, learned_matching, weight_matching
-from lmckit.align.learned import apply_dense, sinkhorn, validation_split
+from lmckit.aligners import LearnedMatchingConfig, learned_matching, weight_matching
+from lmckit.aligners.learned import apply_dense, sinkhorn, validation_split
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import evaluate_path
 from lmckit.models import create_model

@@ -1,6 +1,6 @@
 """Weight matching's ``start="best"``: run both starts, keep the one whose midpoint fits data.
 
-The anchored start (:mod:`lmckit.align.anchored`) lowers barriers on MLPs, ResNets and
+The anchored start (:mod:`lmckit.aligners.weight.anchored`) lowers barriers on MLPs, ResNets and
 GPT-2 permutations, and raises them on some pairs (ViTs with projected heads, a small
 GPT-2 under permutations), where it also reaches the *higher* weight-matching objective:
 the data-free objective cannot tell which start is better there
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 import torch
 from torch import nn
 
-from lmckit.align.result import AlignmentResult
+from lmckit.aligners.result import AlignmentResult
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import evaluate
 from lmckit.merge import reset_batchnorm

@@ -18,7 +18,7 @@ unchanged, chosen so the embedded model is close to the wide model:
   Procrustes on the ``m x n`` similarity (``U V^T``).
 - Square groups where widths agree are solved as in weight matching.
 
-:func:`width_matching` is weight matching (:mod:`lmckit.align.weight`, which solves
+:func:`width_matching` is weight matching (:mod:`lmckit.aligners.weight`, which solves
 every group, rectangular ones included) started from :func:`naive_embedding`. The
 spec passed in is the *narrow* model's spec with these groups (``spec.with_groups``);
 ``apply(spec, narrow_params, result.transform)`` gives params of the wide shape, to be
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult
-from lmckit.align.weight import WeightMatchingConfig, space_widths, weight_matching
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult
+from lmckit.aligners.weight import WeightMatchingConfig, space_widths, weight_matching
 from lmckit.data import Dataset
 from lmckit.groups import PaddedPermutation, PaddedPermutationElement
 from lmckit.groups.semi_permutation import Coefficients

@@ -2,7 +2,7 @@
 
 Maximises ``sum_p <theta_a[p], T(theta_b)[p]>`` over the spec's groups by coordinate
 descent: one space at a time, holding the others fixed, the objective is linear in
-that space's element, ``<T_s, C_s>`` (:mod:`lmckit.align.similarity`), and the
+that space's element, ``<T_s, C_s>`` (:mod:`lmckit.aligners.weight.similarity`), and the
 space's group solves it (:meth:`lmckit.groups.Group.solve`: assignment, Procrustes,
 least squares, or a semi-permutation split). Groups whose solver is exact are updated
 only when the objective rises, so the objective never falls; the others (least
@@ -12,7 +12,7 @@ Every group is covered, rectangular ones included: when ``params_a`` is wider th
 ``params_b`` along a space whose group is rectangular (``SemiPermutation``,
 ``PaddedPermutation``, ``Orthogonal``), the space starts at the group's plain
 embedding (:meth:`lmckit.groups.Group.embedding`) and the solution embeds B into A's
-widths (:func:`lmckit.align.width.width_matching` is this with B the narrow model).
+widths (:func:`lmckit.aligners.width.width_matching` is this with B the narrow model).
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from lmckit.align.anchored import anchored_start
-from lmckit.align.incremental import SimilarityCache
-from lmckit.align.objective import space_objective, space_objectives, total_objective
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.similarity import fold_single_use_params, space_similarity
-from lmckit.align.start_choice import best_start
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.weight.anchored import anchored_start
+from lmckit.aligners.weight.incremental import SimilarityCache
+from lmckit.aligners.weight.objective import space_objective, space_objectives, total_objective
+from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
+from lmckit.aligners.weight.start_choice import best_start
 from lmckit.data import Dataset
 from lmckit.params import IncompatibleModelsError, Params, check_compatible, check_finite
 from lmckit.symmetry import SymmetrySpec, Transform, random_transform
@@ -62,11 +62,11 @@ class WeightMatchingConfig:
         restarts: extra runs from random initial transforms; the best total wins.
         residual_circuits: spaces that attention heads read or write (the residual
             stream) compare those heads by circuits instead of raw projection weights.
-        start: ``"anchored"``: begin from :func:`lmckit.align.anchored.anchored_start`
+        start: ``"anchored"``: begin from :func:`lmckit.aligners.weight.anchored.anchored_start`
             (spaces solved outward from the axes both models share); ``"identity"``:
             from the identity (or plain embeddings); ``"best"``: run from both and keep
             the one whose midpoint has the lower loss on a sample of training data
-            (:mod:`lmckit.align.start_choice`; needs ``model`` and ``data``). Ignored
+            (:mod:`lmckit.aligners.weight.start_choice`; needs ``model`` and ``data``). Ignored
             when ``init`` is given.
         select_targets: ``start="best"``: how many training targets (labels; tokens
             for language models) the midpoints are compared on; the default covers all
@@ -149,7 +149,7 @@ def _coordinate_descent(
     """Sweep over ``names`` in random order until no space improves.
 
     Each update costs the products of what moved since the space was last solved
-    (:class:`~lmckit.align.incremental.SimilarityCache`, built here unless given) and
+    (:class:`~lmckit.aligners.weight.incremental.SimilarityCache`, built here unless given) and
     one solve; a space none of whose inputs moved since its last solve is skipped, as
     its solver would return the same element.
 
@@ -292,7 +292,7 @@ def weight_matching(
             the residual map. Applied before ``row_masks``.
 
     Returns:
-        An :class:`AlignmentResult` (a :class:`~lmckit.align.start_choice.StartChoice`
+        An :class:`AlignmentResult` (a :class:`~lmckit.aligners.weight.start_choice.StartChoice`
         for ``start="best"``); ``result.apply(params_b)`` is B aligned to A.
     """
     config = config or WeightMatchingConfig()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from lmckit.align import ActivationMatchingConfig, activation_matching
+from lmckit.aligners import ActivationMatchingConfig, activation_matching
 from lmckit.experiments.transformers import char_dataset, units_in_heads
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.models import ZooModel, create_model

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lmckit.align import PaddedPermutation, WidthMatchingConfig, naive_embedding, width_matching
-from lmckit.align.width import space_widths
+from lmckit.aligners import PaddedPermutation, WidthMatchingConfig, naive_embedding, width_matching
+from lmckit.aligners.width import space_widths
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import evaluate_path
 from lmckit.models import create_model

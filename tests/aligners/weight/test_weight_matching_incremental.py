@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.align.incremental import SimilarityCache
-from lmckit.align.similarity import fold_single_use_params, space_problem
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners.weight.incremental import SimilarityCache
+from lmckit.aligners.weight.similarity import fold_single_use_params, space_problem
 from lmckit.models import create_model
 from lmckit.params import Params
 from lmckit.rewrites import layernorm_to_rmsnorm

@@ -21,9 +21,9 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.weight import GIT_REBASIN
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.weight import GIT_REBASIN
 from lmckit.data import Dataset, batches
 from lmckit.distributed import any_rank, is_distributed, shard, sum_over_ranks, world
 from lmckit.params import Params, check_compatible, check_finite

@@ -19,7 +19,7 @@ Every aligner has one signature, checked when it is registered::
 - method options after those are keyword-only and optional (``init``, ``spaces``,
   ``row_masks``, ``others``, ``loss``, ...); see each method.
 
-The result is an :class:`~lmckit.align.result.AlignmentResult` (a subclass where a
+The result is an :class:`~lmckit.aligners.result.AlignmentResult` (a subclass where a
 method has more to say); ``result.apply(params_b)`` is the aligned model.
 """
 
@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from lmckit.align.result import AlignmentResult
+from lmckit.aligners.result import AlignmentResult
 from lmckit.registry import Registry, summary
 
 __all__ = [
@@ -106,7 +106,7 @@ class AlignerInfo:
 
 def _load_all() -> None:
     # importing the package imports (and so registers) every aligner module
-    import lmckit.align  # noqa: F401
+    import lmckit.aligners  # noqa: F401
 
 
 _ALIGNERS: Registry[AlignerInfo] = Registry("aligner", load=_load_all)

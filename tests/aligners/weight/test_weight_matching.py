@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lmckit.align import WeightMatchingConfig, weight_matching
-from lmckit.align.weight import space_similarity
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners.weight import space_similarity
 from lmckit.evaluate import evaluate_path
 from lmckit.groups import (
     Group,

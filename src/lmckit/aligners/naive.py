@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult
 from lmckit.data import Dataset
 from lmckit.params import Params, check_compatible
 from lmckit.symmetry import SymmetrySpec, Transform

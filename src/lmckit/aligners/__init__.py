@@ -1,15 +1,15 @@
 """Aligners: each returns an :class:`AlignmentResult` whose transform aligns B to A.
 
-Every aligner has one signature (see :mod:`lmckit.align.registry`) and is registered
+Every aligner has one signature (see :mod:`lmckit.aligners.registry`) and is registered
 by name: ``get_aligner("weight_matching")(spec, params_a, params_b)``.
 """
 
-from lmckit.align.activation import (
+from lmckit.aligners.activation import (
     ActivationMatchingConfig,
     activation_matching,
     collect_cross_statistics,
 )
-from lmckit.align.head_bases import (
+from lmckit.aligners.head_bases import (
     HeadBases,
     HeadBasesResult,
     align_head_bases,
@@ -17,10 +17,10 @@ from lmckit.align.head_bases import (
     head_bases_matching,
     match_head_bases,
 )
-from lmckit.align.learned import LearnedMatchingConfig, learned_matching
-from lmckit.align.multi import UniverseConfig, UniverseResult, universe_matching
-from lmckit.align.naive import naive
-from lmckit.align.registry import (
+from lmckit.aligners.learned import LearnedMatchingConfig, learned_matching
+from lmckit.aligners.multi import UniverseConfig, UniverseResult, universe_matching
+from lmckit.aligners.naive import naive
+from lmckit.aligners.registry import (
     Aligner,
     AlignerInfo,
     aligner_info,
@@ -28,10 +28,10 @@ from lmckit.align.registry import (
     list_aligners,
     register_aligner,
 )
-from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.solvers import solve
-from lmckit.align.weight import WeightMatchingConfig, weight_matching
-from lmckit.align.width import (
+from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.solvers import solve
+from lmckit.aligners.weight import WeightMatchingConfig, weight_matching
+from lmckit.aligners.width import (
     PaddedPermutation,
     WidthMatchingConfig,
     naive_embedding,

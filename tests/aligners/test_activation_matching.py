@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lmckit.align import ActivationMatchingConfig, activation_matching, collect_cross_statistics
-from lmckit.align.activation import CrossStatistics
+from lmckit.aligners import ActivationMatchingConfig, activation_matching, collect_cross_statistics
+from lmckit.aligners.activation import CrossStatistics
 from lmckit.data import Dataset
 from lmckit.models import create_model
 from lmckit.params import Params

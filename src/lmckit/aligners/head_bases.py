@@ -3,7 +3,7 @@
 A head's queries and keys can be rotated together (``q -> R q``, ``k -> R k`` keeps
 every score ``q . k``), and its values against its output columns (``v -> S v``,
 ``W_o -> W_o S^T`` keeps what the head writes), for any orthogonal ``R`` and ``S`` of
-size ``head_dim``. The QK/OV circuits that match heads (:mod:`lmckit.align.circuits`)
+size ``head_dim``. The QK/OV circuits that match heads (:mod:`lmckit.aligners.weight.circuits`)
 do not see these maps, and neither does any :class:`~lmckit.symmetry.SymmetrySpec`
 space (Q, K and V share one axis there), but interpolation does: two matched heads
 whose projections sit in unrelated bases average to a head that computes neither.
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from lmckit.align.circuits import projection
-from lmckit.align.registry import register_aligner
-from lmckit.align.result import AlignmentResult, SpaceDiagnostics
-from lmckit.align.width import GENERALIZED_LMC
+from lmckit.aligners.registry import register_aligner
+from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.weight.circuits import projection
+from lmckit.aligners.width import GENERALIZED_LMC
 from lmckit.data import Dataset
 from lmckit.params import Params, check_compatible
 from lmckit.symmetry import CircuitPart, HeadPermutation, Space, SymmetrySpec, Transform

@@ -1,7 +1,7 @@
 """Similarities kept across coordinate-descent updates, updated by what moved.
 
 Weight matching solves one space at a time on ``C_s = sum_u A_u B~_u^T``
-(:mod:`lmckit.align.similarity`), where ``B~_u`` is the other model's parameter with the
+(:mod:`lmckit.aligners.weight.similarity`), where ``B~_u`` is the other model's parameter with the
 other spaces' elements applied. From scratch that is one ``m x n x K_u`` product per use
 at every update, although between two updates of a space only a few of its neighbours'
 units have usually moved. When every other space on a use's parameter moves units by
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from lmckit.align.similarity import (
+from lmckit.aligners.weight.similarity import (
     add_use_term,
     circuit_partners,
     circuit_terms,
@@ -77,7 +77,7 @@ class SimilarityCache:
         ref, other: the two models' float parameters (``other`` untransformed); read,
             never written.
         circuits: residual spaces see attention heads through their circuits
-            (:func:`lmckit.align.similarity.space_problem`).
+            (:func:`lmckit.aligners.weight.similarity.space_problem`).
         budget: bytes the cached sums may take in all (default: the size of
             ``other``); a space that does not fit is recomputed at every update.
     """
@@ -154,7 +154,7 @@ class SimilarityCache:
     def problem(self, space: Space, transform: Transform) -> Subproblem:
         """The subproblem of ``space`` under ``transform``'s other elements.
 
-        Same value as :func:`lmckit.align.similarity.space_problem` (to float32
+        Same value as :func:`lmckit.aligners.weight.similarity.space_problem` (to float32
         round-off). The returned ``sim`` may be the cache's own matrix: read it before
         the next call for this space, and do not modify it.
         """
