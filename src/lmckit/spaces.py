@@ -6,6 +6,17 @@ parameter writes into it, reads from it or scales it elementwise), plus the
 :class:`Probe` s where activation matching reads it and, for attention heads, the
 :class:`HeadCircuits` that weight matching compares. Transforms acting on them live in
 :mod:`lmckit.symmetry`, which re-exports everything here.
+
+A use may live in a slice of its parameter (:class:`Part`: one block of a fused
+projection, one expert of stacked expert weights, one attention head), and a space may
+live inside one unit of a permutation space (:class:`Nest`: the value basis of one
+key/value head, the units of one expert). A nested space acts after its parent, in the
+parent's output frame: when the parent moves unit ``j`` to position ``i``, whatever the
+space at position ``i`` does applies to what came from ``j``. Spaces that share a
+parameter axis are therefore ordered (parents first) and either touch disjoint slices of
+it or are a parent and its nested spaces; nested spaces of one parent unit that share a
+slice act on different factors of it (e.g. the query heads of a group and the basis
+inside each of them) and commute.
 """
 
 from __future__ import annotations
@@ -18,8 +29,51 @@ import torch
 from torch import Tensor
 
 from lmckit.groups import Group, Role
+from lmckit.head_circuits import CircuitPart, HeadCircuits
 
-__all__ = ["CircuitPart", "HeadCircuits", "Probe", "Space", "SymmetrySpec", "Use"]
+__all__ = [
+    "CircuitPart",
+    "HeadCircuits",
+    "Nest",
+    "Part",
+    "Probe",
+    "Space",
+    "SymmetrySpec",
+    "Use",
+    "region",
+    "with_region",
+]
+
+
+@dataclass(frozen=True)
+class Part:
+    """A slice of a parameter: ``length`` entries from ``start`` along ``axis``."""
+
+    axis: int
+    start: int
+    length: int
+
+    def __post_init__(self) -> None:
+        if self.start < 0 or self.length < 1:
+            raise ValueError(f"a part needs start >= 0 and length >= 1, got {self}")
+
+
+def region(x: Tensor, parts: tuple[Part, ...]) -> Tensor:
+    """``x`` narrowed by each of ``parts`` in turn (a view)."""
+    for part in parts:
+        x = x.narrow(part.axis % x.ndim, part.start, part.length)
+    return x
+
+
+def with_region(x: Tensor, parts: tuple[Part, ...], new: Tensor) -> Tensor:
+    """A copy of ``x`` whose :func:`region` ``parts`` holds ``new`` (functional, so
+    gradients flow to both ``x`` and ``new``)."""
+    if not parts:
+        return new
+    first, rest = parts[0], parts[1:]
+    axis = first.axis % x.ndim
+    inner = with_region(x.narrow(axis, first.start, first.length), rest, new)
+    return torch.slice_scatter(x, inner, axis, first.start, first.start + first.length)
 
 
 @dataclass(frozen=True)
@@ -42,6 +96,10 @@ class Use:
             for statistics (BatchNorm running mean and variance): they move with the
             space but measure the data, not the learned function, and their large
             positive values would swamp the similarity.
+        parts: the slice of the parameter the use lives in (each part narrows the
+            tensor in turn; ``axis``, ``outer`` and ``inner`` refer to the result), e.g.
+            the key block of a fused QKV weight or one expert of stacked expert weights.
+            Empty: the whole parameter.
     """
 
     param: str
@@ -50,10 +108,55 @@ class Use:
     outer: int = 1
     inner: int = 1
     compare: bool = True
+    parts: tuple[Part, ...] = ()
 
     def __post_init__(self) -> None:
         if self.role not in ("write", "read", "elementwise"):
             raise ValueError(f"role must be 'write', 'read' or 'elementwise', got {self.role!r}")
+
+    def region(self, x: Tensor) -> Tensor:
+        """The slice of parameter value ``x`` this use lives in (a view; ``x`` itself
+        when the use has no parts)."""
+        return region(x, self.parts)
+
+    def region_shape(self, shape: tuple[int, ...] | torch.Size) -> tuple[int, ...]:
+        """The shape of :meth:`region` for a parameter of ``shape``."""
+        out = list(shape)
+        for part in self.parts:
+            if not -len(out) <= part.axis < len(out):
+                raise ValueError(f"{self.param!r} of shape {tuple(shape)} has no axis {part.axis}")
+            axis = part.axis % len(out)
+            if part.start + part.length > out[axis]:
+                raise ValueError(
+                    f"part {part.start}:{part.start + part.length} of {self.param!r} axis "
+                    f"{axis} is outside its size {out[axis]}"
+                )
+            out[axis] = part.length
+        return tuple(out)
+
+    def box(self, shape: tuple[int, ...] | torch.Size) -> tuple[tuple[int, int], ...]:
+        """Per axis of the parameter, the ``[start, stop)`` range the use covers."""
+        box = [(0, int(size)) for size in shape]
+        for part in self.parts:
+            axis = part.axis % len(box)
+            lo, _ = box[axis]
+            box[axis] = (lo + part.start, lo + part.start + part.length)
+        return tuple(box)
+
+
+@dataclass(frozen=True)
+class Nest:
+    """Where a nested space lives: inside unit ``unit`` of the permutation space
+    ``parent`` (for head permutations, a head; for unit permutations, a unit).
+
+    Every unit of the parent holds one space of each ``kind`` (e.g. ``"value"``: the
+    value basis of each key/value head); when the parent permutes its units, the nested
+    spaces travel with them (:meth:`lmckit.symmetry.Transform.compose`).
+    """
+
+    parent: str
+    unit: int
+    kind: str
 
 
 @dataclass(frozen=True)
@@ -71,48 +174,12 @@ class Probe:
 
 
 @dataclass(frozen=True)
-class CircuitPart:
-    """Rows of a parameter that hold one attention projection (Q, K or V) of every head.
-
-    Axis 0 of ``param`` is read as ``blocks`` blocks of ``n`` rows and block ``block``
-    is the projection, e.g. ``CircuitPart("attn.c_attn.weight", 1, 3)`` for the keys of
-    a fused ``(3 n, d)`` QKV weight.
-    """
-
-    param: str
-    block: int = 0
-    blocks: int = 1
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.block < self.blocks:
-            raise ValueError(f"block {self.block} out of range for {self.blocks} blocks")
-
-
-@dataclass(frozen=True)
-class HeadCircuits:
-    """Where a head space's QK and OV circuits live (bias-augmented).
-
-    For head ``h`` with query rows ``Q_h = [W_q,h | b_q,h]`` (``(head_dim, d + 1)``)
-    and keys ``K_h`` alike, the QK circuit is ``Q_h^T K_h``; with values ``V_h`` and
-    the output columns ``O_h`` (``(d_out, head_dim)``) of ``output``, the OV circuit
-    is ``O_h V_h``. Heads are matched on these, see :mod:`lmckit.aligners.weight.circuits`.
-    """
-
-    query: CircuitPart
-    key: CircuitPart
-    value: CircuitPart
-    output: str
-    query_bias: CircuitPart | None = None
-    key_bias: CircuitPart | None = None
-    value_bias: CircuitPart | None = None
-
-
-@dataclass(frozen=True)
 class Space:
     """A hidden feature space of ``n`` units with a group and the parameters using it.
 
     ``circuits`` (attention head spaces only) makes weight matching compare heads by
-    their QK/OV circuits instead of by the plain weights of the uses.
+    their QK/OV circuits instead of by the plain weights of the uses. ``nest`` places
+    the space inside one unit of a permutation space (see :class:`Nest`).
     """
 
     name: str
@@ -121,13 +188,16 @@ class Space:
     uses: tuple[Use, ...]
     probes: tuple[Probe, ...] = ()
     circuits: HeadCircuits | None = None
+    nest: Nest | None = None
 
     @property
     def params(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(u.param for u in self.uses))
 
-    def check_axis(self, use: Use, shape: torch.Size) -> None:
-        """Raise ``ValueError`` unless axis ``use.axis`` of ``shape`` has this space's size."""
+    def check_axis(self, use: Use, shape: tuple[int, ...] | torch.Size) -> None:
+        """Raise ``ValueError`` unless axis ``use.axis`` of the use's region of a
+        parameter of ``shape`` has this space's size."""
+        shape = use.region_shape(shape)
         if not -len(shape) <= use.axis < len(shape):
             raise ValueError(f"{use.param!r} of shape {tuple(shape)} has no axis {use.axis}")
         want = use.outer * self.n * use.inner
@@ -154,18 +224,103 @@ class SymmetrySpec:
         dupes = {n for n in names if names.count(n) > 1}
         if dupes:
             raise ValueError(f"duplicate space names: {sorted(dupes)}")
-        seen: dict[tuple[str, int], str] = {}
+        order = {name: i for i, name in enumerate(names)}
         for space in self.spaces:
             if not space.uses:
                 raise ValueError(f"space {space.name!r} has no uses")
+            if space.nest is not None:
+                self._check_nest(space, order)
+        self._check_families()
+        seen: dict[tuple[str, int], list[tuple[Space, Use]]] = {}
+        for space in self.spaces:
             for use in space.uses:
                 key = (use.param, use.axis)
-                if key in seen:
+                for other, other_use in seen.get(key, []):
+                    if not _disjoint(use, other_use) and not self._related(space, other):
+                        raise ValueError(
+                            f"axis {use.axis} of {use.param!r} is used by both "
+                            f"{other.name!r} and {space.name!r}"
+                        )
+                seen.setdefault(key, []).append((space, use))
+
+    def _check_nest(self, space: Space, order: Mapping[str, int]) -> None:
+        nest = space.nest
+        assert nest is not None
+        if nest.parent not in order or order[nest.parent] >= order[space.name]:
+            raise ValueError(
+                f"space {space.name!r} is nested in {nest.parent!r}, which is not a space "
+                "listed before it"
+            )
+        parent = self.spaces[order[nest.parent]]
+        if parent.nest is not None:
+            raise ValueError(
+                f"space {space.name!r} is nested in {parent.name!r}, itself nested: "
+                "spaces nest one level deep"
+            )
+        units = parent.group.units(parent.n)
+        if units is None:
+            raise ValueError(
+                f"space {space.name!r} is nested in {parent.name!r}, whose "
+                f"{parent.group.name} group does not move whole units"
+            )
+        if not 0 <= nest.unit < units:
+            raise ValueError(
+                f"space {space.name!r} is nested in unit {nest.unit} of {parent.name!r}, "
+                f"which has {units} units"
+            )
+
+    def _check_families(self) -> None:
+        """Each parent unit holds one space of each kind; a kind's spaces are alike."""
+        families: dict[tuple[str, str], list[Space]] = {}
+        for space in self.spaces:
+            if space.nest is not None:
+                families.setdefault((space.nest.parent, space.nest.kind), []).append(space)
+        for (parent, kind), members in families.items():
+            units = sorted(s.nest.unit for s in members if s.nest is not None)
+            if units != list(range(len(units))) or len(units) != self[parent].group.units(
+                self[parent].n
+            ):
+                raise ValueError(
+                    f"nested spaces of kind {kind!r} in {parent!r} must be one per unit "
+                    f"of it; units {units}"
+                )
+            first = members[0]
+            for other in members[1:]:
+                if other.n != first.n or other.group != first.group:
                     raise ValueError(
-                        f"axis {use.axis} of {use.param!r} is used by both "
-                        f"{seen[key]!r} and {space.name!r}"
+                        f"nested spaces {first.name!r} and {other.name!r} of kind {kind!r} "
+                        "differ in size or group"
                     )
-                seen[key] = space.name
+
+    def _related(self, a: Space, b: Space) -> bool:
+        """Whether ``a`` and ``b`` may share a slice of a parameter axis: one is nested
+        (at any depth) in the other, or both are nested in the same parent unit."""
+
+        def chain(space: Space) -> list[tuple[str, int | None]]:
+            out: list[tuple[str, int | None]] = [(space.name, None)]
+            while space.nest is not None:
+                out.append((space.nest.parent, space.nest.unit))
+                space = self[space.nest.parent]
+            return out
+
+        names_a = [name for name, _ in chain(a)]
+        names_b = [name for name, _ in chain(b)]
+        if a.name in names_b or b.name in names_a:
+            return True
+        return (
+            a.nest is not None
+            and b.nest is not None
+            and (a.nest.parent, a.nest.unit) == (b.nest.parent, b.nest.unit)
+        )
+
+    def nested_in(self, parent: str) -> list[Space]:
+        """The spaces nested directly in space ``parent`` (in spec order)."""
+        return [s for s in self.spaces if s.nest is not None and s.nest.parent == parent]
+
+    def family(self, parent: str, kind: str) -> list[Space]:
+        """The spaces of ``kind`` nested in ``parent``, indexed by the parent's unit."""
+        members = [s for s in self.nested_in(parent) if s.nest is not None and s.nest.kind == kind]
+        return sorted(members, key=lambda s: s.nest.unit if s.nest is not None else 0)
 
     def __getitem__(self, name: str) -> Space:
         for space in self.spaces:
@@ -210,3 +365,25 @@ class SymmetrySpec:
                         f"{type(space.group).__name__} space {space.name!r} cannot act on "
                         f"elementwise parameter {use.param!r}"
                     )
+
+
+def _ranges(use: Use) -> dict[int, tuple[int, int]]:
+    """Per part axis, the absolute ``[start, stop)`` range the use's parts select."""
+    out: dict[int, tuple[int, int]] = {}
+    for part in use.parts:
+        lo = out.get(part.axis, (0, 0))[0] + part.start
+        out[part.axis] = (lo, lo + part.length)
+    return out
+
+
+def _disjoint(a: Use, b: Use) -> bool:
+    """Whether two uses of one parameter axis cover disjoint slices, read off their
+    parts along a common part axis (without shapes, negative and positive axes are not
+    compared)."""
+    ranges_b = _ranges(b)
+    for axis, (lo, hi) in _ranges(a).items():
+        if axis in ranges_b:
+            lo_b, hi_b = ranges_b[axis]
+            if hi <= lo_b or hi_b <= lo:
+                return True
+    return False

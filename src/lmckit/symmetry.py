@@ -41,7 +41,7 @@ from lmckit.groups import (
     SemiPermutationElement,
 )
 from lmckit.params import Params
-from lmckit.spaces import CircuitPart, HeadCircuits, Probe, Space, SymmetrySpec, Use
+from lmckit.spaces import CircuitPart, HeadCircuits, Nest, Part, Probe, Space, SymmetrySpec, Use
 
 __all__ = [
     "CircuitPart",
@@ -49,9 +49,11 @@ __all__ = [
     "HeadCircuits",
     "HeadPermutation",
     "Invertible",
+    "Nest",
     "Orthogonal",
     "PaddedPermutation",
     "PaddedPermutationElement",
+    "Part",
     "Permutation",
     "Probe",
     "SemiPermutation",
@@ -93,14 +95,54 @@ class Transform:
         return space.group.identity(space.n)
 
     def compose(self, first: Transform) -> Transform:
-        """``self ∘ first``: apply ``first``, then ``self``."""
+        """``self ∘ first``: apply ``first``, then ``self``.
+
+        A nested space acts after its parent, at the parent's output position; so the
+        composite's space at unit ``i`` of a parent follows ``self``'s element there by
+        ``first``'s element at the unit ``self``'s parent moved to ``i``
+        (:class:`~lmckit.spaces.Nest`).
+        """
         elements = {}
         for space in self.spec:
-            elements[space.name] = space.group.compose(self[space.name], first[space.name])
+            source = self._carried(space, self)
+            if space.name not in self.elements:  # identity second: no product to form
+                if source in first.elements:
+                    elements[space.name] = first.elements[source]
+            elif source not in first.elements:
+                elements[space.name] = self.elements[space.name]
+            else:
+                elements[space.name] = space.group.compose(
+                    self.elements[space.name], first.elements[source]
+                )
         return Transform(self.spec, elements)
 
     def inverse(self) -> Transform:
-        return Transform(self.spec, {s.name: s.group.inverse(self[s.name]) for s in self.spec})
+        """The transform undoing this one (nested elements re-indexed by the inverse of
+        their parent's permutation)."""
+        inverse = Transform(self.spec, {})
+        elements = {}
+        for space in self.spec:
+            # (C P)^-1 = P^-1 C^-1: the nested inverse sits where P^-1 moves its unit
+            source = self._carried(space, inverse, parents=self)
+            elements[space.name] = space.group.inverse(self[source])
+        return Transform(self.spec, elements)
+
+    def _carried(self, space: Space, mover: Transform, *, parents: Transform | None = None) -> str:
+        """The name of the space of ``space``'s kind at the unit that ``mover``'s parent
+        element moves to ``space``'s unit (``space`` itself for unnested spaces).
+
+        For :meth:`inverse`, ``parents`` holds the elements whose parents are inverted.
+        """
+        nest = space.nest
+        if nest is None:
+            return space.name
+        parent = self.spec[nest.parent]
+        if parents is not None:
+            index = parent.group.unit_index(parents[nest.parent])
+            source = int(torch.argsort(index.cpu())[nest.unit])
+        else:
+            source = int(parent.group.unit_index(mover[nest.parent]).cpu()[nest.unit])
+        return self.spec.family(nest.parent, nest.kind)[source].name
 
     def replace(self, **elements: object) -> Transform:
         return Transform(self.spec, {**self.elements, **elements})
@@ -129,15 +171,25 @@ def apply_to_param(
     skip_use: Use | None = None,
 ) -> Tensor:
     """Apply ``transform`` to one parameter; ``skip`` leaves one space out, ``skip_use``
-    one axis (a space may act on several axes of one parameter, e.g. a QK circuit)."""
+    one use (a space may act on several axes of one parameter, e.g. a QK circuit).
+
+    Spaces act in spec order (a nested space after its parent). A use that lives in a
+    slice of the parameter (:class:`~lmckit.spaces.Part`) acts on that slice of a private
+    copy; ``value`` is never modified.
+    """
     out = value
+    owned = False
     for space, use in spec.uses_of(name):
         if space.name == skip or use == skip_use or space.name not in transform.elements:
             continue
-        element = transform.elements[space.name]
-        out = act_on_axis(
-            out, use, space.n, partial(space.group.act, element=element, role=use.role)
-        )
+        act = partial(space.group.act, element=transform.elements[space.name], role=use.role)
+        if use.parts:
+            if not owned:
+                out, owned = out.clone(), True
+            region = use.region(out)
+            region.copy_(act_on_axis(region, use, space.n, act))
+        else:
+            out, owned = act_on_axis(out, use, space.n, act), True
     return out
 
 

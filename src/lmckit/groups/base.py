@@ -148,6 +148,22 @@ class Group(abc.ABC, Generic[E]):
         mat = self.matrix(element) if role == "write" else self.reader_matrix(element)
         return torch.einsum("mn,onk->omk", mat.to(device=x.device, dtype=x.dtype), x)
 
+    def units(self, n: int) -> int | None:
+        """How many whole units the group moves in a space of ``n`` (heads for head
+        permutations), for groups whose elements carry nested spaces along
+        (:class:`lmckit.spaces.Nest`); ``None`` for groups that mix units."""
+        return None
+
+    def unit_index(self, element: E) -> Tensor:
+        """For groups with :meth:`units`: ``perm`` with unit ``perm[i]`` moved to ``i``."""
+        raise ValueError(f"{self.name} elements do not move whole units")
+
+    def spread(self, sim: Tensor) -> Tensor:
+        """For groups with :meth:`units`: a ``(units, units)`` similarity as the
+        ``(n, n)`` similarity :meth:`solve` reads, with ``<T, spread(S)> = <P, S>`` for
+        the element ``T`` moving units by ``P``."""
+        raise ValueError(f"{self.name} elements do not move whole units")
+
     def close(self, first: E, second: E, *, atol: float = 1e-6) -> bool:
         """Whether two elements are the same map (``torch.allclose`` of their matrices)."""
         if self.dims(first) != self.dims(second):

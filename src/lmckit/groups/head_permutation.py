@@ -67,6 +67,11 @@ class HeadPermutation(IndexPermutation):
         rows = torch.arange(sim.shape[0], device=sim.device)
         return float(sim[rows, self._expand(element.to(sim.device))].double().sum())
 
+    def spread(self, sim: Tensor) -> Tensor:
+        # the solver sums each (head, head) block's diagonal, recovering ``sim``
+        eye = torch.eye(self.head_dim, dtype=sim.dtype, device=sim.device)
+        return torch.kron(sim / self.head_dim, eye)
+
     def validate(self, element: object, n: int) -> None:
         self._check(n)
         check_permutation(element, self.heads, self, what="heads")

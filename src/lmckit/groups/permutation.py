@@ -33,6 +33,15 @@ class IndexPermutation(Group[Tensor]):
     def close(self, first: Tensor, second: Tensor, *, atol: float = 1e-6) -> bool:
         return bool(torch.equal(first.cpu(), second.cpu()))
 
+    def units(self, n: int) -> int | None:
+        return int(self.identity(n).numel())
+
+    def unit_index(self, element: Tensor) -> Tensor:
+        return element
+
+    def spread(self, sim: Tensor) -> Tensor:
+        return sim
+
 
 @dataclass(frozen=True)
 class Permutation(IndexPermutation):
