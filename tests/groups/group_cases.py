@@ -13,6 +13,7 @@ from lmckit.groups import (
     Orthogonal,
     PaddedPermutation,
     Permutation,
+    RotaryPlanes,
     SemiPermutation,
 )
 
@@ -40,4 +41,6 @@ CASES = {
     "orth": Case(Orthogonal(), 6, 6),
     "orth-wide": Case(Orthogonal(), 4, 7),
     "inv": Case(Invertible(), 6, 6),
+    "rotary": Case(RotaryPlanes(6), 6, 6),
+    "rotary-partial-interleaved": Case(RotaryPlanes(4, interleaved=True), 7, 7),
 }

@@ -11,6 +11,7 @@ from lmckit.groups.invertible import Invertible
 from lmckit.groups.orthogonal import Orthogonal
 from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
 from lmckit.groups.permutation import Permutation, sinkhorn
+from lmckit.groups.rotary import RotaryPlanes
 from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "PaddedPermutationElement",
     "Permutation",
     "Role",
+    "RotaryPlanes",
     "SemiPermutation",
     "SemiPermutationElement",
     "Statistic",
