@@ -23,11 +23,11 @@ from tqdm.auto import tqdm
 
 from lmckit.aligners.registry import register_aligner
 from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
-from lmckit.aligners.weight import GIT_REBASIN
+from lmckit.aligners.weight import GIT_REBASIN, WeightMatchingConfig, weight_matching
 from lmckit.data import Dataset, batches
 from lmckit.distributed import any_rank, is_distributed, shard, sum_over_ranks, world
 from lmckit.params import Params, check_compatible, check_finite
-from lmckit.symmetry import SymmetrySpec, Transform
+from lmckit.symmetry import Space, SymmetrySpec, Transform
 
 __all__ = [
     "ActivationMatchingConfig",
@@ -237,10 +237,22 @@ def _sum_over_ranks(stats: dict[str, CrossStatistics]) -> None:
             setattr(st, f, next(summed))
 
 
-def _unit_similarity(sim: Tensor, n: int) -> Tensor:
-    """``(n, n)`` similarity of units that probes see as blocks of ``k`` features each
-    (grouped-query heads: a key head's block of query-head features): the diagonal of
-    every ``k x k`` block pair, summed -- features matched in place within a unit."""
+def _unit_similarity(sim: Tensor, space: Space, *, within: bool = False) -> Tensor:
+    """The ``(n, n)`` similarity the space's solver reads, from the features a probe sees.
+
+    Units that probes see as blocks of ``k`` features each (grouped-query heads: a key
+    head's block of query-head features) are compared by the diagonal of every
+    ``k x k`` block pair, summed: features matched in place within a unit. With
+    ``within`` (spaces nested in the units move features inside each block), by each
+    block pair's nuclear norm instead: its best match under any orthogonal map of the
+    block, the same whatever basis each model's unit has.
+    """
+    n, group = space.n, space.group
+    units = group.units(n) if within else None
+    if units is not None and sim.shape[0] % units == 0 and sim.shape[0] // units > 1:
+        k = sim.shape[0] // units
+        blocks = sim.reshape(units, k, units, k).permute(0, 2, 1, 3).double()
+        return group.spread(torch.linalg.matrix_norm(blocks, ord="nuc").float())
     if sim.shape[0] == n:
         return sim
     k = sim.shape[0] // n
@@ -303,7 +315,9 @@ def activation_matching(
         seed: unused (the batches are the first ones, in order).
         progress: progress bar over batches.
         device: where the passes and statistics run (default CPU).
-        spaces: solve only these spaces; default all.
+        spaces: solve only these spaces; default all. Spaces nested in others (inside
+            heads) have no probes: they are solved by weight matching once the spaces
+            around them are matched by activations.
     """
     config = config or ActivationMatchingConfig()
     if model is None or data is None:
@@ -312,7 +326,13 @@ def activation_matching(
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
     spec.validate(params_b)
-    for name in spec.names if spaces is None else spaces:
+    requested = list(spec.names if spaces is None else spaces)
+    # spaces nested inside heads or units (value and query/key bases, query heads of a
+    # group) are not seen by any probe of their own: they are solved from the weights,
+    # given what the activations decided for the spaces around them
+    nested = [name for name in requested if spec[name].nest is not None]
+    probed = [name for name in requested if spec[name].nest is None]
+    for name in probed:
         if spec[name].group.least_squares:
             raise ValueError(
                 f"activation matching cannot solve space {name!r}: {spec[name].group.name} "
@@ -321,7 +341,7 @@ def activation_matching(
     inputs = _input_batches(data, config)
     start = time.perf_counter()
     stats = collect_cross_statistics(
-        model, spec, params_a, params_b, inputs, spaces=spaces, progress=progress, device=device
+        model, spec, params_a, params_b, inputs, spaces=probed, progress=progress, device=device
     )
     elements = {}
     diagnostics = {}
@@ -329,14 +349,26 @@ def activation_matching(
         group = spec[name].group
         chosen = group.natural_statistic if config.statistic == "natural" else config.statistic
         sim = (st.correlation() if chosen == "correlation" else st.covariance()).float().cpu()
-        sim = _unit_similarity(sim, spec[name].n)
+        sim = _unit_similarity(sim, spec[name], within=bool(spec.nested_in(name)))
         element = group.solve(sim)
         elements[name] = element
         diagnostics[name] = SpaceDiagnostics(
             group.objective(group.identity(spec[name].n), sim), group.objective(element, sim)
         )
+    transform = Transform(spec, elements)
+    if nested:
+        inside = weight_matching(
+            spec,
+            params_a,
+            params_b,
+            WeightMatchingConfig(start="identity"),
+            init=transform,
+            spaces=nested,
+            seed=seed,
+        )
+        transform, diagnostics = inside.transform, {**diagnostics, **inside.spaces}
     return AlignmentResult(
-        transform=Transform(spec, elements),
+        transform=transform,
         spaces=diagnostics,
         seconds=time.perf_counter() - start,
     )

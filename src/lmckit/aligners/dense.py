@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lmckit.groups import Group
 from lmckit.params import Params
+from lmckit.spaces import with_region
 from lmckit.symmetry import SymmetrySpec, act_on_axis
 
 __all__ = ["apply_dense", "straight_through"]
@@ -39,9 +40,12 @@ def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tenso
             out[name] = value
             continue
         for space, use in spec.uses_of(name):
-            if space.name in matrices:
-                mat = matrices[space.name].to(value.dtype)
-                value = act_on_axis(value, use, space.n, functools.partial(_left_multiply, mat))
+            if space.name not in matrices:
+                continue
+            mat = matrices[space.name].to(value.dtype)
+            act = functools.partial(_left_multiply, mat)
+            moved = act_on_axis(use.region(value), use, space.n, act)
+            value = with_region(value, use.parts, moved)
         out[name] = value
     return out
 

@@ -56,10 +56,20 @@ class HeadBases:
 
 
 def _head_spaces(spec: SymmetrySpec) -> list[tuple[Space, HeadPermutation]]:
+    """Head spaces whose projections this module rotates: one key/value head per query
+    head, ``(out, in)`` weights, not nested (nested spaces of a spec hold such maps
+    themselves)."""
     out = []
     for space in spec:
-        if space.circuits is not None and isinstance(space.group, HeadPermutation):
-            out.append((space, space.group))
+        c = space.circuits
+        if c is None or not isinstance(space.group, HeadPermutation) or space.nest is not None:
+            continue
+        parts = (c.query, c.key, c.value)
+        if c.output_transposed or any(p.transposed for p in parts):
+            continue
+        if c.kv_heads not in (None, space.group.heads):
+            continue
+        out.append((space, space.group))
     return out
 
 

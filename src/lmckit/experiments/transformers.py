@@ -162,14 +162,17 @@ def units_in_heads(spec: SymmetrySpec) -> SymmetrySpec:
     Heads are permuted *and* the ``head_dim`` units inside each head are permuted (the
     same permutation for its query, key and value rows and output columns), a subgroup
     of the within-head symmetry that the head circuits cannot see but interpolation
-    does. Only activation matching (or plain-weight matching) can solve it.
+    does. Only activation matching (or plain-weight matching) can solve it. The spaces
+    nested in those heads (bases inside each head) are left out: this permutation of
+    units stands in for them.
     """
     groups = {
         s.name: Permutation(blocks=s.group.heads)
         for s in spec
         if isinstance(s.group, HeadPermutation)
     }
-    return spec.with_groups(**groups)
+    kept = tuple(s for s in spec if s.nest is None or s.nest.parent not in groups)
+    return SymmetrySpec(kept, spec.meta).with_groups(**groups)
 
 
 def _masks_for(

@@ -36,9 +36,12 @@ from lmckit.symmetry import Space, SymmetrySpec, Transform, Use
 __all__ = ["anchor_stages", "anchored_start"]
 
 
-def _axis_spaces(spec: SymmetrySpec, param: str, ndim: int) -> dict[int, str]:
-    """Which space each axis of ``param`` lies in (axes in no space are left out)."""
-    return {u.axis % ndim: s.name for s, u in spec.uses_of(param)}
+def _axis_spaces(spec: SymmetrySpec, param: str, ndim: int) -> dict[int, set[str]]:
+    """Which spaces each axis of ``param`` lies in (axes in no space are left out)."""
+    out: dict[int, set[str]] = {}
+    for s, u in spec.uses_of(param):
+        out.setdefault(u.axis % ndim, set()).add(s.name)
+    return out
 
 
 def _anchored_uses(
@@ -47,14 +50,17 @@ def _anchored_uses(
     """The uses of ``space`` whose other axes are fixed or solved, and whether one of
     them pins the space (has another axis, and is a use the group's solver reads)."""
     known = set(solved)
-    uses, pinned = [], False
+    uses: list[Use] = []
+    pinned = False
+    if space.nest is not None and space.nest.parent not in known:
+        return uses, pinned  # a nested space acts where its parent puts its unit
     for use in space.uses:
         if not use.compare or use.param not in ndims:
             continue
         ndim = ndims[use.param]
         axis = use.axis % ndim
         others = {a: s for a, s in _axis_spaces(spec, use.param, ndim).items() if a != axis}
-        if any(s not in known for s in others.values()):
+        if any(name not in known for names in others.values() for name in names):
             continue
         uses.append(use)
         solver_reads = use.role == "write" or not space.group.least_squares

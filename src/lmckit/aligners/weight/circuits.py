@@ -15,6 +15,12 @@ All pairs cost ``O(heads^2 head_dim^2 d)`` without forming a circuit, using
 ``<Qa^T Ka, Qb^T Kb>_F = sum((Qa Qb^T) * (Ka Kb^T))`` and
 ``<Oa Va, Ob Vb>_F = sum((Oa^T Ob) * (Va Vb^T))``.
 
+With grouped-query attention every query head has its circuits with the key/value head
+of its group. A space whose units are key/value groups (each carrying its query heads)
+compares groups ``g`` of A and ``g'`` of B by the best pairing of their query heads when
+the spec lets query heads permute within a group (nested query spaces), else by query
+heads in order; a space nested in one group compares that group's query heads.
+
 The same circuits tell the *residual stream* how to move. The raw ``W_q``, ``W_k``,
 ``W_v`` and ``W_o`` of two independently trained models sit in unrelated within-head
 bases, so comparing them row by row (as for an MLP) is noise even after the heads are
@@ -32,15 +38,28 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmckit.symmetry import CircuitPart, HeadCircuits, HeadPermutation, Space
+from lmckit.groups._assignment import assignment
+from lmckit.symmetry import CircuitPart, HeadCircuits, Space
 
 __all__ = [
+    "circuit_params",
     "head_circuits",
+    "head_counts",
     "head_similarity",
     "head_similarity_matrix",
     "projection",
     "residual_circuit_similarity",
 ]
+
+
+def circuit_params(circuits: HeadCircuits | None) -> tuple[str, ...]:
+    """The parameters a head space's circuits read (projections, biases, output)."""
+    if circuits is None:
+        return ()
+    parts = (circuits.query, circuits.key, circuits.value)
+    biases = (circuits.query_bias, circuits.key_bias, circuits.value_bias)
+    names = [p.param for p in parts] + [b.param for b in biases if b is not None]
+    return tuple(dict.fromkeys([*names, circuits.output]))
 
 
 def projection(
@@ -51,6 +70,8 @@ def projection(
 ) -> Tensor:
     """Bias-augmented per-head projection ``[W_h | b_h]``: ``(heads, head_dim, d + 1)``."""
     w = params[weight.param]
+    if weight.transposed:
+        w = w.T
     rows = w.shape[0] // weight.blocks
     w = w[weight.block * rows : (weight.block + 1) * rows].float()
     b = (
@@ -65,37 +86,63 @@ def projection(
 def _output(params: Mapping[str, Tensor], circuits: HeadCircuits, heads: int) -> Tensor:
     """Output columns per head: ``(heads, d_out, head_dim)``."""
     o = params[circuits.output].float()
+    if circuits.output_transposed:
+        o = o.T
     return o.reshape(o.shape[0], heads, -1).permute(1, 0, 2)
 
 
+def head_counts(space: Space) -> tuple[HeadCircuits, int, int]:
+    """The space's circuits, its number of query heads and of key/value heads."""
+    circuits = space.circuits
+    if circuits is None:
+        raise ValueError(f"space {space.name!r} is not a head space with circuits")
+    heads = circuits.heads or space.group.units(space.n)
+    if heads is None:
+        raise ValueError(f"space {space.name!r}: circuits without a head count")
+    kv_heads = circuits.kv_heads or heads
+    if heads % kv_heads:
+        raise ValueError(f"space {space.name!r}: {heads} query heads in {kv_heads} groups")
+    return circuits, heads, kv_heads
+
+
+def _projections(
+    params: Mapping[str, Tensor], circuits: HeadCircuits, heads: int, kv_heads: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``Q, K, V`` ``(heads, head_dim, d + 1)`` and ``O`` ``(heads, d_out, head_dim)``
+    per query head (key/value heads repeated for the query heads of their group)."""
+    q = projection(params, circuits.query, circuits.query_bias, heads)
+    k = projection(params, circuits.key, circuits.key_bias, kv_heads)
+    v = projection(params, circuits.value, circuits.value_bias, kv_heads)
+    if kv_heads != heads:
+        k, v = (x.repeat_interleave(heads // kv_heads, 0) for x in (k, v))
+    return q, k, v, _output(params, circuits, heads)
+
+
 def head_circuits(params: Mapping[str, Tensor], space: Space) -> tuple[Tensor, Tensor]:
-    """Dense circuits: ``QK`` ``(heads, d + 1, d + 1)`` and ``OV`` ``(heads, d_out, d + 1)``."""
-    circuits, group = _check(space)
-    q = projection(params, circuits.query, circuits.query_bias, group.heads)
-    k = projection(params, circuits.key, circuits.key_bias, group.heads)
-    v = projection(params, circuits.value, circuits.value_bias, group.heads)
-    o = _output(params, circuits, group.heads)
+    """Dense circuits per query head: ``QK`` ``(heads, d + 1, d + 1)`` and ``OV``
+    ``(heads, d_out, d + 1)``."""
+    circuits, heads, kv_heads = head_counts(space)
+    q, k, v, o = _projections(params, circuits, heads, kv_heads)
     return q.transpose(1, 2) @ k, o @ v
 
 
-def _check(space: Space) -> tuple[HeadCircuits, HeadPermutation]:
-    if space.circuits is None or not isinstance(space.group, HeadPermutation):
-        raise ValueError(f"space {space.name!r} is not a head space with circuits")
-    return space.circuits, space.group
-
-
-def head_similarity(space: Space, ref: Mapping[str, Tensor], other: Mapping[str, Tensor]) -> Tensor:
-    """``S[i, j] = <QK^a_i, QK^b_j>_F + <OV^a_i, OV^b_j>_F``: ``(heads, heads)``.
+def head_similarity(
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    *,
+    heads: slice | None = None,
+) -> Tensor:
+    """``S[i, j] = <QK^a_i, QK^b_j>_F + <OV^a_i, OV^b_j>_F`` over query heads.
 
     ``ref`` and ``other`` hold the two models' parameters (``other`` with every other
     space's alignment already applied, so both circuits live in the same frame).
+    ``heads`` restricts both sides to a range of query heads (default all).
     """
-    circuits, group = _check(space)
-    h = group.heads
-    qa, qb = (projection(p, circuits.query, circuits.query_bias, h) for p in (ref, other))
-    ka, kb = (projection(p, circuits.key, circuits.key_bias, h) for p in (ref, other))
-    va, vb = (projection(p, circuits.value, circuits.value_bias, h) for p in (ref, other))
-    oa, ob = _output(ref, circuits, h), _output(other, circuits, h)
+    circuits, count, kv_heads = head_counts(space)
+    rows = heads or slice(None)
+    qa, ka, va, oa = (x[rows] for x in _projections(ref, circuits, count, kv_heads))
+    qb, kb, vb, ob = (x[rows] for x in _projections(other, circuits, count, kv_heads))
     # (i, j, a, b) Gram blocks between head i of A and head j of B
     qq = torch.einsum("iae,jbe->ijab", qa, qb)
     kk = torch.einsum("iae,jbe->ijab", ka, kb)
@@ -104,19 +151,46 @@ def head_similarity(space: Space, ref: Mapping[str, Tensor], other: Mapping[str,
     return (qq * kk).sum((2, 3)) + (oo * vv).sum((2, 3))
 
 
-def head_similarity_matrix(
-    space: Space, ref: Mapping[str, Tensor], other: Mapping[str, Tensor]
-) -> Tensor:
-    """:func:`head_similarity` as a unit-level ``(n, n)`` similarity for the solvers.
+def _spread(space: Space, sim: Tensor) -> Tensor:
+    return space.group.spread(sim).float()
 
-    ``kron(S / head_dim, I_head_dim)``: the head-permutation solver sums each block's
-    diagonal, recovering ``S``, and ``<P, C>`` of a head permutation ``P`` is its
-    total head similarity.
+
+def head_similarity_matrix(
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    *,
+    within: bool = False,
+) -> Tensor:
+    """:func:`head_similarity` as the ``(n, n)`` similarity of the space's solver.
+
+    A space of one unit per query head compares heads; a space nested in a unit of a
+    head space compares that unit's query heads; a space whose units are key/value
+    groups compares groups by their query heads, each query head of A with the one of
+    B that ``within`` pairs it with (the best pairing, when query heads permute within
+    a group), else with the one in the same place.
     """
-    _, group = _check(space)
-    sim = head_similarity(space, ref, other) / group.head_dim
-    eye = torch.eye(group.head_dim, dtype=sim.dtype, device=sim.device)
-    return torch.kron(sim, eye).float()
+    _, heads, kv_heads = head_counts(space)
+    group = space.group
+    if space.nest is not None:
+        per = group.units(space.n) or 1
+        start = space.nest.unit * per
+        return _spread(space, head_similarity(space, ref, other, heads=slice(start, start + per)))
+    units = group.units(space.n)
+    sim = head_similarity(space, ref, other)
+    if units == heads:
+        return _spread(space, sim)
+    per = heads // kv_heads
+    blocks = sim.reshape(kv_heads, per, kv_heads, per).permute(0, 2, 1, 3)
+    if not within:
+        return _spread(space, torch.diagonal(blocks, dim1=2, dim2=3).sum(-1))
+    grouped = torch.empty(kv_heads, kv_heads, dtype=sim.dtype, device=sim.device)
+    for g in range(kv_heads):
+        for h in range(kv_heads):
+            block = blocks[g, h]
+            best = assignment(block)
+            grouped[g, h] = block[torch.arange(per), best.to(block.device)].sum()
+    return _spread(space, grouped)
 
 
 def residual_circuit_similarity(
@@ -144,17 +218,11 @@ def residual_circuit_similarity(
         current: the residual map's matrix ``(m, n)`` (reference x other units).
         inputs, outputs: whether the residual is the heads' input and/or output space.
     """
-    circuits, group = _check(space)
-    h = group.heads
-    parts = [
-        (circuits.query, circuits.query_bias),
-        (circuits.key, circuits.key_bias),
-        (circuits.value, circuits.value_bias),
-    ]
-    # Q, K, V of every head stacked: (3, h, k, e); O: (h, d_out, k)
-    xa = torch.stack([projection(ref, w, b, h) for w, b in parts])
-    xb = torch.stack([projection(other, w, b, h) for w, b in parts])
-    oa, ob = _output(ref, circuits, h), _output(other, circuits, h)
+    circuits, h, kv_heads = head_counts(space)
+    # Q, K, V of every query head stacked: (3, h, k, e); O: (h, d_out, k)
+    *qkv_a, oa = _projections(ref, circuits, h, kv_heads)
+    *qkv_b, ob = _projections(other, circuits, h, kv_heads)
+    xa, xb = torch.stack(qkv_a), torch.stack(qkv_b)
     t = current.to(device=xa.device, dtype=xa.dtype)
     m, n = t.shape
     k = xa.shape[2]

@@ -26,17 +26,20 @@ last solved: the (deterministic) solver would return the same element.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from lmckit.aligners.weight.circuits import circuit_params
 from lmckit.aligners.weight.similarity import (
     add_use_term,
     circuit_partners,
     circuit_terms,
     space_problem,
+    use_width,
 )
 from lmckit.groups.base import Subproblem
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
@@ -108,17 +111,31 @@ class SimilarityCache:
         them when its terms are linearised at its own element)."""
         space = self.spec[name]
         deps = {s.name for u in space.uses for s, v in self._uses[u.param] if v != u}
+        # circuits read every projection of their heads, also those the space itself
+        # does not use (a nested query space reads its group's keys and values)
+        read = set(circuit_params(space.circuits))
         if self.circuits and space.circuits is None and not space.group.least_squares:
             partners, _ = circuit_partners(self.spec, space)
             if partners:
                 deps.add(name)
                 for heads, _, _ in partners:
-                    deps |= {s.name for p in heads.params for s, _ in self._uses[p]}
+                    read |= set(circuit_params(heads.circuits))
+        deps |= {s.name for p in read for s, _ in self._uses.get(p, [])}
         return frozenset(deps)
 
     def _columns(self, use: Use, n: int) -> int:
         """``K``: columns of the use's ``(n, K)`` unit-major matrix."""
-        return self.other[use.param].numel() // (use.outer * n * use.inner)
+        size = math.prod(use.region_shape(self.other[use.param].shape))
+        return size // (use.outer * n * use.inner)
+
+    def _trackable(self, use: Use) -> bool:
+        """Whether the use's term follows index maps of its parameter's other axes:
+        every other space on the parameter gathers, and no use of it lives in a slice
+        (a slice moves part of an axis, which no single index map describes)."""
+        uses = self._uses[use.param]
+        return all(not v.parts for _, v in uses) and all(
+            s.group.gathers for s, v in uses if v != use
+        )
 
     def _plan(self, space: Space) -> _Plan | None:
         if space.name in self._plans:
@@ -134,11 +151,9 @@ class SimilarityCache:
             for use in space.uses:
                 if not use.compare or use.param in replaced:
                     continue
-                others = [s for s, v in self._uses[use.param] if v != use]
-                (tracked if all(s.group.gathers for s in others) else fresh).append(use)
+                (tracked if self._trackable(use) else fresh).append(use)
             first = self.ref[space.uses[0].param]
-            use0 = space.uses[0]
-            m = first.shape[use0.axis % first.ndim] // (use0.outer * use0.inner)
+            m = use_width(first, space.uses[0])
             size = m * space.n * first.element_size()
             columns = sum(self._columns(u, space.n) for u in tracked)
             if columns < MIN_COLUMNS or size > self._budget:

@@ -94,7 +94,7 @@ def space_widths(spec: SymmetrySpec, params: Mapping[str, Tensor]) -> dict[str, 
         use = space.uses[0]
         if use.param not in params:
             raise ValueError(f"space {space.name!r} uses missing parameter {use.param!r}")
-        size = params[use.param].shape[use.axis]
+        size = use.region_shape(params[use.param].shape)[use.axis]
         if size % (use.outer * use.inner):
             raise ValueError(f"{use.param!r} axis {use.axis} does not fit space {space.name!r}")
         out[space.name] = size // (use.outer * use.inner)
@@ -112,6 +112,8 @@ def _check_widths(
     for name, b in params_b.items():
         want = list(b.shape)
         for space, use in spec.uses_of(name):
+            if use.parts:
+                continue  # a slice's size is checked against the spec by spec.validate
             want[use.axis % b.ndim] = use.outer * widths[space.name] * use.inner
         if list(params_a[name].shape) != want:
             raise IncompatibleModelsError(
@@ -159,6 +161,7 @@ def _coordinate_descent(
     if cache is None:
         cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
     deps = {name: sorted(cache.depends_on(name)) for name in names}
+    nested = {name: [s.name for s in spec.nested_in(name)] for name in names}
     version = dict.fromkeys(spec.names, 0)  # bumped when a space's element changes
     solved_at: dict[str, tuple[int, ...]] = {}  # versions of its inputs at its last solve
     transform = init
@@ -172,7 +175,13 @@ def _coordinate_descent(
             inputs = tuple(version[d] for d in deps[space.name])
             if solved_at.get(space.name) == inputs:
                 continue
-            problem = cache.problem(space, transform)
+            # a space with nested spaces is solved with them in its input frame, where
+            # they stay with the units they act on whatever its element becomes
+            home = transform
+            if nested[space.name]:
+                undo = group.inverse(transform[space.name])
+                home = Transform(spec, {space.name: undo}).compose(transform)
+            problem = cache.problem(space, home)
             element = group.solve_subproblem(problem)
             new = group.objective(element, problem.sim)
             old = group.objective(transform[space.name], problem.sim)
@@ -181,7 +190,12 @@ def _coordinate_descent(
             else:  # least squares / heuristic split: take any new answer
                 gain = not group.close(element, transform[space.name])
             if gain:
-                transform = transform.replace(**{space.name: element})
+                if nested[space.name]:
+                    transform = Transform(spec, {space.name: element}).compose(home)
+                    for inner in nested[space.name]:
+                        version[inner] += 1
+                else:
+                    transform = transform.replace(**{space.name: element})
                 version[space.name] += 1
             solved_at[space.name] = inputs
             improved = improved or gain

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from lmckit.aligners.weight.similarity import space_problem
 from lmckit.params import Params
+from lmckit.spaces import Part, region
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param
 
 __all__ = ["inner", "space_objective", "space_objectives", "total_objective"]
@@ -35,7 +36,7 @@ def space_objective(
     total = 0.0
     for use in (u for u in space.uses if u.compare):
         b = apply_to_param(spec, use.param, other[use.param], transform)
-        total += inner(ref[use.param], b)
+        total += inner(use.region(ref[use.param]), use.region(b))
     return total
 
 
@@ -43,20 +44,25 @@ def space_objectives(
     spec: SymmetrySpec, names: Sequence[str], ref: Params, other: Params, transform: Transform
 ) -> dict[str, float]:
     """:func:`space_objective` of every space in ``names``, moving each parameter once."""
-    per_param: dict[str, float] = {}
+    # every compared region of every parameter, each parameter moved once
+    wanted: dict[str, set[tuple[Part, ...]]] = {}
+    for name in names:
+        space = spec[name]
+        if space.circuits is None and not space.group.least_squares:
+            for use in (u for u in space.uses if u.compare):
+                wanted.setdefault(use.param, set()).add(use.parts)
+    per_region: dict[tuple[str, tuple[Part, ...]], float] = {}
+    for param, parts_set in wanted.items():
+        b = apply_to_param(spec, param, other[param], transform)
+        for parts in parts_set:
+            per_region[(param, parts)] = inner(region(ref[param], parts), region(b, parts))
     out = {}
     for name in names:
         space = spec[name]
         if space.circuits is not None or space.group.least_squares:
             out[name] = space_objective(spec, space, ref, other, transform)
-            continue
-        total = 0.0
-        for use in (u for u in space.uses if u.compare):
-            if use.param not in per_param:
-                b = apply_to_param(spec, use.param, other[use.param], transform)
-                per_param[use.param] = inner(ref[use.param], b)
-            total += per_param[use.param]
-        out[name] = total
+        else:
+            out[name] = sum((per_region[(u.param, u.parts)] for u in space.uses if u.compare), 0.0)
     return out
 
 

@@ -23,7 +23,11 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from lmckit.aligners.weight.circuits import head_similarity_matrix, residual_circuit_similarity
+from lmckit.aligners.weight.circuits import (
+    circuit_params,
+    head_similarity_matrix,
+    residual_circuit_similarity,
+)
 from lmckit.groups.base import Subproblem
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
 
@@ -36,6 +40,7 @@ __all__ = [
     "space_problem",
     "space_similarity",
     "unit_major",
+    "use_width",
 ]
 
 #: named tensors of one model (its float parameters)
@@ -43,18 +48,25 @@ Named = Mapping[str, Tensor]
 
 
 def unit_major(x: Tensor, use: Use, n: int) -> Tensor:
-    """``(n, K)`` matrix of a parameter with the space's units first (a view when the
-    layout allows, e.g. the transpose of a reader's weight; products take it as is)."""
+    """``(n, K)`` matrix of a parameter's use region (:meth:`~lmckit.spaces.Use.region`)
+    with the space's units first (a view when the layout allows, e.g. the transpose of a
+    reader's weight; products take it as is)."""
+    x = use.region(x)
     moved = x.movedim(use.axis % x.ndim, 0)
     blocked = moved.reshape(use.outer, n, -1)
     return blocked.transpose(0, 1).reshape(n, -1)
 
 
+def use_width(x: Tensor, use: Use) -> int:
+    """How many units of its space a use of parameter ``x`` holds."""
+    shape = use.region_shape(x.shape)
+    return shape[use.axis % len(shape)] // (use.outer * use.inner)
+
+
 def add_use_term(total: Tensor | None, a: Tensor, b: Tensor, use: Use, n: int) -> Tensor:
     """``total + A_u B_u^T`` for parameters ``a`` (reference) and ``b`` (other, already
     moved by the other spaces) of one use; ``total`` (if given) is updated in place."""
-    m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
-    a_mat, b_mat = unit_major(a, use, m), unit_major(b, use, n)
+    a_mat, b_mat = unit_major(a, use, use_width(a, use)), unit_major(b, use, n)
     if total is None:
         return a_mat @ b_mat.T
     return total.addmm_(a_mat, b_mat.T)
@@ -88,9 +100,13 @@ def space_problem(
     if space.circuits is not None:
         # attention heads are compared through their QK/OV circuits (aligners.weight.circuits)
         moved = {
-            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in space.params
+            p: apply_to_param(spec, p, other[p], transform, skip=space.name)
+            for p in circuit_params(space.circuits)
         }
-        return Subproblem(head_similarity_matrix(space, ref, moved))
+        # units that are key/value groups pair their query heads as well as the spec
+        # lets them: best pairing if nested head spaces permute them, else in order
+        within = any(s.circuits is not None for s in spec.nested_in(space.name))
+        return Subproblem(head_similarity_matrix(space, ref, moved, within=within))
     sim: Tensor | None = None
     gram: Tensor | None = None
     sq_a: Tensor | None = None
@@ -112,7 +128,7 @@ def space_problem(
             b_mat = unit_major(b, use, space.n)
             gram = _add(gram, b_mat @ b_mat.T)
         if group.needs_norms:
-            m = a.shape[use.axis % a.ndim] // (use.outer * use.inner)
+            m = use_width(a, use)
             sq_a = _add(sq_a, unit_major(a, use, m).double().pow(2).sum(1))
             sq_b = _add(sq_b, unit_major(b, use, space.n).double().pow(2).sum(1))
     if sim is None:
@@ -150,7 +166,8 @@ def circuit_partners(
     replaced: set[str] = set()
     for heads in spec:
         c = heads.circuits
-        if c is None or heads.name == space.name:
+        # nested head spaces share their parent's circuits: counted once, by the parent
+        if c is None or heads.name == space.name or heads.nest is not None:
             continue
         projections = {c.query.param, c.key.param, c.value.param}
         inputs, outputs = bool(projections & reads), c.output in writes
@@ -181,7 +198,8 @@ def circuit_terms(
             device = ref[heads.circuits.output].device  # type: ignore[union-attr]
             current = space.group.matrix(transform[space.name]).to(device, torch.float32)
         moved = {
-            p: apply_to_param(spec, p, other[p], transform, skip=space.name) for p in heads.params
+            p: apply_to_param(spec, p, other[p], transform, skip=space.name)
+            for p in circuit_params(heads.circuits)
         }
         term = residual_circuit_similarity(
             heads, ref, moved, current, inputs=inputs, outputs=outputs
@@ -205,7 +223,7 @@ def fold_single_use_params(
     """
     for name in list(ref):
         uses = spec.uses_of(name)
-        if len(uses) != 1 or name not in other:
+        if len(uses) != 1 or name not in other or uses[0][1].parts:
             continue
         space, use = uses[0]
         a, b = ref[name], other[name]
