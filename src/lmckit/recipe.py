@@ -105,12 +105,16 @@ def spec_of(
 
 
 def _permutations_only(spec: SymmetrySpec) -> SymmetrySpec:
-    rotations = {s.name: Permutation() for s in spec if isinstance(s.group, Orthogonal)}
-    return spec.with_groups(**rotations)
+    """The discrete part of ``spec``: orthogonal streams become permutation spaces, and
+    continuous maps inside heads (value and query/key bases) are left out."""
+    kept = tuple(s for s in spec if s.nest is None or s.group.units(s.n) is not None)
+    rotations = {s.name: Permutation() for s in kept if isinstance(s.group, Orthogonal)}
+    return SymmetrySpec(kept, spec.meta).with_groups(**rotations)
 
 
 def _has_rotations(spec: SymmetrySpec) -> bool:
-    return any(isinstance(s.group, Orthogonal) for s in spec)
+    """Whether a stream (a space not nested inside heads) admits rotations."""
+    return any(isinstance(s.group, Orthogonal) for s in spec if s.nest is None)
 
 
 def _orthogonal(

@@ -27,6 +27,7 @@ projected heads: rewrite norms and widths before circuits.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Protocol
 
@@ -38,7 +39,7 @@ from lmckit.models.registry import ModelConfig, ZooModel, build_module
 from lmckit.params import Params
 from lmckit.spec.fold import Reader, readers_of
 from lmckit.spec.infer import SymmetryAnalysis, analyze_symmetries
-from lmckit.symmetry import CircuitPart, Space, Transform, apply, random_transform
+from lmckit.symmetry import CircuitPart, Space, SymmetrySpec, Transform, apply, random_transform
 
 __all__ = ["Rewritable", "embed_in_wider", "heads_to_circuits", "layernorm_to_rmsnorm"]
 
@@ -64,10 +65,14 @@ class Rewritable(Protocol):
 
 
 def _analysis(module: ZooModel) -> SymmetryAnalysis:
+    """The module's analysis, its spec cut to the streams, whole heads and units (the
+    rewrites change those; bases nested inside heads move with whatever they become)."""
     # the zoo's spec is verified when first inferred; the rewrites read the same graph
-    return analyze_symmetries(
+    analysis = analyze_symmetries(
         module, module.example_inputs(), names=module.space_names, check=False
     )
+    outer = tuple(s for s in analysis.spec if s.nest is None)
+    return dataclasses.replace(analysis, spec=SymmetrySpec(outer, analysis.spec.meta))
 
 
 def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:

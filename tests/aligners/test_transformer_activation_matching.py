@@ -56,7 +56,7 @@ def test_probes_see_their_spaces(name: str) -> None:
     modules = dict(module.named_modules())
     shapes: dict[tuple[str, bool], tuple[int, ...]] = {}
     hooks = []
-    for space in spec:
+    for space in (s for s in spec if s.nest is None):  # nested spaces: from the weights
         assert space.probes, space.name
         for probe in space.probes:
             key = (probe.module, probe.input)

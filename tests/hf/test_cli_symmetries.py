@@ -34,17 +34,32 @@ def test_the_report_names_exactly_the_parameters_a_random_symmetry_moves(
     assert set(report["fixed"]) == set(form.a) - changed
     assert report["moved_elements"] == sum(form.a[k].numel() for k in changed)
     assert [s["name"] for s in report["spaces"]] == list(form.spec.names)
-    for space in report["spaces"]:  # every space is a row of the printed table
-        assert f"  {space['name']} " in out
+    for space in report["spaces"]:  # every space is a row of the printed table...
+        if space["parent"] is None:
+            assert f"  {space['name']} " in out
+        else:  # ...or, nested in the units of another, counted in its kind's row
+            count = sum(s["parent"] == space["parent"] and s["kind"] == space["kind"]
+                        for s in report["spaces"])  # fmt: skip
+            assert f"    {space['kind']} x{count} " in out
 
 
 def test_grouped_query_heads_are_permuted_by_key_value_group(hf_folder) -> None:
     # the tiny Llama has 4 query heads sharing 2 key/value heads: its head spaces
-    # permute the 2 groups (each carrying its 2 query heads), not the 4 query heads
+    # permute the 2 groups (each carrying its 2 query heads); inside each group, its 2
+    # query heads permute, and its value basis and rotary query/key planes rotate
     code, out = _run("symmetries", hf_folder("llama"))
     assert code == 0, out
     rows = [line.split() for line in out.splitlines() if line.startswith("  heads.")]
     assert rows == [["heads.0", "Permutation", "2", "4"], ["heads.1", "Permutation", "2", "4"]]
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  heads.0"))
+    nested = [line.split() for line in lines[start + 1 : start + 4]]
+    assert nested == [
+        ["query", "x2", "HeadPermutation(2", "x", "8)", "16", "2"],
+        ["value", "x2", "Orthogonal", "8", "2"],
+        ["qk", "x2", "RotaryPlanes(8)", "8", "2"],
+    ]
+    assert "5 spaces and 12 nested in their units" in lines[0]
 
 
 def test_orthogonal_folds_the_norm_scales_of_an_rmsnorm_model(hf_folder, tmp_path) -> None:
@@ -59,7 +74,9 @@ def test_orthogonal_folds_the_norm_scales_of_an_rmsnorm_model(hf_folder, tmp_pat
     # the folded scales (all ones now) are not reported as parameters alignment leaves
     assert len(report["folded"]) == 5 and not set(report["folded"]) & set(report["fixed"])
     assert all(key.endswith("norm.weight") for key in report["folded"])
-    assert out.splitlines()[0].endswith("spaces under orthogonal (norm scales folded)")
+    assert out.splitlines()[0].endswith(
+        "nested in their units under orthogonal (norm scales folded)"
+    )
 
 
 def test_orthogonal_on_a_layernorm_encoder_is_one_line_saying_why(hf_folder) -> None:

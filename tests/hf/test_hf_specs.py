@@ -13,6 +13,19 @@ HEADS = {"gpt2": (2, 2, 16), "bert": (4, 4, 8), "vit": (4, 4, 8), "llama": (4, 2
 HEADS["mistral"] = HEADS["llama"]
 
 
+#: per family, the kinds of spaces nested in each head (or key/value group) and their
+#: groups: GPT-2's fused projection shares one basis for a head's queries, keys and
+#: values; absolute positions leave the query/key basis free (orthogonal); rotary ones
+#: leave each frequency plane free to rotate; grouped-query heads permute within a group
+NESTED = {
+    "gpt2": {"basis": "Orthogonal"},
+    "bert": {"qk": "Orthogonal", "value": "Orthogonal"},
+    "vit": {"qk": "Orthogonal", "value": "Orthogonal"},
+    "llama": {"query": "HeadPermutation", "value": "Orthogonal", "qk": "RotaryPlanes"},
+    "mistral": {"query": "HeadPermutation", "value": "Orthogonal", "qk": "RotaryPlanes"},
+}
+
+
 def test_inferred_spaces(family, hf_folder) -> None:
     model = load_hf(hf_folder(family))
     analysis = analyze_symmetries(model.module, example_inputs(model))
@@ -20,7 +33,14 @@ def test_inferred_spaces(family, hf_folder) -> None:
     assert not analysis.left_out, analysis.left_out
     layers = 2
     assert {"heads.0", "heads.1", "residual"} <= set(spec.names)
-    assert len(spec) == 1 + 2 * layers  # residual, and per layer heads and FFN units
+    outer = [s for s in spec if s.nest is None]
+    assert len(outer) == 1 + 2 * layers  # residual, and per layer heads and FFN units
+    # inside the units of each head space: what moves within a head or a key/value group
+    nested = [s for s in spec if s.nest is not None and s.nest.parent == "heads.0"]
+    kinds = {s.nest.kind: type(s.group).__name__ for s in nested if s.nest is not None}
+    assert kinds == NESTED[family]
+    units = spec["heads.0"].group.units(spec["heads.0"].n)
+    assert len(nested) == units * len(kinds)
     assert spec["residual"].n == 32 and isinstance(spec["residual"].group, Permutation)
     q_heads, kv_heads, head_dim = HEADS[family]
     heads = spec["heads.0"]

@@ -120,7 +120,17 @@ def _head_space(name: str, heads: int, head_dim: int, qkv: list, output: str) ->
     uses.append(Use(f"{output}.weight", 1, "read"))
     parts = [CircuitPart(f"{mod}.weight", b, bl) for mod, b, bl in qkv]
     biases = [CircuitPart(f"{mod}.bias", b, bl) for mod, b, bl in qkv]
-    circuits = HeadCircuits(*parts, f"{output}.weight", *biases)
+    circuits = HeadCircuits(
+        parts[0],
+        parts[1],
+        parts[2],
+        f"{output}.weight",
+        query_bias=biases[0],
+        key_bias=biases[1],
+        value_bias=biases[2],
+        heads=heads,
+        kv_heads=heads,
+    )
     group = HeadPermutation(heads, head_dim)
     return Space(name, heads * head_dim, group, tuple(uses), circuits=circuits)
 

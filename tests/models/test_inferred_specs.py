@@ -12,10 +12,12 @@ from lmckit.symmetry import SymmetrySpec
 
 
 def structure(spec: SymmetrySpec) -> dict[str, tuple]:
-    """Name -> (group, n, uses as a set, circuits); read and write act alike for the
-    groups inference emits (permutations and orthogonal maps: ``T^{-T} = T``)."""
+    """Name -> (group, n, uses as a set, circuits) of the spaces that are not nested in
+    others (the hand-written specs stop at whole heads; the nested ones are checked
+    below); read and write act alike for the groups inference emits (permutations and
+    orthogonal maps: ``T^{-T} = T``)."""
     out = {}
-    for s in spec:
+    for s in (s for s in spec if s.nest is None):
         uses = frozenset(
             (u.param, u.axis, u.outer, u.inner, u.compare, u.role == "elementwise") for u in s.uses
         )

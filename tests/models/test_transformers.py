@@ -7,7 +7,14 @@ import torch
 from torch.func import functional_call
 
 from lmckit.models import create_model
-from lmckit.symmetry import HeadPermutation, Orthogonal, Permutation, apply, random_transform
+from lmckit.symmetry import (
+    HeadPermutation,
+    Nest,
+    Orthogonal,
+    Permutation,
+    apply,
+    random_transform,
+)
 
 GPT2_TINY = {"vocab_size": 13, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 7}
 VIT_TINY = {
@@ -131,7 +138,19 @@ def test_spec_layout(name: str, norm: str, group: type) -> None:
     module, params = create_model(name, norm=norm, **kwargs)
     spec = module.symmetry_spec()
     spec.validate(params)
-    assert spec.names == ("residual", "heads.0", "ffn.0", "heads.1", "ffn.1")
+    outer = tuple(s.name for s in spec if s.nest is None)
+    assert outer == ("residual", "heads.0", "ffn.0", "heads.1", "ffn.1")
+    # inside each head, nested in the head permutation: orthogonal bases of its
+    # queries/keys and of its values (GPT-2's fused projection shares one basis for all
+    # three: its chunks share their units)
+    kinds = ("basis",) if name == "gpt2" else ("qk", "value")
+    inner = {s.name: (s.nest, s.group, s.n) for s in spec if s.nest is not None}
+    assert inner == {
+        f"heads.{i}.{kind}.{h}": (Nest(f"heads.{i}", h, kind), Orthogonal(), 4)
+        for i in range(2)
+        for kind in kinds
+        for h in range(2)
+    }
     assert isinstance(spec["residual"].group, group)
     heads = spec["heads.1"]
     assert heads.group == HeadPermutation(2, 4)

@@ -94,6 +94,9 @@ class Analysis:
         self.attention: list[AttentionSite] = []
         #: why things were left out that a user may not expect (unknown ops, ...)
         self.notes: list[str] = []
+        #: where slices cut a one-variable axis: (variable, offset of the cut), e.g. the
+        #: end of the rotary part of partially rotary heads
+        self.cuts: list[tuple[Var, int]] = []
 
     # ------------------------------------------------------------------ values
 

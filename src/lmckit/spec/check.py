@@ -18,9 +18,9 @@ from torch.func import functional_call
 
 from lmckit.params import Params, module_params
 from lmckit.spec.trace import SpecInferenceError
-from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply
+from lmckit.symmetry import Space, SymmetrySpec, Transform, apply
 
-__all__ = ["SpecCheckError", "check_spec", "output_error"]
+__all__ = ["FunctionCheck", "SpecCheckError", "check_spec", "output_error"]
 
 
 class SpecCheckError(SpecInferenceError):
@@ -70,11 +70,56 @@ def _random_element(space: Space, generator: torch.Generator) -> object:
     element = space.group.random(space.n, generator)
     if isinstance(element, Tensor) and element.is_floating_point():
         element = element.double()
-        if isinstance(space.group, Orthogonal):
-            # drawn in float32: orthogonal to ~1e-7 only; the check runs in float64
+        if space.group.self_dual and not space.group.gathers:
+            # an orthogonal map drawn in float32 is orthogonal to ~1e-7 only; the check
+            # runs in float64 (the polar factor keeps any block structure the group has)
             u, _, vh = torch.linalg.svd(element)
             element = u @ vh
     return element
+
+
+class FunctionCheck:
+    """A module's outputs at some parameters, and how far transformed parameters move
+    them: in float64 where the module allows it (a true symmetry then changes the
+    outputs by ~1e-12, a broken one by order one), else in float32 with a 1000 times
+    looser tolerance.
+
+    Args:
+        module: the module (put in eval mode for the check's duration by the caller).
+        example_inputs: positional inputs.
+        params: the parameters (default: the module's own).
+        kwargs: keyword inputs.
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        example_inputs: Sequence[Any],
+        *,
+        params: Params | None = None,
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        params = dict(module_params(module) if params is None else params)
+        self.scale = 1.0
+        try:
+            self._run = _runner(module, example_inputs, kwargs or {}, torch.float64)
+            self.params = _cast(params, torch.float64)
+            self.reference = self._run(self.params)
+        except (RuntimeError, TypeError):  # a module that hard-codes float32 somewhere
+            self._run = _runner(module, example_inputs, kwargs or {}, torch.float32)
+            self.params = _cast(params, torch.float32)
+            self.reference = self._run(self.params)
+            self.scale = 1e3
+
+    def error(self, spec: SymmetrySpec, transform: Transform) -> float:
+        """The relative output error of the parameters moved by ``transform``."""
+        return output_error(self.reference, self._run(apply(spec, self.params, transform)))
+
+    def random_error(self, spec: SymmetrySpec, names: Sequence[str], seed: int) -> float:
+        """:meth:`error` of a random element of the spaces ``names`` (others fixed)."""
+        generator = torch.Generator().manual_seed(seed)
+        elements = {name: _random_element(spec[name], generator) for name in names}
+        return self.error(spec, Transform(spec, elements))
 
 
 def check_spec(
@@ -117,24 +162,17 @@ def check_spec(
     was_training = module.training
     module.eval()
     try:
-        try:
-            run = _runner(module, example_inputs, kwargs or {}, torch.float64)
-            params = _cast(params, torch.float64)
-            reference = run(params)
-        except (RuntimeError, TypeError):  # a module that hard-codes float32 somewhere
-            run = _runner(module, example_inputs, kwargs or {}, torch.float32)
-            params = _cast(params, torch.float32)
-            reference = run(params)
-            rtol *= 1e3
+        check = FunctionCheck(module, example_inputs, params=params, kwargs=kwargs)
+        rtol *= check.scale
         generator = torch.Generator().manual_seed(seed)
         joint = Transform(spec, {s.name: _random_element(s, generator) for s in spec})
-        error = output_error(reference, run(apply(spec, params, joint)))
+        error = check.error(spec, joint)
         if error <= rtol:
             return {"all": error}
         errors = {}
         for space in spec:
             alone = Transform(spec, {space.name: _random_element(space, generator)})
-            errors[space.name] = output_error(reference, run(apply(spec, params, alone)))
+            errors[space.name] = check.error(spec, alone)
             if errors[space.name] > rtol:
                 detail = ""
                 if diagnose:

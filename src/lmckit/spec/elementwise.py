@@ -80,9 +80,15 @@ def _elementwise(an: Analysis, node: Node, args: tuple[Any, ...], kind: str) -> 
             axes.append([])
             src.append(frozenset())
             continue
+        # tables of constants (positions, masks) constrain the activations they meet but
+        # do not tie them together: the first operand that is not one carries the axis
+        full.sort(key=lambda vj: vj[0].const)
         base, j0 = full[0]
         for v, j in full[1:]:
-            an.unify(base.axes[j0], v.axes[j], what)
+            if v.const and not base.const:
+                an.lattice.constrain(base.axes[j0], v.axes[j], what)
+            else:
+                an.unify(base.axes[j0], v.axes[j], what)
         factors = list(base.axes[j0])
         if len(full) >= 2 and kind == "mul" and not square:
             # a product of two vectors along one axis acts unit by unit

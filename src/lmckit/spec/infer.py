@@ -18,9 +18,10 @@ from torch import nn
 
 from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
-from lmckit.spec.check import check_spec
+from lmckit.spec.check import FunctionCheck, check_spec
 from lmckit.spec.emit import emit_spaces
 from lmckit.spec.interpret import interpret
+from lmckit.spec.qk_basis import decide_candidates
 from lmckit.spec.trace import SpecInferenceError, TracedGraph, trace
 from lmckit.symmetry import SymmetrySpec
 
@@ -104,7 +105,19 @@ def analyze_symmetries(
         if tensor is None or not bool((tensor == tensor.flatten()[0]).all()):
             raise SpecInferenceError(f"uniform parameter {key!r} is missing or not constant")
     analysis = interpret(traced, uniform=constant)
-    spaces = emit_spaces(analysis, names)
+    emitted = emit_spaces(analysis, names)
+    spaces = emitted.spaces
+    if emitted.candidates:
+        # nested spaces the graph cannot decide (rotary query/key bases): a check does
+        was_training = module.training
+        module.eval()
+        try:
+            function = FunctionCheck(module, example_inputs, params=params, kwargs=kwargs)
+            spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
+        finally:
+            module.train(was_training)
+        for note in notes:
+            analysis.note(note)
     spec = SymmetrySpec(tuple(spaces))
     if check and len(spec):
         check_spec(

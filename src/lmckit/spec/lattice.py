@@ -153,6 +153,17 @@ class Lattice:
         spans several on the other is split. If no common refinement exists (e.g.
         ``[6, 4]`` against ``[4, 6]``) every factor involved is pinned.
         """
+        self._align(a, b, reason, merge=True)
+
+    def constrain(self, a: Sequence[Var], b: Sequence[Var], reason: str) -> None:
+        """Cap each factor of ``a`` at the level of the factors of ``b`` it lines up
+        with (aligned as in :meth:`unify`), without making them the same units: an
+        activation multiplied by a table of constants keeps what the table allows, but
+        two activations that meet the same table (rotary angles shared by every layer)
+        stay free of each other."""
+        self._align(a, b, reason, merge=False)
+
+    def _align(self, a: Sequence[Var], b: Sequence[Var], reason: str, *, merge: bool) -> None:
         left, right = deque(self.leaves(a)), deque(self.leaves(b))
         total_left = math.prod(v.size for v in left)
         total_right = math.prod(v.size for v in right)
@@ -172,7 +183,11 @@ class Lattice:
                 left.popleft()
                 right.popleft()
             elif x.size == y.size:
-                self._union(x, y)
+                if merge:
+                    self._union(x, y)
+                elif y.level < x.level:
+                    x.level = y.level
+                    x.reasons.append(reason)
                 left.popleft()
                 right.popleft()
             elif y.size % x.size == 0:

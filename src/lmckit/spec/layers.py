@@ -145,7 +145,10 @@ def _grouped(an: Analysis, kv: Value, heads_q: int) -> Value:
     heads_kv = axis_size(kv, -3)
     if heads_kv in (1, heads_q):
         return kv
-    copies = an.lattice.fresh(heads_q // heads_kv, Level.FREE, "query heads share a key head")
+    # the query heads of a group share its key/value head: the copies are equal, so
+    # any permutation of them keeps the keys and values; on the query side it permutes
+    # the group's query heads
+    copies = an.lattice.fresh(heads_q // heads_kv, Level.PERM, "query heads share a key head")
     axes = [list(a) for a in kv.axes]
     axes[-3] = [*axes[-3], copies]
     return Value(axes, const=kv.const)

@@ -246,8 +246,8 @@ def _expand(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
         if j >= 0 and axis_size(x, j) == size:
             axes.append(list(x.axes[j]))
             src.append(x.src[j])
-        else:  # a broadcast copy: the same values along it, no feature structure
-            axes.append([an.lattice.fresh(size, Level.FREE, "broadcast copy")])
+        else:  # a broadcast copy: equal values along it, kept by any permutation
+            axes.append([an.lattice.fresh(size, Level.PERM, "broadcast copy")])
             src.append(frozenset())
     return Value(axes, src, False, x.const)
 

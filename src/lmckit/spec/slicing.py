@@ -37,8 +37,19 @@ def _slice(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     if shape[dim] == axis_size(x, dim):
         return copy_value(x)
     out = copy_value(x)
+    leaves = an.lattice.leaves(x.axes[dim])
+    step = args[4] if len(args) > 4 else 1
+    if len(leaves) == 1 and step == 1:
+        size = leaves[0].size
+        start = args[2] if len(args) > 2 and args[2] is not None else 0
+        start = max(0, min(size, start + size if start < 0 else start))
+        for cut in (start, min(size, start + shape[dim])):
+            if 0 < cut < size:
+                an.cuts.append((leaves[0], cut))
     if not _is_free(an, x.axes[dim]):
-        an.pin([Value([x.axes[dim]])], f"slice {node.name!r} cuts a feature axis", notable=True)
+        an.pin(
+            [Value([x.axes[dim]])], f"slice {node.name!r} cuts a feature axis", notable=not x.const
+        )
     out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "slice")]
     out.src[dim] = frozenset()
     return out
@@ -49,7 +60,7 @@ def _select(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
     x: Value = args[0]
     dim = args[1] % x.ndim
     if not _is_free(an, x.axes[dim]):
-        an.pin([Value([x.axes[dim]])], f"select {node.name!r} picks a feature", notable=True)
+        an.pin([Value([x.axes[dim]])], f"select {node.name!r} picks a feature", notable=not x.const)
     keep = [i for i in range(x.ndim) if i != dim]
     return Value([list(x.axes[i]) for i in keep], [x.src[i] for i in keep], False, x.const)
 
@@ -61,7 +72,9 @@ def _index(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     if "index_select" in str(node.target):
         dim = args[1] % x.ndim
         if not _is_free(an, x.axes[dim]):
-            an.pin([Value([x.axes[dim]])], f"{node.name!r} indexes a feature axis", notable=True)
+            an.pin(
+                [Value([x.axes[dim]])], f"{node.name!r} indexes a feature axis", notable=not x.const
+            )
         out = copy_value(x, keep_src=False)
         out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "indexed")]
         return out
@@ -70,9 +83,11 @@ def _index(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     leading = all(i is not None for i in indices)
     for i, idx in enumerate(indices):
         if idx is not None and not _is_free(an, x.axes[i]):
-            an.pin([Value([x.axes[i]])], f"{node.name!r} indexes a feature axis", notable=True)
+            an.pin(
+                [Value([x.axes[i]])], f"{node.name!r} indexes a feature axis", notable=not x.const
+            )
     if not leading:
-        an.pin([x], f"{node.name!r}: advanced indexing not understood", notable=True)
+        an.pin([x], f"{node.name!r}: advanced indexing not understood", notable=not x.const)
         return an.free(shape, "indexed")
     n_index = len(shape) - (x.ndim - k)
     axes = [[an.lattice.fresh(s, Level.FREE, "indexed")] for s in shape[:n_index]]
@@ -140,7 +155,9 @@ def _split(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
         return pieces
     if len(set(sizes)) != 1 or unbind:
         an.pin(
-            [Value([x.axes[dim]])], f"{node.name!r} splits a feature axis unevenly", notable=True
+            [Value([x.axes[dim]])],
+            f"{node.name!r} splits a feature axis unevenly",
+            notable=not x.const,
         )
         return [an.free(s, "split") for s in shapes]
     # equal chunks of a feature axis: [chunks (pinned), unit] -- every chunk shares the unit

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lmckit.groups import HeadPermutation
+from lmckit.groups import HeadPermutation, RotaryPlanes
 from lmckit.io import LoadedModel
 from lmckit.models import ZooModel
 from lmckit.spec import analyze_symmetries
@@ -34,12 +34,17 @@ class SpaceSummary:
             head size).
         n: number of units.
         params: the parameters with an axis in the space, in spec order.
+        parent, kind: for a space nested in one unit of another (a head's value basis),
+            that space and what the nested space moves (``"value"``, ``"qk"``,
+            ``"query"``: the query heads of a key/value group).
     """
 
     name: str
     group: str
     n: int
     params: tuple[str, ...]
+    parent: str | None = None
+    kind: str | None = None
 
 
 @dataclass(frozen=True)
@@ -73,16 +78,18 @@ class SymmetryReport:
     def text(self) -> str:
         """The report for people: a table of spaces, then what is fixed and left out."""
         asked = self.symmetry or "the architecture's own groups"
-        count = f"{len(self.spaces)} space" + ("" if len(self.spaces) == 1 else "s")
+        outer = [s for s in self.spaces if s.parent is None]
+        count = f"{len(outer)} space" + ("" if len(outer) == 1 else "s")
+        if len(outer) < len(self.spaces):
+            count += f" and {len(self.spaces) - len(outer)} nested in their units"
         head = f"{self.architecture}: {count} under {asked}"
         lines = [head + (f" ({self.form})" if self.form else "")]
-        width = max([len(s.name) for s in self.spaces] + [5])
-        group_width = max([len(s.group) for s in self.spaces] + [5])
+        rows = _rows(self.spaces)
+        width = max([len(r[0]) for r in rows] + [5])
+        group_width = max([len(r[1]) for r in rows] + [5])
         lines.append(f"  {'space':<{width}}  {'group':<{group_width}}  {'units':>6}  parameters")
-        for s in self.spaces:
-            lines.append(
-                f"  {s.name:<{width}}  {s.group:<{group_width}}  {s.n:>6}  {len(s.params)}"
-            )
+        for name, group, n, params in rows:
+            lines.append(f"  {name:<{width}}  {group:<{group_width}}  {n:>6}  {params}")
         share = self.moved_elements / self.elements if self.elements else 0.0
         lines.append(f"parameters some space moves: {share:.1%} of {self.elements:,} elements")
         if self.folded:
@@ -99,6 +106,21 @@ class SymmetryReport:
         return dataclasses.asdict(self)
 
 
+def _rows(spaces: tuple[SpaceSummary, ...]) -> list[tuple[str, str, int, int]]:
+    """Table rows: each space not nested in another, then one row per kind of space
+    nested in its units (``value x4``: four spaces, one per unit), indented."""
+    rows = []
+    for space in (s for s in spaces if s.parent is None):
+        rows.append((space.name, space.group, space.n, len(space.params)))
+        kinds: dict[str, list[SpaceSummary]] = {}
+        for inner in (s for s in spaces if s.parent == space.name):
+            kinds.setdefault(inner.kind or "", []).append(inner)
+        for kind, members in kinds.items():
+            first = members[0]
+            rows.append((f"  {kind} x{len(members)}", first.group, first.n, len(first.params)))
+    return rows
+
+
 def _listed(names: tuple[str, ...], most: int = 8) -> str:
     # a model with many layers can have hundreds: the JSON report lists them all
     shown = ", ".join(names[:most])
@@ -109,12 +131,22 @@ def _group(space: Space) -> str:
     group = space.group
     if isinstance(group, HeadPermutation):
         return f"{group.name}({group.heads} x {group.head_dim})"
+    if isinstance(group, RotaryPlanes):
+        rotary = str(group.rotary) if group.rotary == space.n else f"{group.rotary} of {space.n}"
+        return f"{group.name}({rotary}{', interleaved' if group.interleaved else ''})"
     return group.name
 
 
 def _spaces(spec: SymmetrySpec) -> tuple[SpaceSummary, ...]:
     return tuple(
-        SpaceSummary(s.name, _group(s), s.n, tuple(dict.fromkeys(u.param for u in s.uses)))
+        SpaceSummary(
+            s.name,
+            _group(s),
+            s.n,
+            tuple(dict.fromkeys(u.param for u in s.uses)),
+            s.nest.parent if s.nest else None,
+            s.nest.kind if s.nest else None,
+        )
         for s in spec
     )
 

@@ -1,0 +1,156 @@
+"""Attention heads read off the graph: which projections make each attention's query,
+key and value, which layer reads its output, and so the heads' QK/OV circuits.
+
+From each operand of a scaled-dot-product attention the graph is walked back to the
+projection that made it, through views, casts, broadcasts (grouped-query key/value
+heads), scalings by constants, and rotary position embeddings (``x cos + rot(x) sin``:
+a sum whose one term reaches the projection whole, the other through slices of the head
+dimension). An operand that reaches a projection only through slices (a block of a fused
+projection cut out by offsets, or the rotary part of partially rotary heads) has no
+circuit here: its rows are not a block of one weight that this walk can name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.fx import Node
+
+from lmckit.spec.analysis import Analysis
+from lmckit.spec.graph import TRANSPARENT, op_name
+from lmckit.symmetry import CircuitPart, HeadCircuits
+
+__all__ = ["head_circuits"]
+
+#: ops an operand may pass through on its way back to its projection
+_PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive"}
+_SCALE = {"mul", "div"}
+_SUM = {"add", "sub"}
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A projection an operand comes from: its node, the block of its output features
+    (equal split or chunk), and whether the path cut through a slice."""
+
+    node: Node
+    block: int
+    blocks: int
+    sliced: bool
+
+
+def _is_constant(an: Analysis, arg: object) -> bool:
+    value = an.values.get(arg.name) if isinstance(arg, Node) else None
+    return not isinstance(arg, Node) or getattr(value, "const", False)
+
+
+def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> set[_Source]:
+    """The projections ``node``'s value is made from (see the module docstring)."""
+    if depth > 64:
+        return set()
+    op = op_name(node)
+    if op in ("linear", "addmm"):
+        return {_Source(node, 0, 1, sliced)}
+    if op == "getitem":
+        parent, index = node.args[0], node.args[1]
+        if not isinstance(parent, Node) or op_name(parent) not in ("split", "chunk"):
+            return set()
+        if not isinstance(index, int):
+            return set()
+        blocks = len(parent.meta["val"])
+        source = parent.args[0]
+        if not isinstance(source, Node):
+            return set()
+        found = _sources(an, source, sliced, depth + 1)
+        return {_Source(s.node, index, blocks, s.sliced) for s in found if s.blocks == 1}
+    tensors = [a for a in node.args if isinstance(a, Node)]
+    if op in _PASS or op in ("split", "chunk"):
+        nexts = tensors[:1]
+    elif op in _SCALE:
+        nexts = [a for a in tensors if not _is_constant(an, a)]
+        if len(nexts) != 1:
+            return set()
+    elif op in _SUM:
+        nexts = [a for a in tensors if not _is_constant(an, a)]
+    elif op in ("slice", "select"):
+        nexts, sliced = tensors[:1], True
+    elif op == "cat":
+        parts = node.args[0] if isinstance(node.args[0], list | tuple) else []
+        nexts, sliced = [a for a in parts if isinstance(a, Node)], True
+    else:
+        return set()
+    out: set[_Source] = set()
+    for arg in nexts:
+        out |= _sources(an, arg, sliced, depth + 1)
+    return out
+
+
+def _projection(an: Analysis, node: Node) -> _Source | None:
+    """The one projection ``node`` comes from whole, if there is exactly one."""
+    whole = {s for s in _sources(an, node) if not s.sliced}
+    return whole.pop() if len(whole) == 1 else None
+
+
+def _forward_to_linear(node: Node) -> Node | None:
+    while len(node.users) == 1:
+        (node,) = node.users
+        if op_name(node) in ("linear", "addmm"):
+            return node
+        if op_name(node) not in TRANSPARENT:
+            return None
+    return None
+
+
+def _weight_and_bias(node: Node) -> tuple[object, object, bool]:
+    """A projection's weight and bias nodes, and whether the weight is ``(in, out)``
+    (``addmm(bias, x, W)``, Hugging Face's ``Conv1D``)."""
+    if op_name(node) == "addmm":
+        return node.args[2], node.args[0], True
+    return node.args[1], (node.args[2] if len(node.args) > 2 else None), False
+
+
+def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
+    """Query weight key -> the head circuits of every attention computed by projections."""
+    nodes = {n.name: n for n in an.traced.graph.nodes}
+    params = an.traced.params
+    out: dict[str, HeadCircuits] = {}
+    for site in an.attention:
+        found = [_projection(an, nodes[name]) for name in (site.query, site.key, site.value)]
+        output = _forward_to_linear(nodes[site.node])
+        if any(f is None for f in found) or output is None:
+            continue
+        parts: list[CircuitPart] = []
+        biases: list[CircuitPart | None] = []
+        rows: list[int] = []
+        for source in (f for f in found if f is not None):
+            weight, bias, transposed = _weight_and_bias(source.node)
+            if not isinstance(weight, Node) or weight.name not in params:
+                break
+            key = params[weight.name]
+            parts.append(CircuitPart(key, source.block, source.blocks, transposed))
+            shape = an.traced.shapes[key]
+            rows.append(shape[1 if transposed else 0] // source.blocks)
+            if isinstance(bias, Node) and bias.name in params:
+                biases.append(CircuitPart(params[bias.name], source.block, source.blocks))
+            else:
+                biases.append(None)
+        out_weight, _, out_transposed = _weight_and_bias(output)
+        if len(parts) != 3 or not isinstance(out_weight, Node) or out_weight.name not in params:
+            continue
+        query = nodes[site.query].meta["val"]
+        heads, head_dim = int(query.shape[-3]), int(query.shape[-1])
+        if rows[0] != heads * head_dim or rows[1] % head_dim or rows[1] != rows[2]:
+            continue  # projections that are not whole heads of this attention
+        out[parts[0].param] = HeadCircuits(
+            parts[0],
+            parts[1],
+            parts[2],
+            params[out_weight.name],
+            query_bias=biases[0],
+            key_bias=biases[1],
+            value_bias=biases[2],
+            heads=heads,
+            kv_heads=rows[1] // head_dim,
+            output_transposed=out_transposed,
+        )
+    return out

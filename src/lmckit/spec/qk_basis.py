@@ -1,0 +1,106 @@
+"""The query/key basis of heads with rotary positions: proposed, then decided by a check.
+
+Inside a head, a map on the keys and its inverse transpose on the queries keep every
+score, unless something between the projections and the score pins the basis. Rotary
+position embeddings do (they multiply by constants that vary along the head dimension),
+yet a rotation of each rotary plane commutes with them
+(:class:`~lmckit.groups.RotaryPlanes`). Which dimensions pair up, and how many are rotary,
+is written in the module's arithmetic (slices, strides, concatenations), not in its
+graph's shapes; so the candidates are proposed in order -- the rotate-half and the
+interleaved layout over the whole head, then over each prefix a slice of the graph cut
+off (partial rotary embeddings) -- and the first whose random elements leave the
+function unchanged is kept. A head basis that no candidate keeps (query/key norms with
+per-dimension weights, an unknown positional scheme) is left out, and said so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from lmckit.groups import Group, RotaryPlanes
+from lmckit.spec.check import FunctionCheck
+from lmckit.spec.emit import Candidate
+from lmckit.symmetry import Nest, Space, SymmetrySpec
+
+__all__ = ["candidate_groups", "decide_candidates"]
+
+#: a candidate is kept when its random elements move the outputs by at most this much
+#: (relative, float64; scaled like check_spec's tolerance when the module runs in float32)
+RTOL = 1e-5
+
+
+def candidate_groups(size: int, cuts: Iterable[int]) -> list[Group]:
+    """The groups to try for a query/key basis of ``size`` dims, most general first."""
+    rotary = [size, *sorted({c for c in cuts if 0 < c < size and c % 2 == 0}, reverse=True)]
+    if size % 2:
+        rotary = rotary[1:]
+    return [RotaryPlanes(r, interleaved) for r in rotary for interleaved in (False, True)]
+
+
+def _spaces(candidate: Candidate, group: Group) -> list[Space]:
+    out = []
+    for unit, uses in enumerate(candidate.units):
+        name = f"{candidate.parent}.{candidate.kind}.{unit}"
+        nest = Nest(candidate.parent, unit, candidate.kind)
+        out.append(Space(name, candidate.size, group, uses, nest=nest))
+    return out
+
+
+def _with(spaces: Sequence[Space], added: Sequence[Space]) -> SymmetrySpec:
+    """``spaces`` with ``added`` placed after their parents' other nested spaces."""
+    order = list(spaces)
+    for space in added:
+        assert space.nest is not None
+        family = [i for i, s in enumerate(order) if s.name == space.nest.parent or (
+            s.nest is not None and s.nest.parent == space.nest.parent)]  # fmt: skip
+        order.insert(family[-1] + 1, space)
+    return SymmetrySpec(tuple(order))
+
+
+def decide_candidates(
+    spaces: list[Space], candidates: Sequence[Candidate], check: FunctionCheck, *, seed: int = 0
+) -> tuple[list[Space], list[str]]:
+    """``spaces`` with every candidate whose first passing group was found added.
+
+    Candidates with the same choice of groups are decided together (one model, one
+    layout), each layer alone only if that fails. Returns the spaces and one note per
+    candidate left out.
+    """
+    notes: list[str] = []
+    tolerance = RTOL * check.scale
+    pending = list(candidates)
+    by_shape: dict[tuple[int, tuple[int, ...]], list[Candidate]] = {}
+    for candidate in pending:
+        by_shape.setdefault((candidate.size, candidate.cuts), []).append(candidate)
+    for (size, cuts), group_of in by_shape.items():
+        groups = candidate_groups(size, cuts)
+        chosen = _first_passing(spaces, group_of, groups, check, tolerance, seed)
+        if chosen is not None:
+            spaces = list(_with(spaces, [s for c in group_of for s in _spaces(c, chosen)]))
+            continue
+        for candidate in group_of:  # layers may differ: each alone
+            one = _first_passing(spaces, [candidate], groups, check, tolerance, seed)
+            if one is None:
+                notes.append(
+                    f"{candidate.parent}: the query/key basis inside its heads is fixed "
+                    "(no rotation of rotary planes keeps the function)"
+                )
+            else:
+                spaces = list(_with(spaces, _spaces(candidate, one)))
+    return spaces, notes
+
+
+def _first_passing(
+    spaces: Sequence[Space],
+    candidates: Sequence[Candidate],
+    groups: Sequence[Group],
+    check: FunctionCheck,
+    tolerance: float,
+    seed: int,
+) -> Group | None:
+    for group in groups:
+        added = [s for c in candidates for s in _spaces(c, group)]
+        spec = _with(spaces, added)
+        if check.random_error(spec, [s.name for s in added], seed) <= tolerance:
+            return group
+    return None
