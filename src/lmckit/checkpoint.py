@@ -22,6 +22,7 @@ from torch import Tensor
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
 from lmckit.models import ModelConfig, ZooModel, build_module, get_model_class
+from lmckit.outputs import check_output_dir
 from lmckit.params import Params, check_finite
 from lmckit.weightfile import (
     SAFETENSORS_FLOATS,
@@ -260,18 +261,31 @@ def save(
     params: Mapping[str, Tensor],
     *,
     metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``params`` of the architecture ``model_or_config`` as a checkpoint directory.
 
     The directory gets ``model.safetensors`` and ``config.json`` (architecture, kwargs,
-    lmckit version and ``metadata`` if given). It appears all at once, replacing any
-    earlier one at ``path``; on any error nothing at ``path`` changes.
+    lmckit version and ``metadata`` if given). It appears all at once; on any error
+    nothing at ``path`` changes. ``path`` follows lmckit's output policy
+    (:func:`lmckit.outputs.check_output_dir`): a new or empty folder, or a checkpoint
+    lmckit wrote (replaced); never the working directory or one of its parents.
+
+    Args:
+        path: the checkpoint folder to write.
+        model_or_config: a zoo model (its ``config``) or a ``ModelConfig``.
+        params: the weights, keys and shapes of that architecture, finite.
+        metadata: JSON-able record of what produced the weights (``config.json``'s
+            ``metadata``).
+        overwrite: also replace a non-empty folder lmckit did not write (the command
+            line's ``--force``); never the working directory or its parents.
 
     Raises:
+        OutputError: ``path`` may not be written (the message says why).
         CheckpointError: non-finite values, keys/shapes that do not fit the
             architecture, or a config/metadata that is not JSON-serialisable.
     """
-    target = Path(path)
+    target = check_output_dir(path, kind="checkpoint", force=overwrite)
     if isinstance(model_or_config, ModelConfig):
         config = model_or_config
     else:

@@ -24,7 +24,7 @@ from lmckit.hf.files import MAX_CONFIG_BYTES, HFError, is_hf_folder, read_json_f
 from lmckit.hf.model import HFModel, load_hf
 from lmckit.hf.save import save_hf
 from lmckit.models import ZooModel
-from lmckit.outputs import OutputKind
+from lmckit.outputs import OutputKind, check_output_dir
 from lmckit.params import Params
 
 __all__ = ["ModelFormat", "LoadedModel", "load_model", "model_format", "save_model"]
@@ -107,9 +107,14 @@ def save_model(
     metadata: Mapping[str, Any] | None = None,
     module: ZooModel | None = None,
     config_changes: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> Path:
-    """Write ``params`` in the format ``like`` came in; check ``path`` first with
-    :func:`lmckit.outputs.check_output_dir` (``kind=like.output_kind``).
+    """Write ``params`` in the format ``like`` came in.
+
+    ``path`` follows lmckit's output policy (:func:`lmckit.outputs.check_output_dir`,
+    ``kind=like.output_kind``): a new or empty folder, or an lmckit output of that
+    format (replaced); never ``like``'s own folder, a folder inside or around it, the
+    working directory or one of its parents.
 
     Args:
         path: the output folder (replaced atomically).
@@ -120,20 +125,31 @@ def save_model(
         module: lmckit format only: the architecture to write when it differs from
             ``like``'s (e.g. after a rewrite to RMSNorm).
         config_changes: Hugging Face format only: ``config.json`` entries to change.
+        overwrite: also replace a non-empty folder lmckit did not write (the command
+            line's ``--force``).
 
     Raises:
-        ValueError: an option of the other format. CheckpointError / HFError: params
-            that do not fit, or that cannot be written; nothing is written then.
+        ValueError: an option of the other format. OutputError: ``path`` may not be
+            written. CheckpointError / HFError: params that do not fit, or that cannot
+            be written; nothing is written then.
     """
+    check_output_dir(path, kind=like.output_kind, inputs=[like.path], force=overwrite)
     if like.format == "hf":
         if module is not None:
             raise ValueError(
                 "module= is for lmckit checkpoints; a Hugging Face folder keeps its class"
             )
         assert isinstance(like.source, HFModel)
-        return save_hf(path, like.source, params, config_changes=config_changes, metadata=metadata)
+        return save_hf(
+            path,
+            like.source,
+            params,
+            config_changes=config_changes,
+            metadata=metadata,
+            overwrite=overwrite,
+        )
     if config_changes is not None:
         raise ValueError("config_changes= is for Hugging Face folders; pass module= instead")
     assert isinstance(like.source, Checkpoint)
     arch = module if module is not None else like.source.config
-    return save_checkpoint(path, arch, params, metadata=metadata)
+    return save_checkpoint(path, arch, params, metadata=metadata, overwrite=overwrite)

@@ -1,13 +1,20 @@
-"""Where results may be written: never over an input, never over a folder lmckit did not make.
+"""Where results may be written: the one output policy of every writer, library and CLI alike.
 
-Every command that writes checks its outputs *before* it computes anything:
+Every writer (``lmckit.save``, ``lmckit.save_model``, the Hugging Face writer, plots, every
+command) checks its outputs here *before* it writes, and every command also before it
+computes anything:
 
 * an output may not be, contain, or lie inside one of the command's inputs (checkpoints,
   data files and folders), whatever ``force`` says;
+* the current working directory and its ancestors are never an output folder;
 * an output folder that exists must be empty or an lmckit output of the same kind
-  (a checkpoint written by lmckit holding only the files lmckit writes, or an
-  experiment folder carrying lmckit's run marker); anything else is refused unless
-  ``force`` is given, and the current working directory and its ancestors never;
+  (a checkpoint written by lmckit holding only the files lmckit writes, a Hugging Face
+  folder whose ``lmckit.json`` lists every entry, or an experiment folder carrying
+  lmckit's run marker); a subfolder such an output may hold (``reference/``) must itself
+  be lmckit's, and every listed entry must be the regular file it claims to be;
+  anything else is refused unless ``force`` is given (``--force`` on the command line,
+  ``overwrite=True`` in Python);
+* two outputs of one command never share a path, nor lie one inside the other;
 * the place must be writable: a probe file is created and removed in the nearest
   existing ancestor.
 
@@ -20,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -30,6 +37,8 @@ __all__ = [
     "RUN_MARKER",
     "OutputError",
     "OutputKind",
+    "REFERENCE_DIR",
+    "check_distinct_outputs",
     "check_output_dir",
     "check_output_file",
     "is_lmckit_output",
@@ -37,14 +46,20 @@ __all__ = [
 
 OutputKind = Literal["checkpoint", "experiment", "hf"]
 
-#: Entries of a checkpoint folder lmckit writes (``reference/``: ``align``'s rewritten A).
-CHECKPOINT_FILES = frozenset({"config.json", "model.safetensors", "reference"})
+#: Files of a checkpoint folder lmckit writes.
+CHECKPOINT_FILES = frozenset({"config.json", "model.safetensors"})
+#: The one subfolder an lmckit output may hold: ``align``'s A in the form B was aligned
+#: in, itself an lmckit checkpoint or Hugging Face folder (holding no subfolder).
+REFERENCE_DIR = "reference"
 #: File an experiment folder gets before anything else is written into it.
 RUN_MARKER = "lmckit-run.json"
 #: File a Hugging Face folder written by lmckit carries; its ``files`` lists what lmckit wrote.
 HF_MARKER = "lmckit.json"
 # Marker and config files are tiny; a larger one is not ours (and is not read whole).
 _MAX_MARKER_BYTES = 1 << 20
+
+
+_FORCE = "pass --force (overwrite=True in Python)"
 
 
 class OutputError(ValueError):
@@ -70,31 +85,71 @@ def _read_small_json(path: Path) -> object:
         return None
 
 
+def _regular(path: Path) -> bool:
+    """A regular file itself (not a link to one, not a folder)."""
+    return path.is_file() and not path.is_symlink()
+
+
+def _own_files(folder: Path, kind: OutputKind) -> frozenset[str] | None:
+    """The files lmckit says it wrote in ``folder`` as an output of ``kind``, or ``None``
+    when ``folder`` carries no such claim (no lmckit config, no marker)."""
+    if kind == "checkpoint":
+        config = _read_small_json(folder / "config.json")
+        own = isinstance(config, dict) and "lmckit_version" in config
+        return CHECKPOINT_FILES if own else None
+    if kind == "hf":
+        marker = _read_small_json(folder / HF_MARKER)
+        files = marker.get("files") if isinstance(marker, dict) else None
+        if isinstance(files, list) and all(isinstance(f, str) for f in files):
+            return frozenset(files)
+    return None
+
+
+def _foreign_entries(folder: Path, kind: OutputKind, *, nested: bool) -> list[str] | None:
+    """Entries of ``folder`` lmckit did not write as an output of ``kind`` (``None``: the
+    folder does not claim to be one). Only regular files lmckit lists count as its own,
+    and, if ``nested``, a :data:`REFERENCE_DIR` that is itself an lmckit output."""
+    files = _own_files(folder, kind)
+    if files is None:
+        return None
+    foreign = []
+    for entry in folder.iterdir():
+        if entry.name in files and _regular(entry):
+            continue
+        if nested and entry.name == REFERENCE_DIR and _own_reference(entry):
+            continue
+        foreign.append(entry.name)
+    return foreign
+
+
+def _own_reference(folder: Path) -> bool:
+    """Whether ``folder`` (a ``reference/`` entry) is an lmckit output with no subfolder."""
+    if folder.is_symlink() or not folder.is_dir():
+        return False
+    return any(_foreign_entries(folder, kind, nested=False) == [] for kind in ("checkpoint", "hf"))
+
+
 def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
     """Whether ``path`` is a folder lmckit wrote as an output of ``kind``.
 
     A checkpoint: ``config.json`` with an ``lmckit_version`` key, and no entries but
-    those lmckit writes (so replacing it cannot delete a user's file). An experiment
-    folder: the run marker :data:`RUN_MARKER`. A Hugging Face folder (``"hf"``): the
-    marker :data:`HF_MARKER`, whose ``files`` list names every entry of the folder.
+    the regular files lmckit writes (so replacing it cannot delete a user's file). A
+    Hugging Face folder (``"hf"``): the marker :data:`HF_MARKER`, whose ``files`` list
+    names every entry of the folder, each a regular file. An experiment folder: the run
+    marker :data:`RUN_MARKER`. A checkpoint or Hugging Face folder may also hold
+    :data:`REFERENCE_DIR`, which must itself be such an output (with no subfolder of
+    its own): a user's folder of that name is not lmckit's.
     """
     folder = Path(path)
     if folder.is_symlink() or not folder.is_dir():
         return False
-    if kind == "checkpoint":
-        config = _read_small_json(folder / "config.json")
-        if not isinstance(config, dict) or "lmckit_version" not in config:
-            return False
-        return all(entry.name in CHECKPOINT_FILES for entry in folder.iterdir())
-    if kind == "hf":
-        marker = _read_small_json(folder / HF_MARKER)
-        files = marker.get("files") if isinstance(marker, dict) else None
-        # align writes the reference form of the first model beside the weights
-        return isinstance(files, list) and all(
-            e.name in files or e.name == "reference" for e in folder.iterdir()
-        )
-    marker = _read_small_json(folder / RUN_MARKER)
-    return isinstance(marker, dict) and "experiment" in marker
+    if kind == "experiment":
+        marker = _read_small_json(folder / RUN_MARKER)
+        return isinstance(marker, dict) and "experiment" in marker
+    try:
+        return _foreign_entries(folder, kind, nested=True) == []
+    except OSError:  # an unreadable folder is not known to be ours
+        return False
 
 
 def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike[str]], what: str) -> None:
@@ -167,7 +222,8 @@ def check_output_dir(
             replaced.
         inputs: paths the command reads; the output may not overlap any of them.
         force: allow replacing an existing non-empty folder that is not an lmckit
-            output of ``kind`` (never an input, never the working directory).
+            output of ``kind`` (never an input, never the working directory); the
+            command line's ``--force``, the library writers' ``overwrite``.
 
     Raises:
         OutputError: naming the folder and the reason.
@@ -182,7 +238,7 @@ def check_output_dir(
     if target.is_symlink():
         if not force:
             raise OutputError(
-                f"refusing to replace {target}: it is a symbolic link (pass --force to replace "
+                f"refusing to replace {target}: it is a symbolic link ({_FORCE} to replace "
                 "the link itself; what it points to is left alone)"
             )
     elif target.exists():
@@ -195,12 +251,46 @@ def check_output_dir(
                 "experiment": "an lmckit experiment folder",
                 "hf": "a Hugging Face folder lmckit wrote",
             }[kind]
+            try:
+                foreign = _foreign_entries(target, kind, nested=True)
+            except OSError:
+                foreign = None
+            if foreign == [REFERENCE_DIR]:
+                # lmckit's own output but for a reference/ folder that is not lmckit's
+                raise OutputError(
+                    f"refusing to replace {target}: its {REFERENCE_DIR}/ is not a folder "
+                    f"lmckit wrote ({_example_entries(target / REFERENCE_DIR)}); choose a "
+                    f"new folder or {_FORCE}"
+                )
             raise OutputError(
                 f"refusing to replace {target}: it is not {made} "
-                f"({_example_entries(target)}); choose a new folder or pass --force"
+                f"({_example_entries(target)}); choose a new folder or {_FORCE}"
             )
     _check_writable(out, what)
     return target
+
+
+def check_distinct_outputs(outputs: Mapping[str, str | os.PathLike[str] | None]) -> None:
+    """Two outputs of one command never share a path, nor lie one inside the other.
+
+    Args:
+        outputs: each output's name as the user gave it (``"--json"``) and its path;
+            ``None`` entries (not asked for) are skipped.
+
+    Raises:
+        OutputError: naming both outputs and the path.
+    """
+    named = [(name, _real(path)) for name, path in outputs.items() if path is not None]
+    for i, (name_a, a) in enumerate(named):
+        for name_b, b in named[i + 1 :]:
+            if a == b:
+                raise OutputError(
+                    f"{name_a} and {name_b} both name {a}: one would overwrite the other; "
+                    "give each its own path"
+                )
+            if _inside(a, b) or _inside(b, a):
+                inner, outer = (name_a, name_b) if _inside(a, b) else (name_b, name_a)
+                raise OutputError(f"{inner} lies inside {outer} ({a}, {b}); give each its own path")
 
 
 def check_output_file(

@@ -14,6 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from lmckit.atomic import atomic_path  # noqa: E402
 from lmckit.evaluate import PathResult  # noqa: E402
+from lmckit.outputs import check_output_file  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -39,7 +40,11 @@ def plot_paths(
     """Plot loss (left) and accuracy (right) against ``t`` for each named path.
 
     Legends carry each path's loss and accuracy barrier. Returns the written path.
+
+    Raises:
+        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
     """
+    check_output_file(path, suffixes=PLOT_SUFFIXES)
     if not results:
         raise ValueError("nothing to plot")
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
@@ -66,9 +71,9 @@ def plot_paths(
 
 def _save(fig: Figure, path: str | Path, title: str | None) -> Path:
     """Title ``fig``, write it to ``path`` (format from the suffix, atomically), close it."""
+    path = Path(path)
     if title:
         fig.suptitle(title)
-    path = Path(path)
     with atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
@@ -88,8 +93,13 @@ def plot_simplex(
     Barycentric weights ``w`` map to the plane as ``w_1 v_1 + w_2 v_2 + w_3 v_3`` with
     the vertices of an equilateral triangle; all panels share one colour scale, and
     the point attaining each loss barrier is marked. Returns the written path.
+
+    Raises:
+        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
     """
     import numpy as np
+
+    check_output_file(path, suffixes=PLOT_SUFFIXES)
     from matplotlib.tri import Triangulation
 
     if not results:

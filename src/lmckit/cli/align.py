@@ -27,6 +27,7 @@ from lmckit.cli.common import (
 )
 from lmckit.io import LoadedModel, save_model
 from lmckit.models import ZooModel
+from lmckit.outputs import REFERENCE_DIR
 from lmckit.recipe import SYMMETRIES
 from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind
 
@@ -142,13 +143,14 @@ def command(
     )
     metadata = {"aligned_to": str(model_a), "source": str(model_b), **aligned.metadata}
     metadata["data"] = data_spec
-    reference = str(Path(out) / "reference") if aligned.reference is not None else None
+    reference = str(Path(out) / REFERENCE_DIR) if aligned.reference is not None else None
     if reference is not None:
         # B is written in the form it was aligned in: A's same form is the reference
         metadata["reference"] = reference
-    _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata)
+    _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata, force)
     if reference is not None and aligned.reference is not None:
         meta = {"rewritten_from": str(model_a), "form": aligned.form}
+        # inside the folder just written, so new: nothing to force
         _write(reference, a, aligned.module, aligned.reference, aligned.same_architecture, meta)
     click.echo(aligned.result.summary())
     click.echo(f"wrote {out}")
@@ -168,10 +170,11 @@ def _write(
     params: dict,
     same_architecture: bool,
     metadata: dict,
+    force: bool = False,
 ) -> None:
     """``params`` in ``like``'s format, or as an lmckit checkpoint of a rewritten form."""
     if same_architecture:
-        save_model(path, like, params, metadata=metadata)
+        save_model(path, like, params, metadata=metadata, overwrite=force)
     else:
         assert isinstance(module, ZooModel)  # a rewrite's new form is a zoo configuration
-        save(path, module, params, metadata=metadata)
+        save(path, module, params, metadata=metadata, overwrite=force)

@@ -77,5 +77,5 @@ def command(
         m = evaluate_split(a.module, merged, data)
         meta.update(test_loss=m.loss, test_acc=m.acc)
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
-    save_model(out, a, merged, metadata=meta)
+    save_model(out, a, merged, metadata=meta, overwrite=force)
     click.echo(f"wrote {out}")

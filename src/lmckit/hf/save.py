@@ -26,7 +26,7 @@ from lmckit.atomic import atomic_dir, write_json
 from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
 from lmckit.hf.files import CONFIG_FILE, HFError, is_regular_file
 from lmckit.hf.model import HFModel
-from lmckit.outputs import HF_MARKER
+from lmckit.outputs import HF_MARKER, check_output_dir
 from lmckit.params import Params, check_finite
 
 __all__ = ["WEIGHT_SUFFIXES", "save_hf"]
@@ -109,6 +109,7 @@ def save_hf(
     *,
     config_changes: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Write ``params`` as a Hugging Face folder of ``like``'s class.
 
@@ -125,6 +126,7 @@ def save_hf(
             are accepted too), one floating dtype (written as is).
         config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
         metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
+        overwrite: also replace a non-empty folder lmckit did not write (``--force``).
 
     Returns:
         ``path``.
@@ -132,14 +134,11 @@ def save_hf(
     Raises:
         HFError: params that do not fit the class and config (missing, unexpected or
             misshapen weights), non-finite or mixed-dtype params, config changes or
-            metadata that are not JSON, or a ``path`` that is, contains or lies inside
-            the source folder. Nothing is written then.
+            metadata that are not JSON. Nothing is written then.
+        OutputError: ``path`` may not be written (it is, contains or lies inside the
+            source folder, is a folder lmckit did not write, ...).
     """
-    target = Path(path)
-    out, source = Path(os.path.realpath(target)), Path(os.path.realpath(like.path))
-    if out == source or source in out.parents or out in source.parents:
-        # replacing the folder would destroy the source's weights and files
-        raise HFError(f"refusing to write {target}: it overlaps the source folder {like.path}")
+    target = check_output_dir(path, kind="hf", inputs=[like.path], force=overwrite)
     changes = dict(config_changes or {})
     meta = dict(metadata or {})
     try:
