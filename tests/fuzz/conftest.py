@@ -147,6 +147,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _gpt2(ck / "gpt_big", 20)
     _gpt2(ck / "gpt_ok", len(WORDS), 0)
     _gpt2(ck / "gpt_ok2", len(WORDS), 1)
+    # an lmckit checkpoint whose reference/ holds a user's file
+    with_ref = _mlp(ck / "with_ref", 0, [16])
+    (with_ref / "reference").mkdir()
+    (with_ref / "reference" / "mydata.txt").write_text("mine")
     # a user's folder and a working directory full of their files
     for folder in (root / "user", root / "work"):
         folder.mkdir()

@@ -9,7 +9,7 @@ import click
 from lmckit.atomic import write_json
 from lmckit.cli.common import (
     POSITIVE,
-    check_out_file,
+    check_out_files,
     choice_option,
     data_option,
     fail,
@@ -118,8 +118,7 @@ def command(
     if simplex and plot_path and len(models) != 3:
         raise fail(f"--plot draws the simplex of 3 models, got {len(models)}")
     inputs = input_paths(*models, data_spec=data_spec)
-    check_out_file(json_path, inputs)
-    check_out_file(plot_path, inputs, plot=True)
+    check_out_files(inputs, json=json_path, plot=plot_path)
     settings = EvalSettings(split=split, points=points, fix=fix)
     if simplex:
         check_simplex_size(len(models), resolution)

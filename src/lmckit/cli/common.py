@@ -22,13 +22,18 @@ from lmckit.data.spec import check_data_spec, data_spec_paths
 from lmckit.hf import HFModel
 from lmckit.io import LoadedModel
 from lmckit.io import load_model as load_any
-from lmckit.outputs import OutputKind, check_output_dir, check_output_file
+from lmckit.outputs import (
+    OutputKind,
+    check_distinct_outputs,
+    check_output_dir,
+    check_output_file,
+)
 from lmckit.params import IncompatibleModelsError, check_compatible
 
 __all__ = [
     "SEED",
     "check_out_dir",
-    "check_out_file",
+    "check_out_files",
     "count_option",
     "data_option",
     "fail",
@@ -191,16 +196,16 @@ def check_out_dir(out: str, kind: OutputKind, inputs: list[str], force: bool) ->
     check_output_dir(out, kind=kind, inputs=inputs, force=force)
 
 
-def check_out_file(path: str | None, inputs: list[str], *, plot: bool = False) -> None:
-    """Refuse a --json/--plot target inside an input or of an unknown image type."""
-    if path is None:
-        return
-    suffixes = None
-    if plot:
+def check_out_files(inputs: list[str], *, json: str | None, plot: str | None = None) -> None:
+    """Refuse ``--json``/``--plot`` targets inside an input, of an unknown image type, or
+    naming one path twice (one would overwrite the other)."""
+    check_distinct_outputs({"--json": json, "--plot": plot})
+    if json is not None:
+        check_output_file(json, inputs=inputs)
+    if plot is not None:
         from lmckit.plot import PLOT_SUFFIXES
 
-        suffixes = PLOT_SUFFIXES
-    check_output_file(path, inputs=inputs, suffixes=suffixes)
+        check_output_file(plot, inputs=inputs, suffixes=PLOT_SUFFIXES)
 
 
 # --------------------------------------------------------------------------- machine

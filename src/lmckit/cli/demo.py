@@ -5,7 +5,13 @@ from __future__ import annotations
 import click
 
 from lmckit.atomic import write_json
-from lmckit.cli.common import check_out_file, quiet_option, seed_option, set_threads, threads_option
+from lmckit.cli.common import (
+    check_out_files,
+    quiet_option,
+    seed_option,
+    set_threads,
+    threads_option,
+)
 
 __all__ = ["command"]
 
@@ -36,8 +42,7 @@ def command(
     from lmckit.measure import format_table
     from lmckit.plot import plot_paths
 
-    check_out_file(json_path, [])
-    check_out_file(plot_path, [], plot=True)
+    check_out_files([], json=json_path, plot=plot_path)
     set_threads(threads)
     results = run_demo(seed=seed, progress=not quiet, log=click.echo)
     click.echo(format_table(results))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from lmckit.atomic import write_json
-from lmckit.cli.common import check_out_file, choice_option, input_paths, load_model
+from lmckit.cli.common import check_out_files, choice_option, input_paths, load_model
 from lmckit.recipe import SYMMETRIES
 
 __all__ = ["command"]
@@ -34,7 +34,7 @@ def command(model: str, symmetry: str | None, circuits: bool, json_path: str | N
     """
     from lmckit.workflow.symmetries import describe_symmetries
 
-    check_out_file(json_path, input_paths(model))
+    check_out_files(input_paths(model), json=json_path)
     report = describe_symmetries(load_model(model), symmetry=symmetry, circuits=circuits)
     click.echo(report.text())
     if json_path:
