@@ -23,7 +23,7 @@ from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
 from lmckit.models import ModelConfig, ZooModel, build_module, get_model_class
 from lmckit.outputs import check_output_dir
-from lmckit.params import Params, check_finite
+from lmckit.params import Params, check_finite, first_nonfinite
 from lmckit.weightfile import (
     SAFETENSORS_FLOATS,
     CheckpointError,
@@ -210,7 +210,8 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.floa
         dtype: floating-point weights are converted to this dtype (float16, bfloat16,
             float64 checkpoints all compute in float32 by default); ``None`` keeps them
             as stored. Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) stay
-            integers; integer or boolean weights are refused, naming the parameter.
+            integers; integer or boolean weights are refused, naming the parameter, and so
+            is a weight whose values overflow ``dtype`` (a float64 1e300 in float32).
 
     Raises:
         CheckpointError: naming the file and the first problem found.
@@ -241,6 +242,13 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.floa
         k: params[k].to(dtype) if dtype is not None and params[k].is_floating_point() else params[k]
         for k in module.state_dict()
     }
+    # the stored values are finite (checked on reading): only the conversion can overflow
+    overflow = first_nonfinite(params)
+    if overflow is not None:
+        raise CheckpointError(
+            f"{weights_path}: parameter {overflow!r} overflows {dtype} (its values lie beyond "
+            "that dtype's range); load it with dtype=None to keep the stored dtype"
+        )
     module.load_state_dict(params, strict=True)
     module.eval()
     return Checkpoint(module, params, config)

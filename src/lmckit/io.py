@@ -21,13 +21,20 @@ from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
 from lmckit.checkpoint import load as load_checkpoint
 from lmckit.checkpoint import save as save_checkpoint
 from lmckit.hf.files import MAX_CONFIG_BYTES, HFError, is_hf_folder, read_json_file
-from lmckit.hf.model import HFModel, load_hf
+from lmckit.hf.model import HFModel, config_differences, load_hf
 from lmckit.hf.save import save_hf
 from lmckit.models import ZooModel
 from lmckit.outputs import OutputKind, check_output_dir
-from lmckit.params import Params
+from lmckit.params import IncompatibleModelsError, Params, check_compatible
 
-__all__ = ["ModelFormat", "LoadedModel", "load_model", "model_format", "save_model"]
+__all__ = [
+    "LoadedModel",
+    "ModelFormat",
+    "check_same_architecture",
+    "load_model",
+    "model_format",
+    "save_model",
+]
 
 ModelFormat = Literal["lmckit", "hf"]
 
@@ -97,6 +104,32 @@ def load_model(
         return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
     ckpt = load_checkpoint(path, dtype=dtype)
     return LoadedModel(ckpt.model, ckpt.params, "lmckit", Path(path), ckpt)
+
+
+def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
+    """Refuse two models that do not compute the same function of their weights.
+
+    Same format, same parameter names and shapes, and the same configuration: an lmckit
+    checkpoint's ``ModelConfig``; a Hugging Face folder's class and every config entry
+    that changes what it computes (activation, heads, norm epsilon, rotary settings, ...;
+    see :func:`lmckit.hf.model.config_differences`). Two folders of one class and shape
+    can still differ (``activation_function: relu``, ``n_head: 4``): B's weights would
+    then be evaluated with A's config.
+
+    Raises:
+        IncompatibleModelsError: naming the first difference.
+    """
+    if a.format != b.format:
+        raise IncompatibleModelsError(f"a {a.format} model and a {b.format} one")
+    check_compatible(a.params, b.params)
+    if isinstance(a.source, HFModel) and isinstance(b.source, HFModel):
+        differences = config_differences(a.source, b.source)
+        if differences:
+            more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+            raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
+    elif isinstance(a.source, Checkpoint) and isinstance(b.source, Checkpoint):
+        if a.source.config != b.source.config:
+            raise IncompatibleModelsError(f"{a.source.config} vs {b.source.config}")
 
 
 def save_model(

@@ -14,6 +14,7 @@ __all__ = [
     "Params",
     "check_compatible",
     "check_finite",
+    "first_nonfinite",
     "interpolate",
     "module_params",
     "weighted_average",
@@ -55,8 +56,8 @@ def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:
             raise IncompatibleModelsError(f"parameter {name!r} is in the second model only")
 
 
-def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> None:
-    """Raise ``ValueError`` naming the first parameter with a NaN or infinity."""
+def first_nonfinite(params: Mapping[str, Tensor]) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or infinity, or ``None``."""
     for name, value in params.items():
         # one reduction first (NaN and inf propagate through a sum); the elementwise
         # check only runs to rule out an overflow of the sum itself
@@ -65,7 +66,15 @@ def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> N
             and not bool(torch.isfinite(value.sum()))
             and not bool(torch.isfinite(value).all())
         ):
-            raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
+            return name
+    return None
+
+
+def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> None:
+    """Raise ``ValueError`` naming the first parameter with a NaN or infinity."""
+    name = first_nonfinite(params)
+    if name is not None:
+        raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
 
 
 def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:

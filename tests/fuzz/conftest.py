@@ -15,7 +15,8 @@ import struct
 from pathlib import Path
 
 import pytest
-from safetensors.torch import save_file
+import torch
+from safetensors.torch import load_file, save_file
 
 import lmckit
 from lmckit.models import create_model
@@ -90,6 +91,63 @@ def _gpt2(path: Path, vocab: int, seed: int = 0) -> Path:
     return path
 
 
+def _hf(path: Path, family: str, seed: int, **overrides: object) -> Path:
+    """A tiny random Hugging Face folder (``save_pretrained``) of the 9-word vocabulary."""
+    import transformers
+
+    if family == "gpt2":
+        sizes = dict(vocab_size=len(WORDS), n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                     bos_token_id=0, eos_token_id=0)  # fmt: skip
+        config = transformers.GPT2Config(**{**sizes, **overrides})
+        cls = transformers.GPT2LMHeadModel
+    else:
+        sizes = dict(
+            vocab_size=len(WORDS),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=24,
+            max_position_embeddings=16,
+        )
+        config = transformers.BertConfig(**{**sizes, **overrides})
+        cls = transformers.BertForMaskedLM
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        cls(config).eval().save_pretrained(path)
+    return path
+
+
+def _hf_config(src: Path, dst: Path, **changes: object) -> Path:
+    """A copy of the Hugging Face folder ``src`` with entries of its config.json changed."""
+    shutil.copytree(src, dst)
+    doc = json.loads((dst / "config.json").read_text())
+    (dst / "config.json").write_text(json.dumps({**doc, **changes}))
+    return dst
+
+
+def _hf_world(root: Path) -> None:
+    hf = root / "hf"
+    gpt = _hf(hf / "gpt_a", "gpt2", 0)
+    _hf(hf / "gpt_b", "gpt2", 1)
+    # same class and shapes as gpt_a, another function
+    _hf(hf / "gpt_relu", "gpt2", 1, activation_function="relu", n_head=4)
+    _hf_config(gpt, hf / "gpt_layers", n_layer=1_000_000)
+    _hf_config(gpt, hf / "gpt_vocab", vocab_size=20_000_000)
+    _hf_config(gpt, hf / "gpt_vocab_1e9", vocab_size=10**9)
+    _hf(hf / "bert", "bert", 0)
+    # a model card that links to a file outside the folder, a tokenizer inside it
+    linked = shutil.copytree(gpt, hf / "gpt_links")
+    (root / "secret.txt").write_text("private key")
+    (linked / "README.md").symlink_to(root / "secret.txt")
+    shutil.copy(root / "data" / "tok" / "tokenizer.json", linked / "tok.json")
+    (linked / "tokenizer.json").symlink_to("tok.json")
+    # float64 weights, one beyond float32's range
+    big = shutil.copytree(gpt, hf / "gpt_f64")
+    state = {k: v.double() for k, v in load_file(big / "model.safetensors").items()}
+    state["transformer.h.0.mlp.c_fc.bias"][0] = 1e300
+    save_file(state, str(big / "model.safetensors"), metadata={"format": "pt"})
+
+
 @pytest.fixture(scope="session")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("world")
@@ -157,6 +215,11 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (folder / "notes.txt").write_text("mine")
         (folder / "sub").mkdir()
         (folder / "sub" / "data.bin").write_bytes(b"\x00\x01")
+    # an lmckit checkpoint stored in float64 with one weight beyond float32's range
+    _variant(a, ck / "overflow",
+             params={**{k: v.double() for k, v in pa.items()},
+                     "head.bias": torch.full((10,), 1e300, dtype=torch.float64)})  # fmt: skip
+    _hf_world(root)
     (root / "outs").mkdir()
     return root
 

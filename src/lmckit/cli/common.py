@@ -16,11 +16,9 @@ from typing import TypeVar
 import click
 import torch
 
-from lmckit.checkpoint import Checkpoint
 from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.data.spec import check_data_spec, data_spec_paths
-from lmckit.hf import HFModel
-from lmckit.io import LoadedModel
+from lmckit.io import LoadedModel, check_same_architecture
 from lmckit.io import load_model as load_any
 from lmckit.outputs import (
     OutputKind,
@@ -28,7 +26,7 @@ from lmckit.outputs import (
     check_output_dir,
     check_output_file,
 )
-from lmckit.params import IncompatibleModelsError, check_compatible
+from lmckit.params import IncompatibleModelsError
 
 __all__ = [
     "SEED",
@@ -135,31 +133,16 @@ def load_model(path: str) -> LoadedModel:
     return load_any(path)
 
 
-def _architecture(model: LoadedModel) -> object:
-    if model.format == "hf":
-        assert isinstance(model.source, HFModel)
-        return model.source.class_name
-    assert isinstance(model.source, Checkpoint)
-    return model.source.config
-
-
 def load_models(paths: Sequence[str]) -> list[LoadedModel]:
     """Load models that must share one architecture; mismatches name both paths."""
     first = load_model(paths[0])
     loaded = [first]
     for path in paths[1:]:
         other = load_model(path)
-        if other.format != first.format:
-            raise fail(f"{paths[0]} is a {first.format} model and {path} a {other.format} one")
         try:
-            check_compatible(first.params, other.params)
+            check_same_architecture(first, other)
         except IncompatibleModelsError as err:
             raise fail(f"{paths[0]} and {path} are different architectures: {err}") from None
-        if _architecture(first) != _architecture(other):
-            raise fail(
-                f"{paths[0]} and {path} are different architectures: "
-                f"{_architecture(first)} vs {_architecture(other)}"
-            )
         loaded.append(other)
     return loaded
 

@@ -16,22 +16,27 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import KeysView
 from pathlib import Path
 from typing import Any
 
 from lmckit.bounded import FileLimitError, read_bytes, regular_file
 from lmckit.checkpoint import CheckpointError, load_params_file
 from lmckit.params import Params
+from lmckit.weightfile import safetensors_header
 
 __all__ = [
     "CONFIG_FILE",
     "MAX_CONFIG_BYTES",
+    "MAX_EXTRA_BYTES",
     "MAX_INDEX_BYTES",
     "WEIGHT_FILES",
     "HFError",
+    "copy_refusal",
     "is_hf_folder",
     "is_regular_file",
     "read_hf_config",
+    "read_hf_header",
     "read_hf_weights",
     "read_json_file",
     "weights_path",
@@ -51,6 +56,11 @@ MAX_CONFIG_BYTES = 4 << 20
 MAX_INDEX_BYTES = 64 << 20
 
 
+#: Largest non-weight file copied from a source folder into an output (the tokenizers of
+#: the largest vocabularies are tens of MB).
+MAX_EXTRA_BYTES = 256 << 20
+
+
 class HFError(CheckpointError):
     """A Hugging Face folder cannot be read or written; the message names the file and why."""
 
@@ -62,6 +72,34 @@ def is_regular_file(path: str | os.PathLike[str]) -> bool:
     except (OSError, FileLimitError):
         return False
     return True
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def copy_refusal(entry: Path, source: Path) -> str | None:
+    """Why the file ``entry`` of the folder ``source`` may not be copied into an output, or
+    ``None`` when it may.
+
+    An output may be published: nothing outside the folder the user gave is copied into
+    it. A symbolic link is followed only to a file inside ``source`` (or, for a folder of
+    the Hugging Face hub's cache, ``.../snapshots/REV``, into that repository's ``blobs``);
+    anything but a regular file is not copied, nor a file over :data:`MAX_EXTRA_BYTES`.
+    """
+    root = Path(os.path.realpath(source))
+    target = Path(os.path.realpath(entry))
+    if entry.is_symlink():
+        blobs = root.parent.parent / "blobs" if root.parent.name == "snapshots" else None
+        if not (_within(target, root) or (blobs is not None and _within(target, blobs))):
+            return "a symbolic link to a file outside the folder"
+    try:
+        size = regular_file(target).stat().st_size
+    except (OSError, FileLimitError):
+        return "not a regular file"
+    if size > MAX_EXTRA_BYTES:
+        return f"{size:,} bytes, over the {MAX_EXTRA_BYTES:,}-byte limit for copied files"
+    return None
 
 
 def read_json_file(path: str | os.PathLike[str], *, max_bytes: int, what: str) -> Any:
@@ -127,8 +165,8 @@ def weights_path(path: str | os.PathLike[str]) -> Path:
     raise HFError(f"{root} holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
 
 
-def _read_sharded(index: Path) -> Params:
-    """The union of the shards an index file names; every listed weight must be found."""
+def _shard_map(index: Path) -> dict[str, set[str]]:
+    """``{shard file name: weights it holds}`` from a shard index, names checked."""
     doc = read_json_file(index, max_bytes=MAX_INDEX_BYTES, what="shard index")
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not weight_map:
@@ -139,20 +177,58 @@ def _read_sharded(index: Path) -> Params:
         if not isinstance(shard, str) or Path(shard).name != shard or shard in ("", ".", ".."):
             raise HFError(f"{index}: weight {key!r} names the shard {shard!r}, not a file name")
         shards.setdefault(shard, set()).add(key)
+    for shard in shards:
+        if not is_regular_file(index.parent / shard):
+            raise HFError(f"{index} names the shard {shard}, which is missing or not a file")
+    return shards
+
+
+def _read_sharded(index: Path) -> Params:
+    """The union of the shards an index file names; every listed weight must be found."""
+    shards = _shard_map(index)
     params: Params = {}
     for shard in sorted(shards):
-        file = index.parent / shard
-        if not is_regular_file(file):
-            raise HFError(f"{index} names the shard {shard}, which is missing or not a file")
-        part = load_params_file(file)
-        missing = sorted(shards[shard] - part.keys())
-        if missing:
-            raise HFError(f"{file} lacks {missing[0]!r}, which {index.name} places in it")
-        for key in part:
-            if key in params:
-                raise HFError(f"{file}: weight {key!r} is also in another shard")
+        part = load_params_file(index.parent / shard)
+        _check_shard(index, shard, shards[shard], part.keys(), params.keys())
         params.update(part)
     return params
+
+
+def _check_shard(
+    index: Path, shard: str, listed: set[str], found: KeysView[str], seen: KeysView[str]
+) -> None:
+    """A shard holds every weight the index places in it, and none another shard holds."""
+    file = index.parent / shard
+    missing = sorted(listed - found)
+    if missing:
+        raise HFError(f"{file} lacks {missing[0]!r}, which {index.name} places in it")
+    for key in found:
+        if key in seen:
+            raise HFError(f"{file}: weight {key!r} is also in another shard")
+
+
+def read_hf_header(path: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[int, ...]]] | None:
+    """``{name: (dtype, shape)}`` of a folder's safetensors weights (one file or shards),
+    from the headers alone; ``None`` for pickled weights, which have no header.
+
+    Raises:
+        HFError / CheckpointError: no weights, a bad index, a corrupt header.
+    """
+    file = weights_path(path)
+    if file.name.endswith(".index.json"):
+        if not file.name.startswith("model.safetensors"):
+            return None
+        out: dict[str, tuple[str, tuple[int, ...]]] = {}
+        for shard, keys in sorted(_shard_map(file).items()):
+            header = safetensors_header(file.parent / shard)
+            _check_shard(file, shard, keys, header.keys(), out.keys())
+            out.update(header)
+        return out
+    if file.suffix != ".safetensors":
+        return None
+    if not is_regular_file(file):
+        raise HFError(f"{file} is not a regular file")
+    return safetensors_header(file)
 
 
 def read_hf_weights(path: str | os.PathLike[str]) -> Params:

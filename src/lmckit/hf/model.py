@@ -18,10 +18,40 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.hf.build import build_module, make_config, model_class
-from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_weights
-from lmckit.params import Params, module_params
+from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_header, read_hf_weights
+from lmckit.hf.validate import check_config_fits, layout_of
+from lmckit.params import Params, first_nonfinite, module_params
 
-__all__ = ["HFModel", "example_inputs", "from_hf", "load_hf"]
+__all__ = ["HFModel", "config_differences", "example_inputs", "from_hf", "load_hf"]
+
+#: ``config.json`` entries that do not change what a loaded model computes: bookkeeping,
+#: label names, special token ids (the tokenizer's business), output switches, the
+#: initialisation scale; dropout rates (entries naming ``dropout`` or ``pdrop``) are also
+#: ignored, as lmckit evaluates in eval mode.
+NON_FUNCTIONAL_CONFIG = frozenset(
+    {
+        "architectures",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "use_cache",
+        "output_attentions",
+        "output_hidden_states",
+        "return_dict",
+        "id2label",
+        "label2id",
+        "bos_token_id",
+        "eos_token_id",
+        "pad_token_id",
+        "sep_token_id",
+        "decoder_start_token_id",
+        "initializer_range",
+        "problem_type",
+        "tokenizer_class",
+        "finetuning_task",
+        "task_specific_params",
+    }
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -60,7 +90,10 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
 
     The class is ``architectures[0]`` of ``config.json`` (else ``AutoModel``'s), built
     from the local config alone (nothing is downloaded, custom code never runs); the
-    config and class are checked before any weight is read.
+    config and class are checked before any weight is read, and the config against the
+    weights' safetensors header (on the meta device) and the free memory before any
+    module is allocated (:mod:`lmckit.hf.validate`). A weight that overflows ``dtype``
+    (a float64 value beyond float32's range) is refused by name.
 
     Args:
         path: the folder (see :mod:`lmckit.hf.files` for the weight files accepted).
@@ -68,7 +101,8 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
 
     Raises:
         HFError: naming the file and the first problem (a missing or corrupt weights
-            file, an unknown architecture, weights that do not fit the config, ...).
+            file, an unknown architecture, weights that do not fit the config, a config
+            too large for the memory, a weight that overflows ``dtype``, ...).
         ValueError: a ``dtype`` that is not floating point.
     """
     if dtype is not None and not dtype.is_floating_point:
@@ -79,8 +113,22 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
     config = make_config(raw, where)
     cls = model_class(raw, config, where)
     _no_cache(config)
-    module = build_module(cls, config, read_hf_weights(root), dtype=dtype, where=root)
-    return HFModel(module, module_params(module), raw, cls.__name__, root)
+    header = read_hf_header(root)
+    weights = None if header is not None else read_hf_weights(root)  # a pickle: no header
+    layout = header if header is not None else layout_of(weights or {})
+    check_config_fits(cls, config, raw, layout, dtype=dtype, where=root)
+    if weights is None:
+        weights = read_hf_weights(root)
+    module = build_module(cls, config, weights, dtype=dtype, where=root)
+    params = module_params(module)
+    # the stored values are finite (checked on reading): only the conversion can overflow
+    overflow = first_nonfinite(params)
+    if overflow is not None:
+        raise HFError(
+            f"{root}: weight {overflow!r} overflows {params[overflow].dtype} (its stored values "
+            "lie beyond that dtype's range); load it with dtype=torch.float64"
+        )
+    return HFModel(module, params, raw, cls.__name__, root)
 
 
 def from_hf(
@@ -92,6 +140,32 @@ def from_hf(
     See :func:`load_hf` (which also returns the params and config).
     """
     return load_hf(path, dtype=dtype).module
+
+
+def _functional(config: Any) -> dict[str, Any]:
+    return {
+        key: value
+        for key, value in config.to_dict().items()
+        if key not in NON_FUNCTIONAL_CONFIG
+        and not key.startswith("_")
+        and "dropout" not in key
+        and "pdrop" not in key
+    }
+
+
+def config_differences(a: HFModel, b: HFModel) -> list[str]:
+    """The config entries (with defaults filled in) on which ``a`` and ``b`` compute
+    differently, as ``"key: A's value vs B's value"``; empty when they are one architecture.
+
+    Entries in :data:`NON_FUNCTIONAL_CONFIG` (and dropout rates) are not compared; the
+    class is (``class: ...``).
+    """
+    out = [f"class: {a.class_name} vs {b.class_name}"] if a.class_name != b.class_name else []
+    ca, cb = _functional(a.module.config), _functional(b.module.config)
+    for key in sorted(ca.keys() | cb.keys()):
+        if ca.get(key) != cb.get(key):
+            out.append(f"{key}: {ca.get(key)!r} vs {cb.get(key)!r}")
+    return out
 
 
 def _pair(value: Any) -> tuple[int, int]:

@@ -3,7 +3,8 @@
 :func:`save_hf` builds the source's class from its config (with the requested changes)
 holding the new parameters, lets ``transformers`` write it (``save_pretrained``:
 safetensors, its own on-disk names, a tied weight once), copies the source's other
-files (tokenizer, generation config, model card) and adds :data:`~lmckit.outputs.HF_MARKER`
+files (tokenizer, generation config, model card; never through a symbolic link out of
+the folder, never a file over 256 MiB) and adds :data:`~lmckit.outputs.HF_MARKER`
 (``lmckit.json``): lmckit's version, the source folder, the config changes, the caller's
 metadata and the list of files written, which marks the folder as lmckit's own for
 :func:`lmckit.outputs.is_lmckit_output`. The folder appears at once (atomic rename).
@@ -24,7 +25,7 @@ from torch import Tensor
 
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
-from lmckit.hf.files import CONFIG_FILE, HFError, is_regular_file
+from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf.model import HFModel
 from lmckit.outputs import HF_MARKER, check_output_dir
 from lmckit.params import Params, check_finite
@@ -56,19 +57,27 @@ def _version() -> str:
         return "unknown"
 
 
-def _files_to_copy(source: Path) -> list[Path]:
-    """Regular, non-hidden, non-weight files at the top of ``source`` (links followed)."""
+def _files_to_copy(source: Path) -> tuple[list[Path], dict[str, str]]:
+    """Non-hidden, non-weight files at the top of ``source`` that may be copied, and
+    ``{name: why not}`` for those that may not (:func:`~lmckit.hf.files.copy_refusal`)."""
     if not source.is_dir():
-        return []
+        return [], {}
     skip = {CONFIG_FILE, HF_MARKER}
-    return sorted(
-        entry
-        for entry in source.iterdir()
-        if not entry.name.startswith(".")
-        and entry.name not in skip
-        and not entry.name.lower().endswith(WEIGHT_SUFFIXES)
-        and is_regular_file(entry)
-    )
+    copies, refused = [], {}
+    for entry in sorted(source.iterdir()):
+        if (
+            entry.name.startswith(".")
+            or entry.name in skip
+            or entry.name.lower().endswith(WEIGHT_SUFFIXES)
+            or (entry.is_dir() and not entry.is_symlink())
+        ):
+            continue
+        reason = copy_refusal(entry, source)
+        if reason is None:
+            copies.append(entry)
+        else:
+            refused[entry.name] = reason
+    return copies, refused
 
 
 def _checked_params(params: Mapping[str, Tensor], target: Path) -> Params:
@@ -176,7 +185,7 @@ def save_hf(
         if key in built and not torch.equal(built[key], value):
             raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
 
-    copies = _files_to_copy(like.path)
+    copies, not_copied = _files_to_copy(like.path)
     with atomic_dir(target) as tmp:
         with quiet(transformers):
             module.save_pretrained(tmp)
@@ -197,6 +206,7 @@ def save_hf(
                 "source": str(like.path),
                 "config_changes": changes,
                 "untied": untied,
+                "not_copied": not_copied,
                 "metadata": meta,
                 "files": files,
             },
