@@ -40,9 +40,15 @@ def test_convex_path_has_zero_barrier_not_negative() -> None:
     assert path.barrier_acc == 0.0
 
 
-def test_midpoint_is_the_grid_point_nearest_half() -> None:
-    path = PathResult([0.0, 0.4, 0.7, 1.0], [0.0, 1.0, 2.0, 3.0], [1.0, 0.8, 0.6, 0.4])
-    assert path.midpoint_loss == 1.0 and path.midpoint_acc == 0.8
+def test_midpoint_is_t_half_and_only_when_measured() -> None:
+    path = PathResult([0.0, 0.25, 0.5, 1.0], [0.0, 1.0, 2.0, 3.0], [1.0, 0.8, 0.6, 0.4])
+    assert path.midpoint_loss == 2.0 and path.midpoint_acc == 0.6
+    # the nearest point (0.4) is not the midpoint: nothing is reported for it
+    off = PathResult([0.0, 0.4, 0.7, 1.0], [0.0, 1.0, 2.0, 3.0], [1.0, 0.8, 0.6, 0.4])
+    assert not off.has_midpoint
+    with pytest.raises(ValueError, match="no point at t = 0.5"):
+        _ = off.midpoint_loss
+    assert off.to_dict()["midpoint_loss"] is None and off.to_dict()["midpoint_acc"] is None
 
 
 def test_json_round_trip(tmp_path) -> None:

@@ -87,7 +87,8 @@ class PathResult(JsonRecord):
     """Loss and metric at points ``t`` of a path from model A (t=0) to B (t=1).
 
     JSON (:meth:`to_dict`): ``t``, ``loss``, ``acc``, ``barrier_loss``, ``barrier_acc``,
-    ``midpoint_loss``, ``midpoint_acc``, ``meta``. With another metric than accuracy,
+    ``midpoint_loss``, ``midpoint_acc`` (at ``t = 0.5``; ``null`` when the grid has no
+    such point), ``meta``. With another metric than accuracy,
     ``NAME``, ``barrier_NAME`` and ``midpoint_NAME`` replace the ``acc`` keys and
     ``metric`` (``NAME``) and ``higher_is_better`` are added, e.g. ``mae`` and
     ``barrier_mae`` for :func:`lmckit.task.mse`.
@@ -131,16 +132,31 @@ class PathResult(JsonRecord):
         sign = 1.0 if self.higher_is_better else -1.0
         return max(sign * (c - v) for v, c in zip(self.acc, self._chord(self.acc), strict=True))
 
+    def _mid_index(self) -> int | None:
+        return next((i for i, t in enumerate(self.t) if abs(t - 0.5) < 1e-9), None)
+
+    @property
+    def has_midpoint(self) -> bool:
+        """Whether ``t = 0.5`` is a point of the grid (an odd number of even points)."""
+        return self._mid_index() is not None
+
     def _mid(self) -> int:
-        return min(range(len(self.t)), key=lambda i: abs(self.t[i] - 0.5))
+        index = self._mid_index()
+        if index is None:
+            raise ValueError(
+                "this path has no point at t = 0.5 (an even grid of an even number of "
+                "points has none; use an odd number): its midpoint was not measured"
+            )
+        return index
 
     @property
     def midpoint_loss(self) -> float:
-        """Loss at the grid point nearest ``t = 0.5``."""
+        """Loss at ``t = 0.5``; ``ValueError`` when the grid has no such point."""
         return self.loss[self._mid()]
 
     @property
     def midpoint_acc(self) -> float:
+        """The metric at ``t = 0.5``; ``ValueError`` when the grid has no such point."""
         return self.acc[self._mid()]
 
     @property
@@ -156,8 +172,9 @@ class PathResult(JsonRecord):
             name: list(self.acc),
             "barrier_loss": self.barrier_loss,
             f"barrier_{name}": self.barrier_acc,
-            "midpoint_loss": self.midpoint_loss,
-            f"midpoint_{name}": self.midpoint_acc,
+            # null when t = 0.5 is not on the grid: only what was measured is reported
+            "midpoint_loss": self.midpoint_loss if self.has_midpoint else None,
+            f"midpoint_{name}": self.midpoint_acc if self.has_midpoint else None,
             "meta": dict(self.meta),
         }
         if not self._default_metric:

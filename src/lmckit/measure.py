@@ -90,8 +90,9 @@ class EvalSettings:
 
     Attributes:
         split: ``test`` (held out, the default) or ``train``.
-        points: grid points on ``[0, 1]``, both ends included (3 to
-            :data:`MAX_PATH_POINTS`: with two the barrier is 0 by definition).
+        points: grid points on ``[0, 1]``, both ends included: odd, so that ``t = 0.5``
+            is one of them, from 3 to :data:`MAX_PATH_POINTS` (with two the barrier is 0
+            by definition).
         batch_size: evaluation batch size; ``None``: :func:`eval_batch_size`'s rule.
         fix: ``none``; ``reset_bn`` (recompute BatchNorm statistics at each point);
             ``repair`` (REPAIR at each point); ``auto`` = ``reset_bn`` for networks with
@@ -115,6 +116,11 @@ class EvalSettings:
             raise ValueError(
                 f"points must be between 3 and {MAX_PATH_POINTS} (both ends are included, so "
                 f"with 2 the barrier is 0 by definition), got {self.points}"
+            )
+        if self.points % 2 == 0:
+            raise ValueError(
+                f"points must be odd, so that t = 0.5 is a point of the path (its midpoint "
+                f"is reported), got {self.points}; use {self.points + 1}"
             )
         if self.batch_size is not None and self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1 or None, got {self.batch_size}")
@@ -189,9 +195,14 @@ def format_table(results: dict[str, PathResult]) -> str:
     )
     rows = [header, "-" * len(header)]
     for name, r in results.items():
-        rows.append(
-            f"{name:<{w}}{r.barrier_loss:>14.4f}{100 * r.barrier_acc:>12.2f}%"
+        # a grid without t = 0.5 has no midpoint to show
+        mid = (
             f"{r.midpoint_loss:>10.4f}{100 * r.midpoint_acc:>8.2f}%"
+            if r.has_midpoint
+            else f"{'-':>10}{'-':>9}"
+        )
+        rows.append(
+            f"{name:<{w}}{r.barrier_loss:>14.4f}{100 * r.barrier_acc:>12.2f}%{mid}"
             f"{r.loss[0]:>8.4f}/{r.loss[-1]:.4f}"
         )
     return "\n".join(rows)

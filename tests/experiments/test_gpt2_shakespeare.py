@@ -113,7 +113,7 @@ def test_dropout_models_embed_exactly_and_stages_run_data_free_first(tmp_path: P
 
     from lmckit.experiments.gpt2_shakespeare import run_gpt2_shakespeare
 
-    config = replace(quick_config(), dropout=0.1, simplex_resolution=1, universe_sweeps=1)
+    config = replace(quick_config(), dropout=0.1, simplex_resolution=2, universe_sweeps=1)
     config = replace(config, learned=replace(config.learned, steps=2, eval_every=1))
     logged: list[str] = []
     ctx = ExperimentContext(

@@ -88,7 +88,7 @@ def test_inputs_are_not_modified(mlp_pair, digits: Dataset) -> None:
     model, a, b, _ = mlp_pair
     before = {k: v.clone() for k, v in a.items()}
     evaluate_simplex(
-        model, [a, b, b], lambda: batches(digits.x_test, digits.y_test, 500), resolution=1
+        model, [a, b, b], lambda: batches(digits.x_test, digits.y_test, 500), resolution=2
     )
     assert all(torch.equal(a[k], before[k]) for k in a)
 

@@ -36,7 +36,8 @@ __all__ = ["command"]
     type=int,
     default=11,
     show_default=True,
-    help="Points on the path, both ends included.",
+    help="Points on the path, both ends included: an odd number (3 to 10,001), so that "
+    "t = 0.5 is one of them.",
 )
 @choice_option("--split", ["test", "train"], "test")
 @choice_option(
@@ -53,9 +54,10 @@ __all__ = ["command"]
 @click.option(
     "--resolution",
     type=POSITIVE,
-    default=10,
+    default=12,
     show_default=True,
-    help="With --simplex: grid step 1/R in each convex weight.",
+    help="With --simplex: grid step 1/R in each convex weight (R >= 2; the centroid is a "
+    "grid point, and its loss reported, when R is a multiple of the number of models).",
 )
 @click.option(
     "--align",
@@ -171,11 +173,15 @@ def _simplex(
         progress=not quiet,
     )
     vertices = "/".join(f"{v:.4f}" for v in result.vertex_loss)
+    centroid = (
+        f"centroid loss {result.centroid_loss:.4f}"
+        if result.has_centroid
+        else f"no centroid on this grid (--resolution {resolution} is not a multiple of {result.k})"
+    )
     click.echo(
         f"simplex of {result.k} models ({len(result.weights)} points, align {align}): "
         f"loss barrier {result.barrier_loss:.4f}, accuracy barrier "
-        f"{100 * result.barrier_acc:.2f}%, centroid loss {result.centroid_loss:.4f}, "
-        f"vertex losses {vertices}"
+        f"{100 * result.barrier_acc:.2f}%, {centroid}, vertex losses {vertices}"
     )
     if json_path:
         write_json(json_path, result.to_dict())

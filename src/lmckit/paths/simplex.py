@@ -52,13 +52,16 @@ def check_simplex_size(k: int, resolution: int, *, max_points: int = MAX_SIMPLEX
     """Validate a grid before building it; return its number of points.
 
     Raises:
-        ValueError: fewer than 2 models, a resolution below 1, or more than
+        ValueError: fewer than 2 models, a resolution below 2, or more than
             ``max_points`` points (naming the count).
     """
     if k < 2:
         raise ValueError(f"a simplex needs at least 2 models, got {k}")
-    if resolution < 1:
-        raise ValueError(f"resolution must be >= 1, got {resolution}")
+    if resolution < 2:
+        raise ValueError(
+            f"resolution must be >= 2, got {resolution} (with 1 the grid holds only the "
+            "models themselves and the barrier is 0 by definition)"
+        )
     # Bound the resolution first: math.comb of a huge number is itself slow.
     if resolution > max_points:
         raise ValueError(
@@ -170,14 +173,29 @@ class SimplexResult(JsonRecord):
         excess = self._excess_loss()
         return self.weights[max(range(len(excess)), key=excess.__getitem__)]
 
+    def _centroid_index(self) -> int | None:
+        c = 1.0 / self.k
+        return next(
+            (i for i, w in enumerate(self.weights) if all(abs(x - c) < 1e-9 for x in w)), None
+        )
+
+    @property
+    def has_centroid(self) -> bool:
+        """Whether the centroid ``(1/K, ..., 1/K)`` is a grid point (``K`` divides the
+        resolution)."""
+        return self._centroid_index() is not None
+
     @property
     def centroid_loss(self) -> float:
-        """Loss at the grid point nearest the centroid ``(1/K, ..., 1/K)``."""
-        c = 1.0 / self.k
-        idx = min(
-            range(len(self.weights)), key=lambda i: sum((w - c) ** 2 for w in self.weights[i])
-        )
-        return self.loss[idx]
+        """Loss at the centroid ``(1/K, ..., 1/K)``; ``ValueError`` when it is not a grid
+        point (a resolution that ``K`` does not divide)."""
+        index = self._centroid_index()
+        if index is None:
+            raise ValueError(
+                f"the centroid of {self.k} models is not a point of this grid (use a "
+                f"resolution that is a multiple of {self.k}): its loss was not measured"
+            )
+        return self.loss[index]
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -189,7 +207,8 @@ class SimplexResult(JsonRecord):
             "argmax_loss": list(self.argmax_loss),
             "vertex_loss": self.vertex_loss,
             "vertex_acc": self.vertex_acc,
-            "centroid_loss": self.centroid_loss,
+            # null when the centroid is not on the grid: only what was measured is reported
+            "centroid_loss": self.centroid_loss if self.has_centroid else None,
             "meta": dict(self.meta),
         }
 
@@ -208,7 +227,7 @@ def evaluate_simplex(
     models: Sequence[Params],
     batches: Callable[[], Batches],
     *,
-    resolution: int = 10,
+    resolution: int = 12,
     weights: Sequence[Sequence[float]] | None = None,
     prepare: PointFn | None = None,
     meta: Mapping[str, Any] | None = None,
@@ -227,7 +246,9 @@ def evaluate_simplex(
         models: ``K >= 2`` parameter sets (align them into one frame first, e.g. with
             :func:`lmckit.aligners.universe_matching`).
         batches: callable returning a fresh iterable of ``(x, y)`` batches.
-        resolution: grid resolution ``r`` (step ``1 / r`` in each weight).
+        resolution: grid resolution ``r >= 2`` (step ``1 / r`` in each weight; the
+            centroid is a point when ``K`` divides ``r``, as for 2, 3, 4 and 6 models at
+            the default 12).
         weights: explicit grid instead (must include every vertex).
         prepare: optional ``(theta_w, w) -> theta_w'`` at each point, e.g. a BatchNorm
             reset.

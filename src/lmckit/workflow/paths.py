@@ -99,7 +99,7 @@ def simplex_barrier(
     data: Dataset,
     settings: EvalSettings | None = None,
     *,
-    resolution: int = 10,
+    resolution: int = 12,
     align: str = "none",
     head_bases: bool = False,
     circuits: bool = False,

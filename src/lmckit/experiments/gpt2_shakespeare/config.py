@@ -141,8 +141,8 @@ class GPT2ShakespeareConfig:
             raise ValueError(f"tokens={self.tokens} is too few for blocks of {self.context}")
         if min(self.eval_batch_size, self.stat_batches, self.universe_sweeps) < 1:
             raise ValueError(f"batch sizes and sweeps must be >= 1 in {self}")
-        if self.points < 2 or self.simplex_resolution < 1:
-            raise ValueError("a path needs >= 2 points and a simplex a resolution >= 1")
+        if self.points < 2 or self.simplex_resolution < 2:
+            raise ValueError("a path needs >= 2 points and a simplex a resolution >= 2")
 
     def fingerprint(self) -> str:
         """Short hash of the config: its cached checkpoints and stages live under it."""

@@ -113,7 +113,7 @@ def _row(name: str, entry: dict[str, Any], label: str) -> dict[str, Any]:
             "barrier_loss": res.barrier_loss,
             "barrier_acc": res.barrier_acc,
             "end_losses": res.vertex_loss,
-            "centroid_loss": res.centroid_loss,
+            "centroid_loss": res.centroid_loss if res.has_centroid else None,
         }
     path = PathResult.from_dict(entry["path"])
     extra = {k: entry[k] for k in ("sweeps", "steps", "embed_max_logit_diff") if k in entry}
