@@ -34,8 +34,22 @@ def _kwargs(model: nn.Module) -> tuple[str, dict]:
     return str(name), dict(kwargs) if isinstance(kwargs, dict) else {}
 
 
+def _is_transformers_model(model: nn.Module) -> bool:
+    return type(model).__module__.startswith("transformers.")
+
+
 def _check_token_model(model: nn.Module, data: Dataset) -> None:
-    """Vocabulary and context of a module that embeds token ids (e.g. Hugging Face)."""
+    """Vocabulary and context of a module that embeds token ids (e.g. Hugging Face); a
+    ``transformers`` model must be a causal language model (the targets are next tokens)."""
+    if _is_transformers_model(model):
+        from lmckit.hf.model import is_causal_lm
+
+        if not is_causal_lm(model):
+            raise DataMismatchError(
+                f"{type(model).__name__} is not a causal language model: {data.name} data is "
+                "scored by next-token loss, which means nothing for it (a masked LM predicts "
+                "masked tokens); use text data with a causal LM only"
+            )
     embeddings = getattr(model, "get_input_embeddings", None)
     table = embeddings() if callable(embeddings) else None
     name, d = type(model).__name__, data.name
@@ -103,7 +117,9 @@ def check_data_fits(model: nn.Module, data: Dataset) -> None:
     features; the input shape (MLP features, image channels and size, GPT-2 context);
     the number of outputs against the number of classes (both ways: a model with more
     outputs than the data has classes is refused too); the vocabulary of a language
-    model against the tokenizer's. Unknown modules are probed with one example.
+    model against the tokenizer's; token data (scored by next-token loss) only for a
+    causal language model of ``transformers``. Unknown modules are probed with one
+    example.
     """
     name, kw = _kwargs(model)
     if isinstance(model, ZooModel):

@@ -190,8 +190,17 @@ CASES = [
          "weight 'transformer.h.0.mlp.c_fc.bias' overflows torch.float32"),
     Case("hf-symlink-out-of-folder", ["merge", "{w}/hf/gpt_links", "{w}/hf/gpt_b", "--out",
                                       "{o}"], 0, "wrote"),
+    Case("hf-masked-lm-on-text", ["barrier", "{w}/hf/bert", "{w}/hf/bert", "--data",
+                                  TEXT + ",block=8", "--quiet"], 1,
+         "BertForMaskedLM is not a causal language model"),
     Case("float64-overflow", _barrier("a", "overflow"), 1,
          "parameter 'head.bias' overflows torch.float32"),
+    # --- devices that cannot run
+    Case("train-device-meta", [*TRAIN, "--device", "meta", "--out", "{o}"], 1,
+         "--device meta: cannot compute there (Cannot copy out of meta tensor"),
+    Case("align-learned-device-meta", ["align", A, B, "--method", "learned", "--data", "digits",
+                                       "--device", "meta", "--out", "{o}", "--quiet"], 1,
+         "--device meta: cannot compute there"),
     # --- minor
     Case("trainconfig-names-field", [*TRAIN, "--lr", "0", "--out", "{o}"], 1,
          "lr must be a positive number, got 0.0"),

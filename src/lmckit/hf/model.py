@@ -22,7 +22,14 @@ from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_header
 from lmckit.hf.validate import check_config_fits, layout_of
 from lmckit.params import Params, first_nonfinite, module_params
 
-__all__ = ["HFModel", "config_differences", "example_inputs", "from_hf", "load_hf"]
+__all__ = [
+    "HFModel",
+    "config_differences",
+    "example_inputs",
+    "from_hf",
+    "is_causal_lm",
+    "load_hf",
+]
 
 #: ``config.json`` entries that do not change what a loaded model computes: bookkeeping,
 #: label names, special token ids (the tokenizer's business), output switches, the
@@ -166,6 +173,15 @@ def config_differences(a: HFModel, b: HFModel) -> list[str]:
         if ca.get(key) != cb.get(key):
             out.append(f"{key}: {ca.get(key)!r} vs {cb.get(key)!r}")
     return out
+
+
+def is_causal_lm(module: nn.Module) -> bool:
+    """Whether a ``transformers`` module predicts each next token from the ones before it:
+    its class is one of ``AutoModelForCausalLM``'s (a masked LM such as
+    ``BertForMaskedLM``, or a bare encoder, is not)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return type(module).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
 def _pair(value: Any) -> tuple[int, int]:
