@@ -22,9 +22,7 @@ The command line, the experiments and the scripts all go through here.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from torch import Tensor, nn
 
@@ -34,6 +32,7 @@ from lmckit.models import ZooModel
 from lmckit.params import Params
 from lmckit.spec import analyze_symmetries, infer_spec
 from lmckit.spec.fold import fold_norm_scales
+from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
@@ -64,7 +63,8 @@ class AlignForm:
         form: what was done, e.g. ``"norm scales folded"``, ``"RMSNorm form and circuit
             form"``; empty when nothing was.
         folded: keys of the norm scales folded into their readers (now all ones).
-        inputs: the example inputs the spec was inferred from.
+        inputs: the example inputs the spec was inferred from (a tensor, a tuple of
+            positional inputs or a dict of keyword inputs, as given).
     """
 
     module: nn.Module
@@ -74,7 +74,7 @@ class AlignForm:
     rewritten: bool = False
     form: str = ""
     folded: frozenset[str] = frozenset()
-    inputs: tuple[Any, ...] = ()
+    inputs: ExampleInputs = ()
 
 
 def default_inputs(module: nn.Module) -> tuple[Tensor, ...]:
@@ -95,13 +95,14 @@ def default_inputs(module: nn.Module) -> tuple[Tensor, ...]:
 
 
 def spec_of(
-    module: nn.Module, inputs: Sequence[Any] | None = None, *, params: Params | None = None
+    module: nn.Module, inputs: ExampleInputs | None = None, *, params: Params | None = None
 ) -> SymmetrySpec:
     """The module's inferred symmetry spec (the zoo's is inferred once per architecture)."""
     if isinstance(module, ZooModel) and inputs is None and params is None:
         return module.symmetry_spec()
     names = module.space_names if isinstance(module, ZooModel) else None
-    return infer_spec(module, tuple(inputs or default_inputs(module)), names=names, params=params)
+    given = inputs if inputs is not None else default_inputs(module)
+    return infer_spec(module, given, names=names, params=params)
 
 
 def _permutations_only(spec: SymmetrySpec) -> SymmetrySpec:
@@ -118,7 +119,7 @@ def _has_rotations(spec: SymmetrySpec) -> bool:
 
 
 def _orthogonal(
-    module: nn.Module, a: Params, b: Params, inputs: tuple[Any, ...]
+    module: nn.Module, a: Params, b: Params, inputs: ExampleInputs
 ) -> tuple[nn.Module, Params, Params, SymmetrySpec, list[str], frozenset[str]]:
     """The pair in a form with an orthogonal stream (see the module docstring)."""
     names = module.space_names if isinstance(module, ZooModel) else None
@@ -156,7 +157,7 @@ def aligned_form(
     *,
     symmetry: str | None = None,
     circuits: bool = False,
-    example_inputs: Sequence[Any] | None = None,
+    example_inputs: ExampleInputs | None = None,
 ) -> AlignForm:
     """Two models of ``module``'s architecture in the form they are aligned in.
 
@@ -165,9 +166,11 @@ def aligned_form(
         params_a, params_b: the two models; not modified.
         symmetry: ``None`` (the inferred groups), ``"permutation"`` or ``"orthogonal"``.
         circuits: zoo transformers: rewrite attention heads as QK/OV circuits first.
-        example_inputs: inputs for tracing (default: :func:`default_inputs`).
+        example_inputs: inputs for tracing: a tensor, a tuple of positional inputs or a
+            dict of keyword inputs (default: :func:`default_inputs`).
 
     Raises:
+        TypeError: example inputs of another type (naming what is expected).
         ValueError: an unknown symmetry, a symmetry the architecture cannot have (saying
             why), or circuits for a model without projected attention heads.
     """
@@ -175,7 +178,9 @@ def aligned_form(
         raise ValueError(
             f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
         )
-    inputs = tuple(example_inputs) if example_inputs is not None else default_inputs(module)
+    if example_inputs is not None:
+        split_inputs(example_inputs)  # a wrong type is refused before any work
+    inputs = example_inputs if example_inputs is not None else default_inputs(module)
     a, b = params_a, params_b
     spec = spec_of(module) if example_inputs is None else spec_of(module, inputs)
     parts: list[str] = []

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmckit.params import Params, module_params
+from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
 from lmckit.spec.trace import SpecInferenceError
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply
 
@@ -125,7 +126,7 @@ class FunctionCheck:
 def check_spec(
     module: nn.Module,
     spec: SymmetrySpec,
-    example_inputs: Sequence[Any],
+    example_inputs: ExampleInputs,
     *,
     params: Params | None = None,
     kwargs: Mapping[str, Any] | None = None,
@@ -141,9 +142,10 @@ def check_spec(
     Args:
         module: the module (run in eval mode through ``functional_call``).
         spec: the spec to verify.
-        example_inputs: positional inputs, e.g. a batch of token ids ``(2, 8)``.
+        example_inputs: a tensor (the one input, e.g. a batch of token ids ``(2, 8)``),
+            a tuple of the positional inputs, or a dict of keyword inputs.
         params: the parameters to check at (default: the module's state dict).
-        kwargs: keyword inputs.
+        kwargs: further keyword inputs.
         seed: seed of the random group elements.
         rtol: largest relative output error accepted (in float64; 1e3 times larger when
             the module only runs in float32).
@@ -154,9 +156,12 @@ def check_spec(
         The relative output error of the joint check, per space when some failed.
 
     Raises:
+        TypeError: example inputs of another type, or that ``forward`` cannot take.
         SpecCheckError: naming the first space whose random element changes the outputs,
             and the parameter that breaks it where one can be found.
     """
+    example_inputs, kwargs = split_inputs(example_inputs, kwargs)
+    bind_inputs(module, example_inputs, kwargs)
     params = dict(module_params(module) if params is None else params)
     spec.validate(params)
     was_training = module.training

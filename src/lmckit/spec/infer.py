@@ -10,7 +10,7 @@ understand is left out, and the reason is kept in :attr:`SymmetryAnalysis.left_o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import FunctionCheck, check_spec
 from lmckit.spec.emit import emit_spaces
+from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.spec.interpret import interpret
 from lmckit.spec.qk_basis import decide_candidates
 from lmckit.spec.trace import SpecInferenceError, TracedGraph, trace
@@ -64,7 +65,7 @@ class SymmetryAnalysis:
 
 def analyze_symmetries(
     module: nn.Module,
-    example_inputs: Sequence[Any],
+    example_inputs: ExampleInputs,
     *,
     kwargs: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
@@ -77,9 +78,10 @@ def analyze_symmetries(
 
     Args:
         module: any ``nn.Module`` that ``torch.export`` traces.
-        example_inputs: positional inputs of a forward pass (a small batch; use a batch
-            of at least 2 so that no axis is confused with a broadcast one).
-        kwargs: keyword inputs of the forward pass.
+        example_inputs: inputs of a forward pass: a tensor (the one input), a tuple of
+            the positional inputs, or a dict of keyword inputs (a small batch; use a
+            batch of at least 2 so that no axis is confused with a broadcast one).
+        kwargs: further keyword inputs of the forward pass.
         names: space names by the module path of their first writer, as patterns with
             numbered fields, e.g. ``{"layers.{i}": "hidden.{i}"}``; unnamed spaces are
             called ``residual`` (written by several modules), ``heads.{k}`` (attention
@@ -93,11 +95,13 @@ def analyze_symmetries(
         seed: seed of the check's random elements.
 
     Raises:
+        TypeError: example inputs of another type, or that ``forward`` cannot take.
         SpecInferenceError: the module does not trace (naming why), or (a
             :class:`~lmckit.spec.check.SpecCheckError`) an inferred space fails its
             check, naming the space.
     """
-    traced = trace(module, example_inputs, kwargs=kwargs)
+    args, kw = split_inputs(example_inputs, kwargs)
+    traced = trace(module, args, kwargs=kw)
     values = module_params(module) if params is None else params
     constant = frozenset(uniform)
     for key in sorted(constant):
@@ -120,9 +124,7 @@ def analyze_symmetries(
             analysis.note(note)
     spec = SymmetrySpec(tuple(spaces))
     if check and len(spec):
-        check_spec(
-            module, spec, example_inputs, params=params, kwargs=kwargs, seed=seed, diagnose=False
-        )
+        check_spec(module, spec, args, params=params, kwargs=kw, seed=seed, diagnose=False)
     return SymmetryAnalysis(
         spec,
         tuple(analysis.notes),
@@ -135,7 +137,7 @@ def analyze_symmetries(
 
 def infer_spec(
     module: nn.Module,
-    example_inputs: Sequence[Any],
+    example_inputs: ExampleInputs,
     *,
     kwargs: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,

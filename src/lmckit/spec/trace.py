@@ -21,6 +21,8 @@ import torch
 from torch import nn
 from torch.fx import Graph, Node
 
+from lmckit.spec.inputs import bind_inputs, describe_inputs
+
 __all__ = ["SpecInferenceError", "TracedGraph", "module_path", "trace"]
 
 
@@ -88,10 +90,12 @@ def trace(
     """Export ``module`` (in eval mode) on ``example_inputs``.
 
     Raises:
+        TypeError: inputs ``module.forward`` cannot take (its signature named).
         SpecInferenceError: the module does not trace, naming the reason.
     """
     if not isinstance(module, nn.Module):
         raise SpecInferenceError(f"expected an nn.Module, got {type(module).__name__}")
+    bind_inputs(module, example_inputs, kwargs or {})
     was_training = module.training
     module.eval()
     name = type(module).__name__
@@ -102,8 +106,9 @@ def trace(
             )
     except Exception as err:  # export raises many types; all mean "does not trace"
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        given = describe_inputs(example_inputs, kwargs or {})
         raise SpecInferenceError(
-            f"cannot trace {name}: {type(err).__name__}: {first[:300]}"
+            f"cannot trace {name} on {given}: {type(err).__name__}: {first[:300]}"
         ) from None
     finally:
         module.train(was_training)
