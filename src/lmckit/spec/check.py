@@ -112,6 +112,11 @@ class FunctionCheck:
             self.reference = self._run(self.params)
             self.scale = 1e3
 
+    def repeat_error(self) -> float:
+        """The relative output error of a second run at the same parameters: zero for a
+        deterministic module (active dropout makes it order one)."""
+        return output_error(self.reference, self._run(self.params))
+
     def error(self, spec: SymmetrySpec, transform: Transform) -> float:
         """The relative output error of the parameters moved by ``transform``."""
         return output_error(self.reference, self._run(apply(spec, self.params, transform)))
@@ -158,7 +163,8 @@ def check_spec(
     Raises:
         TypeError: example inputs of another type, or that ``forward`` cannot take.
         SpecCheckError: naming the first space whose random element changes the outputs,
-            and the parameter that breaks it where one can be found.
+            and the parameter that breaks it where one can be found; or outputs that
+            differ between two runs (active dropout), which no check can compare.
     """
     example_inputs, kwargs = split_inputs(example_inputs, kwargs)
     bind_inputs(module, example_inputs, kwargs)
@@ -169,6 +175,14 @@ def check_spec(
     try:
         check = FunctionCheck(module, example_inputs, params=params, kwargs=kwargs)
         rtol *= check.scale
+        again = check.repeat_error()
+        if again > rtol:
+            raise SpecCheckError(
+                f"{type(module).__name__}'s outputs are not deterministic: two runs on the "
+                f"same inputs and weights differ (relative error {again:.2g}), so no "
+                "symmetry can be checked; is dropout active (F.dropout(..., training=True), "
+                "a module that samples)? make the forward pass deterministic"
+            )
         generator = torch.Generator().manual_seed(seed)
         joint = Transform(spec, {s.name: _random_element(s, generator) for s in spec})
         error = check.error(spec, joint)

@@ -13,6 +13,7 @@ What each kind of op allows a feature axis (see :class:`~lmckit.spec.lattice.Lev
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -245,6 +246,14 @@ def _other_reductions(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[
     return value
 
 
+def _indices_used(node: Node) -> bool:
+    """Whether the indices output of a ``(values, indices)`` reduction is read."""
+    return any(
+        user.target is operator.getitem and len(user.args) > 1 and user.args[1] == 1
+        for user in node.users
+    )
+
+
 @register(*_ops("max", "min", "argmax", "argmin", "median", "mode"))
 def _max(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x: Value = args[0]
@@ -252,9 +261,15 @@ def _max(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
     if len(args) > 1 and isinstance(args[1], Value):  # max(a, b): elementwise
         return _elementwise(an, node, args, "select")
     keepdim = bool(kw.get("keepdim", args[2] if len(args) > 2 else False))
-    value = _reduce(an, node, x, _dims(x, dim), keepdim, "max")
-    if isinstance(out_shapes(node), tuple) and isinstance(out_shapes(node)[0], tuple):
-        return (value, _reduce(an, node, x, _dims(x, dim), keepdim, "max"))
+    dims = _dims(x, dim)
+    pair = isinstance(out_shapes(node), tuple) and isinstance(out_shapes(node)[0], tuple)
+    if str(node.target).startswith("aten.arg") or (pair and _indices_used(node)):
+        # the maximum's value does not depend on the units' order, its index does
+        what = f"{node.target} (node {node.name!r})"
+        an.pin([Value([x.axes[d]]) for d in dims], f"{what} returns a position", notable=True)
+    value = _reduce(an, node, x, dims, keepdim, "max")
+    if pair:
+        return (value, _reduce(an, node, x, dims, keepdim, "max"))
     return value
 
 
