@@ -8,6 +8,8 @@ instant, so the command line starts without loading PyTorch until a command need
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
@@ -140,3 +142,24 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """The package, whose public names win over its submodules of the same name.
+
+    Importing the submodule ``lmckit.evaluate`` (which any other import may do first)
+    makes Python set the package's attribute ``evaluate`` to that module, hiding the
+    function ``lmckit.evaluate`` that ``__all__`` promises; that one assignment is
+    dropped, so the name keeps resolving through ``__getattr__`` to the function.
+    ``from lmckit.evaluate import ...`` is unaffected (it reads ``sys.modules``);
+    ``import lmckit.evaluate as m`` gives the function too.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
+            if _EXPORTS.get(name) == value.__name__ and name in __all__:
+                return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -23,7 +23,7 @@ from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
 from lmckit.models import ModelConfig, ZooModel, build_module, get_model_class
 from lmckit.outputs import check_output_dir
-from lmckit.params import Params, check_finite, first_nonfinite
+from lmckit.params import Params, as_params, check_finite, first_nonfinite
 from lmckit.weightfile import (
     SAFETENSORS_FLOATS,
     CheckpointError,
@@ -290,10 +290,12 @@ def save(
 
     Raises:
         OutputError: ``path`` may not be written (the message says why).
+        TypeError: ``params`` is not a state dict (a checkpoint: pass its ``.params``).
         CheckpointError: non-finite values, keys/shapes that do not fit the
             architecture, or a config/metadata that is not JSON-serialisable.
     """
     target = check_output_dir(path, kind="checkpoint", force=overwrite)
+    as_params(params)
     if isinstance(model_or_config, ModelConfig):
         config = model_or_config
     else:

@@ -11,14 +11,14 @@ lower is better (e.g. mean absolute error) has the barrier
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
 
 from lmckit.batched import Batching, point_sums
-from lmckit.params import Params, check_compatible, interpolate
+from lmckit.params import Params, as_module, as_params, check_compatible, interpolate
 from lmckit.record import JsonRecord
 from lmckit.task import CLASSIFICATION, Task
 
@@ -26,6 +26,7 @@ __all__ = [
     "Batching",
     "Metrics",
     "PathResult",
+    "batch_source",
     "evaluate",
     "evaluate_along",
     "evaluate_path",
@@ -64,9 +65,52 @@ def evaluate(
     Means are over units (examples, or tokens of a language model), however batched.
     With a process group (:mod:`lmckit.distributed`) each process evaluates its share
     of ``batches`` and every process returns the figures of all of them.
+
+    Args:
+        model: the module.
+        params: its weights (a state dict).
+        batches: an iterable of ``(inputs, targets)`` pairs, e.g. ``[(x, y)]`` or a
+            ``DataLoader``.
+        task: loss and metric (default: cross-entropy and accuracy).
+
+    Raises:
+        TypeError: arguments of the wrong kind (a checkpoint for ``params``, one pair
+            ``(x, y)`` for the list of pairs ``[(x, y)]``), named in one line.
     """
+    model = as_module(model)
+    params = as_params(params)
+    _check_not_one_pair(batches)
     sums, units = point_sums(model, 1, lambda _: dict(params), lambda: batches, task=task)
     return _metrics(sums[0], units, task)
+
+
+def _check_not_one_pair(batches: object) -> None:
+    if isinstance(batches, (tuple, list)) and len(batches) == 2:
+        if all(isinstance(b, Tensor) for b in batches):
+            raise TypeError(
+                "batches must be an iterable of (inputs, targets) pairs; got one pair of "
+                "tensors: pass [(x, y)]"
+            )
+
+
+def batch_source(batches: object) -> Callable[[], Batches]:
+    """``batches`` as a callable returning a fresh iterable of ``(x, y)`` batches, as every
+    point of a path needs its own pass over the data.
+
+    A callable is taken as is; a list of pairs, a ``DataLoader`` or any iterable that
+    can be iterated again is wrapped. A one-shot iterator (a generator) and one pair
+    ``(x, y)`` given for a list of pairs are refused in one line (``TypeError``).
+    """
+    if callable(batches):
+        return batches
+    _check_not_one_pair(batches)
+    if isinstance(batches, Iterable) and not isinstance(batches, Iterator):
+        return lambda: batches
+    raise TypeError(
+        "batches must be a function returning an iterable of (inputs, targets) pairs (e.g. "
+        "lambda: loader), or an iterable that can be read again (a list of pairs, a "
+        f"DataLoader); got {type(batches).__name__}, which each point would use up"
+    )
 
 
 def _metrics(sums: Tensor, units: int, task: Task) -> Metrics:
@@ -213,7 +257,7 @@ def path_grid(ts: Sequence[float] | None = None, points: int = 11) -> list[float
 def evaluate_along(
     model: nn.Module,
     point: Callable[[float], Params],
-    batches: Callable[[], Batches],
+    batches: Callable[[], Batches] | Iterable[tuple[Tensor, Tensor]],
     *,
     ts: Sequence[float] | None = None,
     points: int = 11,
@@ -235,7 +279,9 @@ def evaluate_along(
     Args:
         model: module of the architecture.
         point: ``theta(t)`` for ``t`` in ``[0, 1]``.
-        batches: a callable returning a fresh iterable of ``(x, y)`` batches.
+        batches: a callable returning a fresh iterable of ``(x, y)`` batches, or an
+            iterable that can be read again (a list of pairs, a ``DataLoader``): see
+            :func:`batch_source`.
         ts: path positions, increasing from 0 to 1 inclusive; default
             ``linear_grid(points)``.
         prepare: optional ``(theta_t, t) -> theta_t'`` applied at each point, e.g. a
@@ -248,7 +294,10 @@ def evaluate_along(
 
     Raises:
         FloatingPointError: the loss is not finite at some point.
+        TypeError: arguments of the wrong kind, named in one line.
     """
+    model = as_module(model)
+    source = batch_source(batches)
     grid = path_grid(ts, points)
 
     def theta(i: int) -> Params:
@@ -256,7 +305,7 @@ def evaluate_along(
         return p if prepare is None else prepare(p, grid[i])
 
     sums, units = point_sums(
-        model, len(grid), theta, batches, task=task, batching=batching, progress=progress
+        model, len(grid), theta, source, task=task, batching=batching, progress=progress
     )
     losses, values = [], []
     for t, row in zip(grid, sums, strict=True):
@@ -274,7 +323,7 @@ def evaluate_path(
     model: nn.Module,
     params_a: Params,
     params_b: Params,
-    batches: Callable[[], Batches],
+    batches: Callable[[], Batches] | Iterable[tuple[Tensor, Tensor]],
     *,
     ts: Sequence[float] | None = None,
     points: int = 11,
@@ -292,6 +341,7 @@ def evaluate_path(
         batches, ts, points, prepare, meta, progress, task, batching: as for
             :func:`evaluate_along`.
     """
+    model = as_module(model)
     check_compatible(params_a, params_b)
     return evaluate_along(
         model,

@@ -25,7 +25,7 @@ from lmckit.hf.model import HFModel, config_differences, load_hf
 from lmckit.hf.save import save_hf
 from lmckit.models import ZooModel
 from lmckit.outputs import OutputKind, check_output_dir
-from lmckit.params import IncompatibleModelsError, Params, check_compatible
+from lmckit.params import IncompatibleModelsError, Params, as_params, check_compatible
 
 __all__ = [
     "LoadedModel",
@@ -162,10 +162,18 @@ def save_model(
             line's ``--force``).
 
     Raises:
-        ValueError: an option of the other format. OutputError: ``path`` may not be
-            written. CheckpointError / HFError: params that do not fit, or that cannot
-            be written; nothing is written then.
+        ValueError: an option of the other format.
+        OutputError: ``path`` may not be written (the message says why).
+        TypeError: ``like`` or ``params`` of the wrong kind, named.
+        CheckpointError / HFError: params that do not fit, or that cannot be written;
+            nothing is written then.
     """
+    if not isinstance(like, LoadedModel):
+        raise TypeError(
+            f"like must be the LoadedModel the params belong to (lmckit.load_model(path)), "
+            f"got {type(like).__name__}"
+        )
+    as_params(params)
     check_output_dir(path, kind=like.output_kind, inputs=[like.path], force=overwrite)
     if like.format == "hf":
         if module is not None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -12,6 +14,8 @@ Params = dict[str, Tensor]
 __all__ = [
     "IncompatibleModelsError",
     "Params",
+    "as_module",
+    "as_params",
     "check_compatible",
     "check_finite",
     "first_nonfinite",
@@ -25,6 +29,45 @@ class IncompatibleModelsError(ValueError):
     """Two parameter sets do not belong to the same architecture."""
 
 
+def _an(value: object) -> str:
+    name = type(value).__name__
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
+def as_params(value: object, what: str = "params") -> Mapping[str, Tensor]:
+    """``value`` if it is a state dict (a mapping of names to tensors), else a one-line
+    ``TypeError`` naming what was given and where the params are.
+
+    The natural mistakes: a loaded checkpoint or model (its ``.params``), a module
+    (:func:`module_params`).
+    """
+    if isinstance(value, Mapping):
+        for key, tensor in value.items():
+            if not isinstance(key, str) or not isinstance(tensor, Tensor):
+                raise TypeError(
+                    f"{what} must map parameter names to tensors; entry {key!r} is {_an(tensor)}"
+                )
+        return value
+    if isinstance(value, torch.nn.Module):
+        hint = ": pass lmckit.module_params(module)"
+    elif isinstance(getattr(value, "params", None), Mapping):
+        hint = ": pass its .params"
+    else:
+        hint = ""
+    raise TypeError(f"{what} must be a dict of tensors (a state dict), got {_an(value)}{hint}")
+
+
+def as_module(value: object, what: str = "model") -> torch.nn.Module:
+    """``value`` if it is an ``nn.Module``, else a one-line ``TypeError`` (a loaded
+    checkpoint's module is its ``.model``, a loaded model's its ``.module``)."""
+    if isinstance(value, torch.nn.Module):
+        return value
+    for attr in ("model", "module"):
+        if isinstance(getattr(value, attr, None), torch.nn.Module):
+            raise TypeError(f"{what} must be an nn.Module, got {_an(value)}: pass its .{attr}")
+    raise TypeError(f"{what} must be an nn.Module, got {_an(value)}")
+
+
 def module_params(module: torch.nn.Module) -> Params:
     """A module's state dict with every tensor once (detached): tied weights keep their
     first key, the one ``named_parameters()`` and ``torch.export`` use.
@@ -32,6 +75,7 @@ def module_params(module: torch.nn.Module) -> Params:
     This is the form of :data:`Params` lmckit uses for any module: ``functional_call``
     fills the other keys of a tied weight from the first.
     """
+    module = as_module(module, "module")
     seen: set[int] = set()
     out: Params = {}
     for name, tensor in module.state_dict(keep_vars=True).items():
@@ -42,7 +86,10 @@ def module_params(module: torch.nn.Module) -> Params:
 
 
 def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:
-    """Raise :class:`IncompatibleModelsError` naming the first mismatched parameter."""
+    """Raise :class:`IncompatibleModelsError` naming the first mismatched parameter
+    (``TypeError`` when either is not a state dict)."""
+    as_params(a, "the first model's params")
+    as_params(b, "the second model's params")
     for name in a:
         if name not in b:
             raise IncompatibleModelsError(f"parameter {name!r} is in the first model only")
@@ -82,8 +129,11 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
 
     Args:
         models: parameter sets of one architecture.
-        weights: one weight per model (convex weights for a merge, but any are allowed).
+        weights: one finite real weight per model (convex weights for a merge, but any
+            are allowed).
     """
+    for w in weights:
+        _check_weight(w, "each weight")
     if len(models) != len(weights) or not models:
         raise ValueError(
             f"need one weight per model, got {len(models)} models, {len(weights)} weights"
@@ -102,6 +152,18 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
     return out
 
 
+def _check_weight(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{what} must be a finite real number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite real number, got {value}")
+
+
 def interpolate(a: Mapping[str, Tensor], b: Mapping[str, Tensor], t: float) -> Params:
-    """The point ``(1 - t) * a + t * b`` of the linear path (integer tensors from ``a``)."""
+    """The point ``(1 - t) * a + t * b`` of the linear path (integer tensors from ``a``).
+
+    ``t`` is a finite real number (0 gives ``a``, 1 gives ``b``; outside ``[0, 1]`` the
+    line is extrapolated).
+    """
+    _check_weight(t, "t")
     return weighted_average([a, b], [1.0 - t, t])

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from lmckit.checkpoint import Checkpoint
 from lmckit.groups import HeadPermutation, Orthogonal, Permutation
 from lmckit.models import ZooModel
-from lmckit.params import Params
+from lmckit.params import Params, as_module, as_params
 from lmckit.spec import analyze_symmetries, infer_spec
 from lmckit.spec.fold import fold_norm_scales
 from lmckit.spec.inputs import ExampleInputs, split_inputs
@@ -178,6 +178,9 @@ def aligned_form(
         raise ValueError(
             f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
         )
+    as_module(module, "module")
+    as_params(params_a, "params_a")
+    as_params(params_b, "params_b")
     if example_inputs is not None:
         split_inputs(example_inputs)  # a wrong type is refused before any work
     inputs = example_inputs if example_inputs is not None else default_inputs(module)

@@ -40,7 +40,8 @@ from lmckit.groups import (
     SemiPermutation,
     SemiPermutationElement,
 )
-from lmckit.params import Params
+from lmckit.params import Params, as_params
+from lmckit.seeds import generator
 from lmckit.spaces import CircuitPart, HeadCircuits, Nest, Part, Probe, Space, SymmetrySpec, Use
 
 __all__ = [
@@ -64,9 +65,46 @@ __all__ = [
     "Use",
     "act_on_axis",
     "apply",
+    "as_spec",
+    "as_transform",
     "check_transform",
     "random_transform",
 ]
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def as_spec(value: object, what: str = "spec") -> SymmetrySpec:
+    """``value`` if it is a :class:`SymmetrySpec`, else a one-line ``TypeError`` saying
+    where a spec comes from."""
+    if isinstance(value, SymmetrySpec):
+        return value
+    raise TypeError(
+        f"{what} must be a SymmetrySpec (a zoo model's .symmetry_spec(), or "
+        f"lmckit.infer_spec(module, inputs)), got {type(value).__name__}"
+    )
+
+
+def as_transform(spec: SymmetrySpec, value: object) -> Transform:
+    """``value`` as a :class:`Transform` of ``spec``: a transform, or a dict of group
+    elements by space name (e.g. ``{"hidden.0": torch.randperm(6)}``).
+
+    Raises:
+        TypeError: anything else (an alignment result: pass its ``.transform``).
+        KeyError: a dict naming a space the spec does not have.
+    """
+    if isinstance(value, Transform):
+        return value
+    if isinstance(value, Mapping):
+        return Transform(spec, dict(value))
+    hint = (
+        ": pass its .transform" if isinstance(getattr(value, "transform", None), Transform) else ""
+    )
+    raise TypeError(
+        f"transform must be a Transform or a dict of group elements by space name, got "
+        f"{type(value).__name__}{hint}"
+    )
 
 
 # --------------------------------------------------------------------------- transforms
@@ -80,6 +118,12 @@ class Transform:
     elements: Mapping[str, object]
 
     def __post_init__(self) -> None:
+        as_spec(self.spec)
+        if not isinstance(self.elements, Mapping):
+            raise TypeError(
+                f"elements must be a dict of group elements by space name, got "
+                f"{type(self.elements).__name__}"
+            )
         unknown = set(self.elements) - set(self.spec.names)
         if unknown:
             raise KeyError(f"transform names unknown spaces {sorted(unknown)}")
@@ -219,7 +263,9 @@ def check_transform(spec: SymmetrySpec, params: Mapping[str, Tensor], transform:
             space.check_axis(use, value.shape)
 
 
-def apply(spec: SymmetrySpec, params: Params, transform: Transform) -> Params:
+def apply(
+    spec: SymmetrySpec, params: Params, transform: Transform | Mapping[str, object]
+) -> Params:
     """Return new params with ``transform`` applied; ``params`` is not modified.
 
     The transform is checked first (:func:`check_transform`): an element of the wrong
@@ -227,7 +273,20 @@ def apply(spec: SymmetrySpec, params: Params, transform: Transform) -> Params:
     corrupted model. Parameters that no space uses are passed through (same tensor
     objects). Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are never
     transformed.
+
+    Args:
+        spec: the architecture's spec.
+        params: the weights (a state dict).
+        transform: a :class:`Transform` of ``spec``, or a dict of group elements by space
+            name (spaces left out stay put).
+
+    Raises:
+        TypeError: arguments of the wrong kind (a checkpoint for ``params``, ...), named.
+        ValueError: an element that does not fit its space (see above).
     """
+    spec = as_spec(spec)
+    params = dict(as_params(params))
+    transform = as_transform(spec, transform)
     check_transform(spec, params, transform)
     touched = {u.param for s in spec for u in s.uses}
     out: dict[str, Tensor] = {}
@@ -249,10 +308,14 @@ def random_transform(
 
     Args:
         spec: the spec.
-        seed: an integer seed or a ``torch.Generator``.
+        seed: an integer seed in ``[0, 2**64 - 1]`` or a ``torch.Generator``.
         widths: for rectangular groups, target sizes ``m`` per space (default ``n``).
+
+    Raises:
+        TypeError / ValueError: a spec or seed of the wrong kind or range, named.
     """
-    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    spec = as_spec(spec)
+    gen = generator(seed)
     widths = dict(widths or {})
     elements = {}
     for space in spec:

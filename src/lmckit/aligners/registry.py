@@ -25,13 +25,16 @@ method has more to say); ``result.apply(params_b)`` is the aligned model.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from lmckit.aligners.result import AlignmentResult
+from lmckit.params import as_params
 from lmckit.registry import Registry, summary
+from lmckit.symmetry import as_spec
 
 __all__ = [
     "Aligner",
@@ -121,12 +124,28 @@ def register_aligner(
     needs_model: bool = False,
     needs_data: bool = False,
 ) -> Callable[[F], F]:
-    """Decorator adding an aligner under ``name``; ``paper`` cites the method."""
+    """Decorator adding an aligner under ``name``; ``paper`` cites the method.
+
+    The registered function checks its common arguments before it runs: ``spec`` must
+    be a :class:`~lmckit.symmetry.SymmetrySpec` and ``params_a``, ``params_b`` state
+    dicts (a checkpoint passed instead is named in one line, with where its params are).
+    """
 
     def deco(fn: F) -> F:
         _check_signature(name, fn)
-        _ALIGNERS.add(name, AlignerInfo(name, fn, paper, config, needs_model, needs_data))
-        return fn
+        signature = inspect.signature(fn)
+
+        @functools.wraps(fn)
+        def checked(*args: Any, **kwargs: Any) -> AlignmentResult:
+            bound = signature.bind(*args, **kwargs)
+            as_spec(bound.arguments.get("spec"))
+            for which in ("params_a", "params_b"):
+                as_params(bound.arguments.get(which), which)
+            return fn(*args, **kwargs)
+
+        aligner = cast(F, checked)
+        _ALIGNERS.add(name, AlignerInfo(name, aligner, paper, config, needs_model, needs_data))
+        return aligner
 
     return deco
 

@@ -64,7 +64,11 @@ NORMS = ("auto", "none", "batch", "layer", "group", "rms")
 )
 @count_option("--patch-size", 4, "ViT patch size.")
 @click.option(
-    "--dropout", type=float, default=0.0, show_default=True, help="GPT-2 dropout probability."
+    "--dropout",
+    type=float,
+    default=0.0,
+    show_default=True,
+    help="GPT-2 dropout probability (the other models have no dropout).",
 )
 @click.option(
     "--untie-embeddings", is_flag=True, help="GPT-2: a separate LM head instead of wte^T."

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from lmckit.models.registry import ZooModel, check_sizes, register_model
+from lmckit.models.registry import ZooModel, check_size_list, check_sizes, register_model
 
 __all__ = ["MLP", "make_activation", "make_norm1d"]
 
@@ -54,7 +54,7 @@ class MLP(ZooModel):
     ) -> None:
         super().__init__()
         check_sizes("mlp", in_features=in_features, out_features=out_features)
-        check_sizes("mlp", **{f"hidden[{i}]": w for i, w in enumerate(hidden)})
+        check_size_list("mlp", "hidden", hidden)
         widths = [in_features, *hidden]
         self.layers = nn.ModuleList(
             nn.Linear(widths[i], widths[i + 1], bias=bias) for i in range(len(hidden))

@@ -17,6 +17,7 @@ from lmckit.symmetry import SymmetrySpec
 __all__ = [
     "ModelConfig",
     "ZooModel",
+    "check_size_list",
     "check_sizes",
     "create_model",
     "get_model_class",
@@ -113,7 +114,19 @@ def check_sizes(model: str, **sizes: object) -> None:
     """Raise ``ValueError`` naming the first size that is not a positive integer."""
     for name, value in sizes.items():
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{model}: {name} must be a positive integer, got {value!r}")
+            # a config.json written by hand may quote its numbers: say so
+            hint = " (a string: write the number without quotes)" if isinstance(value, str) else ""
+            raise ValueError(f"{model}: {name} must be a positive integer, got {value!r}{hint}")
+
+
+def check_size_list(model: str, name: str, values: object) -> None:
+    """Raise ``ValueError`` unless ``values`` is a list of positive integers (one per layer)."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple)):
+        hint = " (a string: write a list of numbers, e.g. [32])" if isinstance(values, str) else ""
+        raise ValueError(
+            f"{model}: {name} must be a list of positive integers, got {values!r}{hint}"
+        )
+    check_sizes(model, **{f"{name}[{i}]": v for i, v in enumerate(values)})
 
 
 def list_models() -> list[str]:

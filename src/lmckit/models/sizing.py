@@ -51,7 +51,8 @@ class ModelOptions:
         n_inner: transformer MLP width; ``None``: ``4 * n_embd``.
         context: GPT-2 maximum sequence length; ``None``: the data's block length.
         patch_size: ViT patch size.
-        dropout: GPT-2 dropout probability, in ``[0, 1)``.
+        dropout: GPT-2 dropout probability, in ``[0, 1)`` (other architectures have
+            none: :func:`sized_config` refuses a non-zero value for them).
         tie_embeddings: GPT-2's LM head is ``wte^T``.
     """
 
@@ -119,6 +120,9 @@ def sized_config(
     opts = options or ModelOptions()
     if name not in ARCHITECTURES:
         raise ValueError(f"cannot size {name!r} for data; choose one of {', '.join(ARCHITECTURES)}")
+    if opts.dropout and name != "gpt2":
+        # an option the architecture has no place for is refused, not silently dropped
+        raise ValueError(f"dropout is for gpt2 only; {name} has no dropout (got {opts.dropout})")
     if name in _TRANSFORMERS:
         return ModelConfig(name, _transformer_kwargs(name, input_shape, num_classes, tokens, opts,
                                                      data_name))  # fmt: skip

@@ -16,10 +16,10 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.params import Params, module_params
+from lmckit.params import Params, as_module, module_params
 from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
 from lmckit.spec.trace import SpecInferenceError
-from lmckit.symmetry import Space, SymmetrySpec, Transform, apply
+from lmckit.symmetry import Space, SymmetrySpec, Transform, apply, as_spec
 
 __all__ = ["FunctionCheck", "SpecCheckError", "check_spec", "output_error"]
 
@@ -166,6 +166,8 @@ def check_spec(
             and the parameter that breaks it where one can be found; or outputs that
             differ between two runs (active dropout), which no check can compare.
     """
+    module = as_module(module, "module")
+    spec = as_spec(spec)
     example_inputs, kwargs = split_inputs(example_inputs, kwargs)
     bind_inputs(module, example_inputs, kwargs)
     params = dict(module_params(module) if params is None else params)

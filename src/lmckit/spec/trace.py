@@ -94,7 +94,10 @@ def trace(
         SpecInferenceError: the module does not trace, naming the reason.
     """
     if not isinstance(module, nn.Module):
-        raise SpecInferenceError(f"expected an nn.Module, got {type(module).__name__}")
+        held = next((a for a in ("model", "module") if isinstance(getattr(module, a, None),
+                                                                   nn.Module)), None)  # fmt: skip
+        hint = f": pass its .{held}" if held else ""
+        raise SpecInferenceError(f"expected an nn.Module, got {type(module).__name__}{hint}")
     bind_inputs(module, example_inputs, kwargs or {})
     was_training = module.training
     module.eval()
