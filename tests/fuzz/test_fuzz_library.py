@@ -1,4 +1,4 @@
-"""The library against hostile input: issue 12's cases that are not about the command line.
+"""The library against hostile input: the cases that are not about the command line.
 
 Each table case calls one public function with bad input and asserts the exception
 type and message, and that the inputs it was handed are unchanged. The tests after
@@ -27,11 +27,13 @@ from lmckit.checkpoint import CheckpointError
 from lmckit.data import load_data, load_digits
 from lmckit.data.mnist import read_idx
 from lmckit.datafit import DataMismatchError, check_data_fits
+from lmckit.evaluate import PathResult
 from lmckit.measure import EvalSettings, eval_batch_size, resolve_fix
 from lmckit.models import create_model
 from lmckit.models.sizing import ModelOptions, check_fits_in_memory, sized_config
-from lmckit.paths.simplex import simplex_grid
+from lmckit.paths.simplex import SimplexResult, simplex_grid
 from lmckit.recipe import prepare_pair
+from lmckit.spec import SpecCheckError
 from lmckit.symmetry import Transform
 from lmckit.train import TrainConfig
 
@@ -41,6 +43,22 @@ RMS_GPT, RMS_PARAMS = create_model(
     "gpt2", seed=0, vocab_size=7, n_layer=1, n_head=2, n_embd=4, context=4, norm="rms"
 )
 DIGITS = load_digits(seed=0)
+
+
+class _DropsOut(torch.nn.Module):
+    """Dropout that stays on in eval mode (the functional form with training=True)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 6), torch.nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.nn.functional.dropout(torch.relu(self.a(x)), 0.5, training=True)
+        return self.b(h)
+
+
+def _result_on(grid: list[tuple[float, ...]]) -> SimplexResult:
+    return SimplexResult(grid, [float(i) for i in range(len(grid))], [0.5] * len(grid))
 
 
 def _ckpt() -> lmckit.Checkpoint:
@@ -102,6 +120,30 @@ TABLE: list[tuple[str, Callable[[], object], type[BaseException], str]] = [
      "unknown text option 'stride'"),
     ("read-dev-zero", lambda: read_bytes("/dev/zero", max_bytes=10), FileLimitError,
      "is a device"),
+    # second pass
+    ("config-quoted-list",
+     lambda: create_model("mlp", in_features=4, hidden="32", out_features=2), ValueError,
+     "hidden must be a list of positive integers, got '32' (a string: write a list"),
+    ("config-quoted-number",
+     lambda: create_model("mlp", in_features="64", hidden=[3], out_features=2), ValueError,
+     "in_features must be a positive integer, got '64' (a string: write the number"),
+    ("sized-config-mlp-dropout",
+     lambda: sized_config("mlp", input_shape=(4,), num_classes=2, tokens=False,
+                          options=ModelOptions(dropout=0.1)), ValueError,
+     "dropout is for gpt2 only; mlp has no dropout"),
+    ("interpolate-nan", lambda: lmckit.interpolate(PARAMS, PARAMS, float("nan")), ValueError,
+     "t must be a finite real number, got nan"),
+    ("eval-settings-even-points", lambda: EvalSettings(points=4), ValueError,
+     "points must be odd, so that t = 0.5 is a point of the path"),
+    ("simplex-grid-resolution-1", lambda: simplex_grid(3, 1), ValueError,
+     "resolution must be >= 2"),
+    ("simplex-centroid-off-grid", lambda: _result_on(simplex_grid(3, 2)).centroid_loss,
+     ValueError, "the centroid of 3 models is not a point of this grid"),
+    ("path-midpoint-off-grid",
+     lambda: PathResult([0.0, 1 / 3, 2 / 3, 1.0], [1.0] * 4, [0.5] * 4).midpoint_loss,
+     ValueError, "this path has no point at t = 0.5"),
+    ("infer-spec-active-dropout", lambda: lmckit.infer_spec(_DropsOut(), torch.randn(4, 4)),
+     SpecCheckError, "_DropsOut's outputs are not deterministic"),
 ]  # fmt: skip
 
 
@@ -236,3 +278,73 @@ def test_an_interrupt_swallowed_on_its_way_up_is_raised_again(monkeypatch) -> No
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+
+
+def test_the_centroid_and_midpoint_are_the_points_themselves() -> None:
+    grid = simplex_grid(3, 3)
+    result = _result_on(grid)
+    assert result.centroid_loss == grid.index((1 / 3, 1 / 3, 1 / 3))
+    assert result.to_dict()["centroid_loss"] == result.centroid_loss
+    assert _result_on(simplex_grid(3, 2)).to_dict()["centroid_loss"] is None
+    path = PathResult([0.0, 0.25, 0.5, 0.75, 1.0], [0.0, 1.0, 2.0, 3.0, 4.0], [0.5] * 5)
+    assert path.midpoint_loss == 2.0
+
+
+class _ArgmaxOfHidden(torch.nn.Module):
+    """The index of the largest unit of a hidden layer feeds the output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b, self.c = (torch.nn.Linear(4, 6), torch.nn.Linear(6, 5),
+                                  torch.nn.Linear(5, 3))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        g = torch.relu(self.b(torch.relu(self.a(x))))
+        return self.c(g) + g.argmax(-1, keepdim=True).float()
+
+
+def test_argmax_over_a_hidden_axis_leaves_that_axis_out() -> None:
+    torch.manual_seed(0)
+    model = _ArgmaxOfHidden()
+    analysis = lmckit.analyze_symmetries(model, torch.randn(8, 4))
+    assert analysis.spec.names == ("a",)  # b's units are read by position; a's are free
+    assert any("returns a position" in line for line in analysis.left_out)
+
+
+def test_overflow_on_load_names_the_parameter(tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    lmckit.save(tmp_path / "a", MLP, PARAMS)
+    big = {k: v.double() for k, v in PARAMS.items()}
+    big["head.bias"][0] = 1e300
+    save_file(big, str(tmp_path / "a" / "model.safetensors"))
+    with pytest.raises(CheckpointError, match="parameter 'head.bias' overflows torch.float32"):
+        lmckit.load(tmp_path / "a")
+    assert lmckit.load(tmp_path / "a", dtype=None).params["head.bias"][0] == 1e300
+
+
+def _idx_file(path: Path, shape: tuple[int, ...], payload: bytes, *, gz: bool) -> None:
+    import gzip
+    import struct
+
+    data = bytes([0, 0, 0x08, len(shape)]) + b"".join(struct.pack(">I", d) for d in shape)
+    path.write_bytes(gzip.compress(data + payload) if gz else data + payload)
+
+
+def test_mnist_raw_and_gz_side_by_side_read_a_consistent_pair(tmp_path: Path) -> None:
+    from lmckit.data.mnist import load_mnist
+
+    # the download (gzipped pair) and, beside it, a decompressed copy of other images
+    n = 2010
+    images, labels = "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"
+    _idx_file(tmp_path / f"{images}.gz", (n, 28, 28), bytes([200]) * (n * 784), gz=True)
+    _idx_file(tmp_path / f"{labels}.gz", (n,), bytes([7]) * n, gz=True)
+    _idx_file(tmp_path / images, (n, 28, 28), bytes([10]) * (n * 784), gz=False)
+    data = load_mnist(tmp_path, train_size=10)
+    # images and labels both from the gzipped pair: the only complete one
+    expected = (200 / 255 - 0.1307) / 0.3081
+    assert torch.allclose(data.x_test, torch.full_like(data.x_test, expected))
+    assert bool((data.y_test == 7).all())
+    _idx_file(tmp_path / labels, (n,), bytes([3]) * n, gz=False)
+    plain = load_mnist(tmp_path, train_size=10)  # both plain now: the plain pair
+    assert bool((plain.y_test == 3).all()) and float(plain.x_test.max()) < 0

@@ -131,11 +131,23 @@ def read_idx(path: str | os.PathLike[str], *, max_bytes: int = MAX_IDX_BYTES) ->
     return data.astype(dtype.newbyteorder("="), copy=True)
 
 
-def _find(root: Path, stem: str) -> Path | None:
-    for candidate in (root / stem, root / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    return None
+def _find_pair(root: Path, images: str, labels: str) -> tuple[Path | None, Path | None]:
+    """The images and labels files of one split, both in one form where they can be.
+
+    Each file may be plain or ``.gz``; when a folder holds both forms (a decompressed
+    copy beside the download, perhaps of another version), images and labels are taken
+    from the same form: plain if both are there plainly, else gzipped if both are;
+    only when neither form is complete are they mixed.
+    """
+    for suffix in ("", ".gz"):
+        pair = (root / f"{images}{suffix}", root / f"{labels}{suffix}")
+        if pair[0].is_file() and pair[1].is_file():
+            return pair
+
+    def one(stem: str) -> Path | None:
+        return next((c for c in (root / stem, root / f"{stem}.gz") if c.is_file()), None)
+
+    return one(images), one(labels)
 
 
 def _read_pair(images_path: Path, labels_path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -166,7 +178,9 @@ def load_mnist(path: str | os.PathLike[str], *, train_size: int | None = None) -
     """MNIST from a directory of IDX files, as ``(1, 28, 28)`` normalised images.
 
     Files looked for (each plain or ``.gz``): ``train-images-idx3-ubyte``,
-    ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``.
+    ``train-labels-idx1-ubyte``, ``t10k-images-idx3-ubyte``, ``t10k-labels-idx1-ubyte``;
+    where both forms are present, the images and labels of a split come from the same
+    form (plain first).
     With the train files, they are the training split (the first ``train_size`` images
     if given) and t10k is the test split. With only the t10k files, the first
     ``train_size`` (default 8,000) images train and the last 2,000 test; when fewer than
@@ -179,9 +193,8 @@ def load_mnist(path: str | os.PathLike[str], *, train_size: int | None = None) -
         ValueError: on a corrupt file or a ``train_size`` that leaves no test images.
     """
     root = Path(path).expanduser()
-    found = {key: _find(root, stem) for key, stem in _FILES.items()}
-    test_pair = (found["test_images"], found["test_labels"])
-    train_pair = (found["train_images"], found["train_labels"])
+    test_pair = _find_pair(root, _FILES["test_images"], _FILES["test_labels"])
+    train_pair = _find_pair(root, _FILES["train_images"], _FILES["train_labels"])
     if test_pair[0] is None or test_pair[1] is None:
         looked_for = ", ".join(f"{stem}[.gz]" for stem in _FILES.values())
         raise FileNotFoundError(
