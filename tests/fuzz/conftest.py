@@ -163,7 +163,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _variant(a, ck / "bool", params={**pa, "head.bias": pa["head.bias"] > 0})
     doc = json.loads((a / "config.json").read_text())
     for name, hidden in (("big_config", [50000, 50000]), ("neg_config", [-5]),
-                         ("huge_config", [10**30])):  # fmt: skip
+                         ("huge_config", [10**30]), ("quoted_config", "16")):  # fmt: skip
         _variant(a, ck / name, config={**doc, "kwargs": {**doc["kwargs"], "hidden": hidden}})
     gdoc = json.loads((_gpt2(ck / "gpt_src", 9) / "config.json").read_text())
     _variant(ck / "gpt_src", ck / "gpt_layers",
