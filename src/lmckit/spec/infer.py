@@ -116,7 +116,7 @@ def analyze_symmetries(
         was_training = module.training
         module.eval()
         try:
-            function = FunctionCheck(module, example_inputs, params=params, kwargs=kwargs)
+            function = FunctionCheck(module, args, params=params, kwargs=kw)
             spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
         finally:
             module.train(was_training)
