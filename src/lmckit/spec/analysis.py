@@ -19,7 +19,7 @@ from torch.fx import Node
 from lmckit.spec.lattice import Lattice, Level, Var
 from lmckit.spec.trace import TracedGraph
 
-__all__ = ["Analysis", "AttentionSite", "Role", "ScaleSite", "Value"]
+__all__ = ["Analysis", "AttentionSite", "ExpertSite", "Role", "ScaleSite", "Value"]
 
 Role = Literal["write", "read", "elementwise"]
 ParamAxis = tuple[str, int]  # (state-dict key, axis)
@@ -80,6 +80,17 @@ class AttentionSite:
     value: str
 
 
+@dataclass(frozen=True)
+class ExpertSite:
+    """A grouped matrix product: rows of ``input`` in segments (``offsets``), segment
+    ``g`` multiplied by ``weight[g]`` -- the experts of a mixture, stacked on axis 0 of
+    the weight parameter ``weight`` (a state-dict key)."""
+
+    node: str
+    weight: str
+    offsets: str
+
+
 class Analysis:
     """Mutable state of one pass over a traced graph (see :mod:`lmckit.spec.infer`)."""
 
@@ -92,6 +103,7 @@ class Analysis:
         self.roles: dict[ParamAxis, set[Role]] = {}
         self.scales: list[ScaleSite] = []
         self.attention: list[AttentionSite] = []
+        self.experts: list[ExpertSite] = []
         #: why things were left out that a user may not expect (unknown ops, ...)
         self.notes: list[str] = []
         #: where slices cut a one-variable axis: (variable, offset of the cut), e.g. the

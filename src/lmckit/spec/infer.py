@@ -20,6 +20,7 @@ from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import FunctionCheck, check_spec
 from lmckit.spec.emit import emit_spaces
+from lmckit.spec.experts import decide_experts
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.spec.interpret import interpret
 from lmckit.spec.qk_basis import decide_candidates
@@ -111,16 +112,18 @@ def analyze_symmetries(
     analysis = interpret(traced, uniform=constant)
     emitted = emit_spaces(analysis, names)
     spaces = emitted.spaces
-    if emitted.candidates:
-        # nested spaces the graph cannot decide (rotary query/key bases): a check does
+    if emitted.candidates or analysis.experts:
+        # spaces the graph cannot decide (rotary query/key bases, experts chosen by a
+        # router): a check of the function does
         was_training = module.training
         module.eval()
         try:
             function = FunctionCheck(module, args, params=params, kwargs=kw)
             spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
+            spaces, more = decide_experts(analysis, spaces, function, seed=seed)
         finally:
             module.train(was_training)
-        for note in notes:
+        for note in notes + more:
             analysis.note(note)
     spec = SymmetrySpec(tuple(spaces))
     if check and len(spec):

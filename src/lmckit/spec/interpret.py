@@ -12,7 +12,7 @@ from lmckit.spec import layers as _layers  # noqa: F401  (registers rules)
 from lmckit.spec import slicing as _slicing  # noqa: F401  (registers rules)
 from lmckit.spec.analysis import Analysis, Value
 from lmckit.spec.lattice import Level
-from lmckit.spec.rules import RULES, SQUARE_SAFE, out_shapes, unknown_op
+from lmckit.spec.rules import NAMED_RULES, RULES, SQUARE_SAFE, out_shapes, unknown_op
 from lmckit.spec.trace import TracedGraph
 
 __all__ = ["interpret"]
@@ -23,6 +23,10 @@ def _packet(target: Any) -> Any:
     if target is operator.getitem:
         return target
     return getattr(target, "overloadpacket", target)
+
+
+def _name(packet: Any) -> str:
+    return str(getattr(packet, "__name__", packet))
 
 
 def _tensors(obj: Any) -> list[Value]:
@@ -74,7 +78,7 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
             args = an.value(node.args)
             kwargs = {k: an.value(v) for k, v in node.kwargs.items()}
             packet = _packet(node.target)
-            rule = RULES.get(packet, unknown_op)
+            rule = RULES.get(packet) or NAMED_RULES.get(_name(packet), unknown_op)
             if packet not in SQUARE_SAFE:
                 squares = [v for v in _tensors([args, kwargs]) if v.square]
                 an.lower(squares, f"{node.target} (node {node.name!r}) uses a square")

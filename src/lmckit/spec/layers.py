@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite, Value
+from lmckit.spec.analysis import Analysis, AttentionSite, ExpertSite, ScaleSite, Value
 from lmckit.spec.lattice import Level, Var
-from lmckit.spec.rules import _ops, axis_size, out_shapes, register
+from lmckit.spec.rules import _ops, axis_size, out_shapes, register, register_named
 
 __all__ = ["contract"]
 
@@ -169,6 +169,37 @@ def _sdpa(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -
     names = [a.name if isinstance(a, Node) else "" for a in node.args[:3]]
     an.attention.append(AttentionSite(node.name, *names))
     return out
+
+
+@register_named("grouped_mm_fallback", "_grouped_mm", "grouped_mm")
+def _grouped_mm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """``out[rows of segment g] = x[rows of segment g] @ w[g]``: the experts of a mixture.
+
+    Each expert reads the same input features and writes its own units; which rows an
+    expert gets is decided by the offsets (a router's choice), so the expert axis of the
+    weights is pinned here and proposed as a permutation that a check decides
+    (:mod:`lmckit.spec.experts`).
+    """
+    x, weight = args[0], args[1]
+    offsets = args[2] if len(args) > 2 else kw.get("offs")
+    what = f"{node.target} (node {node.name!r})"
+    if not (isinstance(x, Value) and isinstance(weight, Value)) or weight.ndim != 3 or x.ndim != 2:
+        an.pin(
+            [v for v in (x, weight) if isinstance(v, Value)],
+            f"{what}: not understood",
+            notable=True,
+        )
+        return an.free(out_shapes(node), what)
+    an.unify(x.axes[1], weight.axes[1], what)
+    an.mark(weight, 1, "read")
+    an.mark(weight, 2, "write")
+    an.lattice.pin(weight.axes[0], f"{what}: experts are chosen by a router")
+    keys = [k for k, _ in weight.src[0]]
+    names = [a.name for a in node.args[1:3] if isinstance(a, Node)]
+    if keys and len(names) == 2 and isinstance(offsets, Value):
+        an.experts.append(ExpertSite(node.name, keys[0], names[1]))
+    rows = an.lattice.fresh(out_shapes(node)[0], Level.FREE, "rows of every expert")
+    return Value([[rows], list(weight.axes[2])])
 
 
 @register(aten.embedding)

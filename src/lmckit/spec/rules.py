@@ -24,11 +24,23 @@ from torch.fx import Node
 from lmckit.spec.analysis import Analysis, Value
 from lmckit.spec.lattice import Level, Var
 
-__all__ = ["RULES", "axis_size", "copy_value", "out_shapes", "register", "unknown_op"]
+__all__ = [
+    "NAMED_RULES",
+    "RULES",
+    "axis_size",
+    "copy_value",
+    "out_shapes",
+    "register",
+    "register_named",
+    "unknown_op",
+]
 
 aten = torch.ops.aten
 Rule = Callable[[Analysis, Node, tuple[Any, ...], dict[str, Any]], Any]
 RULES: dict[Any, Rule] = {}
+#: rules of ops that other libraries register (their packets may not exist yet when
+#: lmckit is imported), by the op's name
+NAMED_RULES: dict[str, Rule] = {}
 #: rules under which an elementwise square keeps its meaning (see Value.square)
 SQUARE_SAFE: set[Any] = set()
 
@@ -43,6 +55,17 @@ def register(*ops: Any, square_safe: bool = False) -> Callable[[Rule], Rule]:
             RULES[op] = fn
             if square_safe:
                 SQUARE_SAFE.add(op)
+        return fn
+
+    return deco
+
+
+def register_named(*names: str) -> Callable[[Rule], Rule]:
+    """Decorator: ``fn`` is the rule of the ops called ``names`` in any namespace."""
+
+    def deco(fn: Rule) -> Rule:
+        for name in names:
+            NAMED_RULES[name] = fn
         return fn
 
     return deco
