@@ -152,10 +152,14 @@ class Nest:
     Every unit of the parent holds one space of each ``kind`` (e.g. ``"value"``: the
     value basis of each key/value head); when the parent permutes its units, the nested
     spaces travel with them (:meth:`lmckit.symmetry.Transform.compose`).
+
+    ``unit=None``: one space spans all the parent's units, an entry of its element per
+    unit (a scaling of each unit); permuting the parent re-orders the element
+    (:meth:`lmckit.groups.Group.reindex`).
     """
 
     parent: str
-    unit: int
+    unit: int | None
     kind: str
 
 
@@ -263,6 +267,13 @@ class SymmetrySpec:
                 f"space {space.name!r} is nested in {parent.name!r}, whose "
                 f"{parent.group.name} group does not move whole units"
             )
+        if nest.unit is None:
+            if space.n != units:
+                raise ValueError(
+                    f"space {space.name!r} spans the units of {parent.name!r}: it needs "
+                    f"{units} units, not {space.n}"
+                )
+            return
         if not 0 <= nest.unit < units:
             raise ValueError(
                 f"space {space.name!r} is nested in unit {nest.unit} of {parent.name!r}, "
@@ -276,7 +287,11 @@ class SymmetrySpec:
             if space.nest is not None:
                 families.setdefault((space.nest.parent, space.nest.kind), []).append(space)
         for (parent, kind), members in families.items():
-            units = sorted(s.nest.unit for s in members if s.nest is not None)
+            units = sorted(
+                -1 if s.nest.unit is None else s.nest.unit for s in members if s.nest is not None
+            )
+            if units == [-1]:
+                continue  # one space spanning the parent's units
             if units != list(range(len(units))) or len(units) != self[parent].group.units(
                 self[parent].n
             ):
@@ -320,7 +335,7 @@ class SymmetrySpec:
     def family(self, parent: str, kind: str) -> list[Space]:
         """The spaces of ``kind`` nested in ``parent``, indexed by the parent's unit."""
         members = [s for s in self.nested_in(parent) if s.nest is not None and s.nest.kind == kind]
-        return sorted(members, key=lambda s: s.nest.unit if s.nest is not None else 0)
+        return sorted(members, key=lambda s: s.nest.unit or 0 if s.nest is not None else 0)
 
     def __getitem__(self, name: str) -> Space:
         for space in self.spaces:

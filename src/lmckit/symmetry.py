@@ -149,15 +149,17 @@ class Transform:
         elements = {}
         for space in self.spec:
             source = self._carried(space, self)
+            earlier = first.elements.get(source)
+            if earlier is not None and space.nest is not None and space.nest.unit is None:
+                index = self.spec[space.nest.parent].group.unit_index(self[space.nest.parent])
+                earlier = space.group.reindex(earlier, index)
             if space.name not in self.elements:  # identity second: no product to form
-                if source in first.elements:
-                    elements[space.name] = first.elements[source]
-            elif source not in first.elements:
+                if earlier is not None:
+                    elements[space.name] = earlier
+            elif earlier is None:
                 elements[space.name] = self.elements[space.name]
             else:
-                elements[space.name] = space.group.compose(
-                    self.elements[space.name], first.elements[source]
-                )
+                elements[space.name] = space.group.compose(self.elements[space.name], earlier)
         return Transform(self.spec, elements)
 
     def inverse(self) -> Transform:
@@ -168,7 +170,11 @@ class Transform:
         for space in self.spec:
             # (C P)^-1 = P^-1 C^-1: the nested inverse sits where P^-1 moves its unit
             source = self._carried(space, inverse, parents=self)
-            elements[space.name] = space.group.inverse(self[source])
+            element = space.group.inverse(self[source])
+            if space.nest is not None and space.nest.unit is None:
+                index = self.spec[space.nest.parent].group.unit_index(self[space.nest.parent])
+                element = space.group.reindex(element, torch.argsort(index.cpu()))
+            elements[space.name] = element
         return Transform(self.spec, elements)
 
     def _carried(self, space: Space, mover: Transform, *, parents: Transform | None = None) -> str:
@@ -178,7 +184,7 @@ class Transform:
         For :meth:`inverse`, ``parents`` holds the elements whose parents are inverted.
         """
         nest = space.nest
-        if nest is None:
+        if nest is None or nest.unit is None:
             return space.name
         parent = self.spec[nest.parent]
         if parents is not None:
@@ -212,10 +218,12 @@ def apply_to_param(
     transform: Transform,
     *,
     skip: str | None = None,
-    skip_use: Use | None = None,
+    skip_use: tuple[str, Use] | None = None,
 ) -> Tensor:
     """Apply ``transform`` to one parameter; ``skip`` leaves one space out, ``skip_use``
-    one use (a space may act on several axes of one parameter, e.g. a QK circuit).
+    one ``(space name, use)`` (a space may act on several axes of one parameter, e.g. a
+    QK circuit; equal uses of different spaces, a unit space and a scaling nested in it,
+    stay apart).
 
     Spaces act in spec order (a nested space after its parent). A use that lives in a
     slice of the parameter (:class:`~lmckit.spaces.Part`) acts on that slice of a private
@@ -224,7 +232,8 @@ def apply_to_param(
     out = value
     owned = False
     for space, use in spec.uses_of(name):
-        if space.name == skip or use == skip_use or space.name not in transform.elements:
+        skipped = space.name == skip or (space.name, use) == skip_use
+        if skipped or space.name not in transform.elements:
             continue
         act = partial(space.group.act, element=transform.elements[space.name], role=use.role)
         if use.parts:

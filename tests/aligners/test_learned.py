@@ -264,7 +264,12 @@ def test_unsupported_group_and_bad_config_are_value_errors(mlp_pair) -> None:
     model, a, b, data = mlp_pair
     spec = model.symmetry_spec().with_groups(**{"hidden.0": Invertible()})
     with pytest.raises(ValueError, match="Invertible"):
-        learned_matching(spec, a, b, FAST, model=model, data=data)
+        learned_matching(spec, a, b, FAST, model=model, data=data, spaces=["hidden.0"])
+    # by default such a space is left to weight matching: the others are learned
+    result = learned_matching(spec, a, b, FAST, model=model, data=data)
+    wm = weight_matching(spec, a, b)
+    assert torch.allclose(result.transform["hidden.0"], wm.transform["hidden.0"])
+    assert "hidden.0" not in result.spaces
     for bad in ({"lam_low": 0.7, "lam_high": 0.6}, {"permutations": "soft"}, {"lr": 0.0}):
         with pytest.raises(ValueError):
             LearnedMatchingConfig(**bad)

@@ -14,6 +14,7 @@ from lmckit.groups import (
     PaddedPermutation,
     Permutation,
     RotaryPlanes,
+    Scaling,
     SemiPermutation,
 )
 
@@ -43,4 +44,5 @@ CASES = {
     "inv": Case(Invertible(), 6, 6),
     "rotary": Case(RotaryPlanes(6), 6, 6),
     "rotary-partial-interleaved": Case(RotaryPlanes(4, interleaved=True), 7, 7),
+    "scaling": Case(Scaling(), 6, 6),
 }

@@ -59,7 +59,7 @@ def test_grouped_query_heads_are_permuted_by_key_value_group(hf_folder) -> None:
         ["value", "x2", "Orthogonal", "8", "2"],
         ["qk", "x2", "RotaryPlanes(8)", "8", "2"],
     ]
-    assert "5 spaces and 12 nested in their units" in lines[0]
+    assert "5 spaces and 14 nested in their units" in lines[0]  # and 2 gated-unit scalings
 
 
 def test_orthogonal_folds_the_norm_scales_of_an_rmsnorm_model(hf_folder, tmp_path) -> None:

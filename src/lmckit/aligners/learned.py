@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
@@ -56,12 +55,12 @@ from lmckit.groups import sinkhorn
 from lmckit.merge import has_batchnorm, reset_batchnorm
 from lmckit.params import Params, check_compatible, check_finite, interpolate
 from lmckit.symmetry import SymmetrySpec, Transform, apply
+from lmckit.task import cross_entropy
 
 __all__ = [
     "LearnedMatchingConfig",
     "Loss",
     "apply_dense",
-    "cross_entropy",
     "learned_matching",
     "sinkhorn",
     "validation_split",
@@ -155,14 +154,6 @@ def validation_split(
 # --------------------------------------------------------------------------- learning
 
 
-def cross_entropy(logits: Tensor, y: Tensor) -> Tensor:
-    """The default loss: mean cross-entropy of ``(batch, classes)`` logits against labels,
-    or of ``(batch, time, vocab)`` logits against next tokens ``(batch, time)``."""
-    if logits.ndim == 3:  # language models: (batch, time, vocab) against (batch, time)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
-    return F.cross_entropy(logits, y)
-
-
 def _midpoint_loss(
     model: nn.Module,
     spec: SymmetrySpec,
@@ -245,7 +236,9 @@ def learned_matching(
             returned transform stay on the CPU.
         init: starting transform; with ``config.weight_matching_init`` weight matching
             starts from it (default identity).
-        spaces: learn only these spaces (the others stay at the start transform).
+        spaces: learn only these spaces (the others stay at the start transform);
+            default: every space whose group learned matching can learn
+            (:attr:`~lmckit.groups.Group.self_dual`), the others solved by weight matching.
         row_masks: passed to the weight-matching initialisation (rows left out of its
             similarities, e.g. embedding rows of tokens never seen in training).
         loss: ``loss(outputs, targets)`` minimised at the interpolated model and
@@ -263,7 +256,9 @@ def learned_matching(
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
     spec.validate(params_b)
-    names = list(spec.names if spaces is None else spaces)
+    # by default every space whose group can be learned (the others, e.g. scalings of
+    # gated units, come from weight matching and stay as it left them)
+    names = list([n for n in spec.names if spec[n].group.self_dual] if spaces is None else spaces)
     if not names:
         raise ValueError("learned matching needs at least one space to learn")
     for name in names:
@@ -278,14 +273,21 @@ def learned_matching(
     device = torch.device(device or "cpu")
     if config.weight_matching_init:
         # without ``init`` weight matching takes its own (anchored) start
+        solved = None if spaces is None else names
         base = weight_matching(
-            spec, params_a, params_b, init=init, spaces=names, seed=seed, row_masks=row_masks
+            spec, params_a, params_b, init=init, spaces=solved, seed=seed, row_masks=row_masks
         ).transform
     else:
         base = init or Transform.identity(spec)
     a = {k: v.detach().to(device) for k, v in params_a.items()}
-    # the spaces not learned are applied once, non-differentiably
-    fixed = base.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
+    # the spaces not learned are applied once, non-differentiably, in the input frame of
+    # the learned spaces they are nested in: they stay with the units they act on
+    home = base
+    for name in names:
+        if any(s.name not in names for s in spec.nested_in(name)):
+            undo = Transform(spec, {name: spec[name].group.inverse(base[name])})
+            home = undo.compose(home)
+    fixed = home.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
     b = _to(apply(spec, {k: v.detach() for k, v in params_b.items()}, fixed), device)
     conts = {
         n: torch.nn.Parameter(spec[n].group.matrix(base[n]).float().to(device, copy=True))
@@ -302,7 +304,8 @@ def learned_matching(
     relax = config.permutations == "sinkhorn"
 
     def hard_transform() -> Transform:
-        return base.replace(**{n: spec[n].group.project(conts[n].detach().cpu()) for n in names})
+        learned = {n: spec[n].group.project(conts[n].detach().cpu()) for n in names}
+        return Transform(spec, learned).compose(fixed)
 
     def midpoint(transform: Transform) -> float:
         return _midpoint_loss(

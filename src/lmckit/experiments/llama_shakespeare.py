@@ -21,8 +21,14 @@ from typing import Any
 
 import torch
 
-from lmckit.aligners import activation_matching, weight_matching
-from lmckit.aligners.activation import ActivationMatchingConfig
+from lmckit.aligners import (
+    ActivationMatchingConfig,
+    LearnedMatchingConfig,
+    WeightMatchingConfig,
+    activation_matching,
+    learned_matching,
+    weight_matching,
+)
 from lmckit.experiments.datasets import char_dataset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
@@ -54,11 +60,13 @@ class LlamaShakespeareConfig:
     warmup: float = 0.05
     eval_batch: int = 64
     stat_batches: int = 16
+    learned_steps: int = 500
+    learned_lr: float = 0.01
 
 
 QUICK = LlamaShakespeareConfig(
     chars=30_000, block=32, hidden=32, layers=2, heads=4, kv_heads=2, inner=48, epochs=1,
-    eval_batch=64, stat_batches=4,
+    eval_batch=64, stat_batches=4, learned_steps=50,
 )  # fmt: skip
 
 
@@ -123,6 +131,14 @@ def llama_shakespeare(ctx: ExperimentContext) -> ExperimentResult:
     def aligned(spec: SymmetrySpec, pa: Params, pb: Params, method: str) -> dict[str, Any]:
         if method == "weight":
             result = weight_matching(spec, pa, pb)
+        elif method == "weight, best start":
+            chosen = WeightMatchingConfig(start="best")
+            result = weight_matching(spec, pa, pb, chosen, model=module, data=data)
+        elif method == "learned":
+            learned = LearnedMatchingConfig(
+                steps=config.learned_steps, batch_size=config.batch_size, lr=config.learned_lr
+            )
+            result = learned_matching(spec, pa, pb, learned, model=module, data=data)
         else:
             am = ActivationMatchingConfig(batches=config.stat_batches, statistic="natural")
             result = activation_matching(spec, pa, pb, am, model=module, data=data)
@@ -138,6 +154,10 @@ def llama_shakespeare(ctx: ExperimentContext) -> ExperimentResult:
         "WM orthogonal residual": lambda: aligned(orth.spec, orth.a, orth.b, "weight"),
         "AM permutations": lambda: aligned(perm.spec, a, b, "activation"),
         "AM orthogonal residual": lambda: aligned(orth.spec, orth.a, orth.b, "activation"),
+        "WM orthogonal, best start": lambda: aligned(
+            orth.spec, orth.a, orth.b, "weight, best start"
+        ),
+        "learned orthogonal": lambda: aligned(orth.spec, orth.a, orth.b, "learned"),
     }
     rows = [_row(name, run.stage(_stage_name(name), fn)) for name, fn in stages.items()]
     table = _format(rows, orth.spec)

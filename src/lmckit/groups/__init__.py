@@ -12,6 +12,7 @@ from lmckit.groups.orthogonal import Orthogonal
 from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
 from lmckit.groups.permutation import Permutation, sinkhorn
 from lmckit.groups.rotary import RotaryPlanes
+from lmckit.groups.scaling import Scaling
 from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "Permutation",
     "Role",
     "RotaryPlanes",
+    "Scaling",
     "SemiPermutation",
     "SemiPermutationElement",
     "Statistic",

@@ -55,11 +55,15 @@ class Subproblem(NamedTuple):
             groups (:attr:`Group.least_squares`), else ``None``.
         norms: ``(m,)`` and ``(n,)`` Euclidean norms of the two models' unit
             features, for groups that compare units by cosine, else ``None``.
+        readers: for least-squares groups that fit the readers too
+            (:attr:`Group.fits_readers`): the readers' ``(m, n)`` similarity and the other
+            model's ``(n, n)`` reader Gram, else ``None``.
     """
 
     sim: Tensor
     gram: Tensor | None = None
     norms: tuple[Tensor, Tensor] | None = None
+    readers: tuple[Tensor, Tensor] | None = None
 
 
 class Group(abc.ABC, Generic[E]):
@@ -86,6 +90,10 @@ class Group(abc.ABC, Generic[E]):
     #: :meth:`solve` fits writers by least squares: it needs the other model's writer
     #: Gram matrix, and the similarity is built from writers only.
     least_squares: ClassVar[bool] = False
+    #: a least-squares :meth:`solve` fits the readers too (their terms are passed apart,
+    #: in :attr:`Subproblem.readers`): where writers alone leave the map free to shrink
+    #: a unit to nothing, its readers grow without bound
+    fits_readers: ClassVar[bool] = False
     #: :meth:`solve` compares units by cosine and needs both models' unit norms.
     needs_norms: ClassVar[bool] = False
     #: :meth:`act` only gathers along the axis (square index permutations): it works on
@@ -157,6 +165,12 @@ class Group(abc.ABC, Generic[E]):
     def unit_index(self, element: E) -> Tensor:
         """For groups with :meth:`units`: ``perm`` with unit ``perm[i]`` moved to ``i``."""
         raise ValueError(f"{self.name} elements do not move whole units")
+
+    def reindex(self, element: E, index: Tensor) -> E:
+        """For groups acting on each unit alone (a scaling of each unit): the element
+        whose unit ``i`` acts as ``element``'s unit ``index[i]`` did (its units carried
+        along by a permutation of a space it is nested in)."""
+        raise ValueError(f"{self.name} elements cannot be re-ordered unit by unit")
 
     def spread(self, sim: Tensor) -> Tensor:
         """For groups with :meth:`units`: a ``(units, units)`` similarity as the

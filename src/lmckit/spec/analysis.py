@@ -104,6 +104,8 @@ class Analysis:
         self.scales: list[ScaleSite] = []
         self.attention: list[AttentionSite] = []
         self.experts: list[ExpertSite] = []
+        #: products of two activations along a feature axis (gates), by node name
+        self.products: list[str] = []
         #: why things were left out that a user may not expect (unknown ops, ...)
         self.notes: list[str] = []
         #: where slices cut a one-variable axis: (variable, offset of the cut), e.g. the

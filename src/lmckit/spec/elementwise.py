@@ -96,6 +96,8 @@ def _elementwise(an: Analysis, node: Node, args: tuple[Any, ...], kind: str) -> 
             an.lattice.lower(factors, Level.PERM, f"{what} multiplies features elementwise")
             for v, j in full:
                 an.mark(v, j, "elementwise")
+            if all(not v.const for v, _ in full) and node.name not in an.products:
+                an.products.append(node.name)  # a gate: its branches may trade scales
         elif len(full) >= 2 and kind == "add":
             for v, j in full:
                 an.mark(v, j, "write")

@@ -21,6 +21,7 @@ from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import FunctionCheck, check_spec
 from lmckit.spec.emit import emit_spaces
 from lmckit.spec.experts import decide_experts
+from lmckit.spec.gating import decide_gates
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.spec.interpret import interpret
 from lmckit.spec.qk_basis import decide_candidates
@@ -112,7 +113,7 @@ def analyze_symmetries(
     analysis = interpret(traced, uniform=constant)
     emitted = emit_spaces(analysis, names)
     spaces = emitted.spaces
-    if emitted.candidates or analysis.experts:
+    if emitted.candidates or analysis.experts or analysis.products:
         # spaces the graph cannot decide (rotary query/key bases, experts chosen by a
         # router): a check of the function does
         was_training = module.training
@@ -121,6 +122,7 @@ def analyze_symmetries(
             function = FunctionCheck(module, args, params=params, kwargs=kw)
             spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
             spaces, more = decide_experts(analysis, spaces, function, seed=seed)
+            spaces = decide_gates(analysis, spaces, function, seed=seed)
         finally:
             module.train(was_training)
         for note in notes + more:

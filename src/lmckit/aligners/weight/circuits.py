@@ -172,7 +172,7 @@ def head_similarity_matrix(
     """
     _, heads, kv_heads = head_counts(space)
     group = space.group
-    if space.nest is not None:
+    if space.nest is not None and space.nest.unit is not None:
         per = group.units(space.n) or 1
         start = space.nest.unit * per
         return _spread(space, head_similarity(space, ref, other, heads=slice(start, start + per)))

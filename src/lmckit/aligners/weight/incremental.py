@@ -55,8 +55,10 @@ MIN_COLUMNS = 16
 
 @dataclass
 class _Tracked:
-    """A use whose other axes move by gathers: its term follows their index maps."""
+    """A use (of space ``space``) whose other axes move by gathers: its term follows
+    their index maps."""
 
+    space: str
     use: Use
     #: per gathered axis, the source position of each slice when the sum was computed
     sources: dict[int, Tensor] = field(default_factory=dict)
@@ -110,7 +112,12 @@ class SimilarityCache:
         """Spaces whose elements the subproblem of space ``name`` reads (itself among
         them when its terms are linearised at its own element)."""
         space = self.spec[name]
-        deps = {s.name for u in space.uses for s, v in self._uses[u.param] if v != u}
+        deps = {
+            s.name
+            for u in space.uses
+            for s, v in self._uses[u.param]
+            if (s.name, v) != (space.name, u)
+        }
         # circuits read every projection of their heads, also those the space itself
         # does not use (a nested query space reads its group's keys and values)
         read = set(circuit_params(space.circuits))
@@ -128,13 +135,13 @@ class SimilarityCache:
         size = math.prod(use.region_shape(self.other[use.param].shape))
         return size // (use.outer * n * use.inner)
 
-    def _trackable(self, use: Use) -> bool:
+    def _trackable(self, space: Space, use: Use) -> bool:
         """Whether the use's term follows index maps of its parameter's other axes:
         every other space on the parameter gathers, and no use of it lives in a slice
         (a slice moves part of an axis, which no single index map describes)."""
         uses = self._uses[use.param]
         return all(not v.parts for _, v in uses) and all(
-            s.group.gathers for s, v in uses if v != use
+            s.group.gathers for s, v in uses if (s.name, v) != (space.name, use)
         )
 
     def _plan(self, space: Space) -> _Plan | None:
@@ -151,7 +158,7 @@ class SimilarityCache:
             for use in space.uses:
                 if not use.compare or use.param in replaced:
                     continue
-                (tracked if self._trackable(use) else fresh).append(use)
+                (tracked if self._trackable(space, use) else fresh).append(use)
             first = self.ref[space.uses[0].param]
             m = use_width(first, space.uses[0])
             size = m * space.n * first.element_size()
@@ -160,7 +167,7 @@ class SimilarityCache:
                 fresh, tracked = fresh + tracked, []
             else:
                 self._budget -= size
-            plan = _Plan([_Tracked(u) for u in tracked], fresh, bool(partners))
+            plan = _Plan([_Tracked(space.name, u) for u in tracked], fresh, bool(partners))
         self._plans[space.name] = plan
         return plan
 
@@ -182,7 +189,9 @@ class SimilarityCache:
         if plan.circuits:
             sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform)
         for use in plan.fresh:
-            b = apply_to_param(self.spec, use.param, self.other[use.param], transform, skip_use=use)
+            b = apply_to_param(
+                self.spec, use.param, self.other[use.param], transform, skip_use=(space.name, use)
+            )
             sim = add_use_term(sim, self.ref[use.param], b, use, space.n)
         if plan.tracked:
             cached = self._tracked_sum(space, plan, transform)
@@ -191,13 +200,13 @@ class SimilarityCache:
             raise ValueError(f"space {space.name!r} has no use to compare the two models on")
         return Subproblem(sim)
 
-    def _sources(self, use: Use, transform: Transform) -> dict[int, Tensor]:
+    def _sources(self, owner: str, use: Use, transform: Transform) -> dict[int, Tensor]:
         """Per other axis of the use's parameter that a space acts on: the source
         position of each slice of ``B~_u``."""
         value = self.other[use.param]
         out = {}
         for space, other_use in self._uses[use.param]:
-            if other_use == use:
+            if (space.name, other_use) == (owner, use):
                 continue
             axis = other_use.axis % value.ndim
             index = torch.arange(value.shape[axis], device=value.device)
@@ -210,7 +219,7 @@ class SimilarityCache:
 
     def _tracked_sum(self, space: Space, plan: _Plan, transform: Transform) -> Tensor:
         """The cached sum of the tracked terms, brought up to ``transform``."""
-        maps = [self._sources(t.use, transform) for t in plan.tracked]
+        maps = [self._sources(t.space, t.use, transform) for t in plan.tracked]
         if plan.cached is not None:
             moved = total = 0
             changes: list[tuple[_Tracked, int, Tensor, dict[int, Tensor]]] = []

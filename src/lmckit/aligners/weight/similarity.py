@@ -114,14 +114,23 @@ def space_problem(
     replaced: frozenset[str] = frozenset()
     if circuits and not group.least_squares:
         sim, replaced = circuit_terms(spec, space, ref, other, transform)
+    read_sim: Tensor | None = None
+    read_gram: Tensor | None = None
     for use in space.uses:
         if not use.compare or use.param in replaced:
             continue
         if group.least_squares and use.role != "write":
+            if group.fits_readers and use.role == "read":
+                b = apply_to_param(
+                    spec, use.param, other[use.param], transform, skip_use=(space.name, use)
+                )
+                read_sim = add_use_term(read_sim, ref[use.param], b, use, space.n)
+                b_mat = unit_major(b, use, space.n)
+                read_gram = _add(read_gram, b_mat @ b_mat.T)
             continue  # least squares fits the writers (readers move by T^{-T})
         # the space's own element stays on its other axes of this parameter (both sides
         # of a QK circuit): the term is the objective's linearisation at that element
-        b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=use)
+        b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=(space.name, use))
         a = ref[use.param]
         sim = add_use_term(sim, a, b, use, space.n)
         if (with_gram or group.least_squares) and use.role == "write":
@@ -134,7 +143,8 @@ def space_problem(
     if sim is None:
         raise ValueError(f"space {space.name!r} has no use to compare the two models on")
     norms = None if sq_a is None or sq_b is None else (sq_a.sqrt(), sq_b.sqrt())
-    return Subproblem(sim, gram, norms)
+    readers = None if read_sim is None or read_gram is None else (read_sim, read_gram)
+    return Subproblem(sim, gram, norms, readers)
 
 
 def space_similarity(

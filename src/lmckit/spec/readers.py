@@ -1,0 +1,96 @@
+"""Which linear layers read a value: the graph walked forward through views and casts.
+
+Folding a norm's scale into its readers (:mod:`lmckit.spec.fold`) and moving a gated
+branch's scales into the layers reading the gate (:mod:`lmckit.spec.gating`) both need
+every consumer of a value to be a linear layer, and its weight and input axis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch.fx import Node
+
+__all__ = ["Reader", "readers_of"]
+
+# ops a scaled value may pass through on its way to a reader (views and casts)
+_PASS = {"to", "_to_copy", "alias", "clone", "contiguous", "dropout", "view", "reshape",
+         "_unsafe_view", "detach", "_assert_tensor_metadata"}  # fmt: skip
+_TRANSPOSES = {"t", "numpy_T", "transpose", "permute"}
+# ops along an axis: harmless on the way to a reader unless they touch the feature axis
+_ALONG = {"select", "slice", "mean", "sum"}
+
+
+def _spares_last_axis(node: Node) -> bool:
+    """Whether ``node`` (select/slice/mean/sum) leaves its input's last axis alone."""
+    source = node.args[0]
+    dims = node.args[1] if len(node.args) > 1 else None
+    if not isinstance(source, Node) or dims is None:
+        return False
+    ndim = source.meta["val"].ndim
+    wanted = [dims] if isinstance(dims, int) else dims if isinstance(dims, list | tuple) else None
+    if wanted is None or not all(isinstance(d, int) for d in wanted):
+        return False
+    return all(int(d) % ndim != ndim - 1 for d in wanted)
+
+
+def _op(node: Node) -> str:
+    target = getattr(node.target, "overloadpacket", node.target)
+    return str(getattr(target, "__name__", target))
+
+
+def _param_of(node: object, params: dict[str, str]) -> tuple[str, bool] | None:
+    """``(key, transposed)`` if ``node`` is a parameter placeholder or a transpose of one."""
+    if not isinstance(node, Node):
+        return None
+    if node.name in params:
+        return params[node.name], False
+    if _op(node) in _TRANSPOSES and isinstance(node.args[0], Node) and node.args[0].name in params:
+        return params[node.args[0].name], True
+    return None
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A linear layer reading a value: its weight, the weight's input axis, its bias."""
+
+    weight: str
+    axis: int
+    bias: str | None
+
+
+def readers_of(node: Node, params: dict[str, str]) -> list[Reader] | str:
+    """Every linear layer ``node``'s value flows into (through views and casts), or why
+    some consumer is not one."""
+    found: list[Reader] = []
+    frontier = [node]
+    while frontier:
+        value = frontier.pop()
+        for user in value.users:
+            op = _op(user)
+            bias: object = None
+            if op in _PASS and user.args[0] is value:
+                frontier.append(user)
+                continue
+            if op in _ALONG and user.args[0] is value and _spares_last_axis(user):
+                frontier.append(user)  # picks or averages tokens, not features
+                continue
+            if op == "linear" and user.args[0] is value:
+                weight = _param_of(user.args[1], params)
+                axis, bias = 1, user.args[2] if len(user.args) > 2 else None
+                if weight is not None and weight[1]:
+                    weight = None
+            elif op == "addmm" and user.args[1] is value:  # Conv1D: b + x @ W, W is (in, out)
+                weight, axis, bias = _param_of(user.args[2], params), 0, user.args[0]
+                if weight is not None and weight[1]:
+                    weight = None
+            elif op in ("matmul", "mm") and user.args[0] is value:
+                weight = _param_of(user.args[1], params)
+                axis = 1 if weight is not None and weight[1] else 0
+            else:
+                return f"{user.name} ({op}) consumes the value"
+            if weight is None:
+                return f"{user.name} multiplies by something other than a parameter"
+            bias_key = params.get(bias.name) if isinstance(bias, Node) else None
+            found.append(Reader(weight[0], axis, bias_key))
+    return found
