@@ -235,15 +235,39 @@ def apply_to_param(
         skipped = space.name == skip or (space.name, use) == skip_use
         if skipped or space.name not in transform.elements:
             continue
-        act = partial(space.group.act, element=transform.elements[space.name], role=use.role)
+        element = transform.elements[space.name]
         if use.parts:
             if not owned:
                 out, owned = out.clone(), True
             region = use.region(out)
-            region.copy_(act_on_axis(region, use, space.n, act))
+            region.copy_(_act_on_use(region, use, space, element))
         else:
-            out, owned = act_on_axis(out, use, space.n, act), True
+            out, owned = _act_on_use(out, use, space, element), True
     return out
+
+
+def _act_on_use(x: Tensor, use: Use, space: Space, element: object) -> Tensor:
+    """``x`` (a parameter or its use's region) moved by ``element`` along the use's axis.
+
+    Groups that only gather (permutations) index the axis in place, and groups that
+    scale each unit multiply along it: neither moves the axis to the front (a transposed
+    copy of a large weight, both ways, for every space).
+    """
+    group = space.group
+    axis = use.axis % x.ndim
+    if group.gathers:
+        positions = torch.arange(x.shape[axis], device=x.device)
+        flat = Use(use.param, 0, use.role, use.outer, use.inner)
+        act = partial(group.act, element=element, role=use.role)
+        return x.index_select(axis, act_on_axis(positions, flat, space.n, act))
+    factors = group.unit_factors(element, use.role)
+    if factors is not None:
+        along = factors.to(device=x.device, dtype=x.dtype).repeat_interleave(use.inner)
+        shape = [1] * x.ndim
+        shape[axis] = -1
+        return x * along.repeat(use.outer).reshape(shape)
+    act = partial(group.act, element=element, role=use.role)
+    return act_on_axis(x, use, space.n, act)
 
 
 def check_transform(spec: SymmetrySpec, params: Mapping[str, Tensor], transform: Transform) -> None:

@@ -166,6 +166,12 @@ class Group(abc.ABC, Generic[E]):
         """For groups with :meth:`units`: ``perm`` with unit ``perm[i]`` moved to ``i``."""
         raise ValueError(f"{self.name} elements do not move whole units")
 
+    def unit_factors(self, element: E, role: Role) -> Tensor | None:
+        """For groups that scale each unit alone: the ``(n,)`` factors a use of
+        ``role`` is multiplied by, unit by unit (a fast path of :meth:`act`); else
+        ``None``."""
+        return None
+
     def reindex(self, element: E, index: Tensor) -> E:
         """For groups acting on each unit alone (a scaling of each unit): the element
         whose unit ``i`` acts as ``element``'s unit ``index[i]`` did (its units carried

@@ -97,6 +97,11 @@ class Scaling(Group[Tensor]):
         scale = scale if role == "write" else 1.0 / scale
         return x * scale[None, :, None]
 
+    def unit_factors(self, element: Tensor, role: Role) -> Tensor | None:
+        if role == "elementwise":
+            raise ValueError(f"{self.name} cannot act on elementwise parameters")
+        return element if role == "write" else 1.0 / element
+
     def reindex(self, element: Tensor, index: Tensor) -> Tensor:
         return element[index.to(element.device)]
 

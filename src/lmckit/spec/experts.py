@@ -122,8 +122,10 @@ def decide_experts(
             spec = SymmetrySpec(tuple(candidate))
             moved = [parent.name, *(s.name for s in inner if s in candidate)]
             # a few draws: one random permutation may fix the experts that break it
-            errors = (check.random_error(spec, moved, seed + k) for k in range(DRAWS))
-            if max(errors) <= RTOL * check.scale:
+            tolerance = RTOL * check.scale
+            errors = (check.random_error(spec, moved, seed + k, keep_within=tolerance)
+                      for k in range(DRAWS))  # fmt: skip
+            if max(errors) <= tolerance:
                 spaces = candidate
                 # the router's top-k is now understood: not something left out
                 an.notes[:] = [n for n in an.notes if f"(node {found[3]!r})" not in n]

@@ -82,7 +82,9 @@ def decide_gates(
 
     def passes(added: list[Space]) -> bool:
         spec = SymmetrySpec(tuple(spaces + added))
-        return check.random_error(spec, [s.name for s in added], seed) <= RTOL * check.scale
+        tolerance = RTOL * check.scale
+        error = check.random_error(spec, [s.name for s in added], seed, keep_within=tolerance)
+        return error <= tolerance
 
     if not proposals:
         return spaces

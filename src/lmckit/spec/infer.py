@@ -18,7 +18,7 @@ from torch import nn
 
 from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
-from lmckit.spec.check import FunctionCheck, check_spec
+from lmckit.spec.check import FunctionCheck, verify
 from lmckit.spec.emit import emit_spaces
 from lmckit.spec.experts import decide_experts
 from lmckit.spec.gating import decide_gates
@@ -113,23 +113,28 @@ def analyze_symmetries(
     analysis = interpret(traced, uniform=constant)
     emitted = emit_spaces(analysis, names)
     spaces = emitted.spaces
-    if emitted.candidates or analysis.experts or analysis.products:
-        # spaces the graph cannot decide (rotary query/key bases, experts chosen by a
-        # router): a check of the function does
-        was_training = module.training
-        module.eval()
-        try:
+    proposals = bool(emitted.candidates or analysis.experts or analysis.products)
+    was_training = module.training
+    module.eval()
+    try:
+        # one float64 copy of the parameters serves every check: the proposals the graph
+        # cannot decide (rotary query/key bases, experts chosen by a router, gated
+        # scales) and the verification of the whole spec
+        function = None
+        if proposals or (check and spaces):
             function = FunctionCheck(module, args, params=params, kwargs=kw)
+        if proposals and function is not None:
             spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
             spaces, more = decide_experts(analysis, spaces, function, seed=seed)
             spaces = decide_gates(analysis, spaces, function, seed=seed)
-        finally:
-            module.train(was_training)
-        for note in notes + more:
-            analysis.note(note)
-    spec = SymmetrySpec(tuple(spaces))
-    if check and len(spec):
-        check_spec(module, spec, args, params=params, kwargs=kw, seed=seed, diagnose=False)
+            for note in notes + more:
+                analysis.note(note)
+        spec = SymmetrySpec(tuple(spaces))
+        if check and len(spec) and function is not None:
+            spec.validate(dict(module_params(module) if params is None else params))
+            verify(function, module, spec, args, kw, seed=seed, diagnose=False)
+    finally:
+        module.train(was_training)
     return SymmetryAnalysis(
         spec,
         tuple(analysis.notes),

@@ -101,6 +101,9 @@ def _first_passing(
     for group in groups:
         added = [s for c in candidates for s in _spaces(c, group)]
         spec = _with(spaces, added)
-        if check.random_error(spec, [s.name for s in added], seed) <= tolerance:
+        if (
+            check.random_error(spec, [s.name for s in added], seed, keep_within=tolerance)
+            <= tolerance
+        ):
             return group
     return None
