@@ -117,7 +117,9 @@ def _rows(spaces: tuple[SpaceSummary, ...]) -> list[tuple[str, str, int, int]]:
             kinds.setdefault(inner.kind or "", []).append(inner)
         for kind, members in kinds.items():
             first = members[0]
-            rows.append((f"  {kind} x{len(members)}", first.group, first.n, len(first.params)))
+            # one space spanning every unit (a scale per unit) is not "one of each"
+            label = f"  {kind} x{len(members)}" if len(members) > 1 else f"  {kind}"
+            rows.append((label, first.group, first.n, len(first.params)))
     return rows
 
 
