@@ -227,8 +227,13 @@ def _nested_spaces(
     """One space per unit of ``parent`` for each variable nested in it."""
     units = draft.var.size
     out = []
+    taken: set[str] = set()
     for var, places in draft.inner.values():
-        kind = "query" if var.heads else kinds.get(id(var), "units")
+        base = "query" if var.heads else kinds.get(id(var), "units")
+        kind, k = base, 1
+        while kind in taken:  # two variables of one kind in a unit (extra projections)
+            kind, k = f"{base}{k}", k + 1
+        taken.add(kind)
         for unit in range(units):
             group, n, uses = _group(var, _nested_uses(var, places, units, unit))
             out.append(
