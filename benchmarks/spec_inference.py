@@ -67,5 +67,6 @@ def main() -> None:
     print(f"inference and check of the whole spec (float64): {total:.2f} s")
     print(f"check error (all spaces at once): {errors['all']:.1e}")
 
+
 if __name__ == "__main__":
     main()
