@@ -24,7 +24,7 @@ from lmckit.spec.check import FunctionCheck
 from lmckit.spec.graph import op_name
 from lmckit.symmetry import Nest, Part, Permutation, Space, SymmetrySpec, Use
 
-__all__ = ["decide_experts"]
+__all__ = ["DRAWS", "decide_experts", "first_choices", "understood"]
 
 #: a proposal is kept when its random elements move the outputs by at most this much
 RTOL = 1e-5
@@ -101,16 +101,40 @@ def _proposal(
     return parent, inner, shared, topk.name
 
 
+def _mixtures(an: Analysis) -> list[list[ExpertSite]]:
+    by_offsets: dict[str, list[ExpertSite]] = {}
+    for site in an.experts:
+        by_offsets.setdefault(site.offsets, []).append(site)
+    return list(by_offsets.values())
+
+
+def understood(an: Analysis, topk: str) -> None:
+    """The router's top-k is understood once its experts are in the spec: no note."""
+    an.notes[:] = [n for n in an.notes if f"(node {topk!r})" not in n]
+
+
+def first_choices(an: Analysis, spaces: list[Space]) -> tuple[list[Space], list[str]]:
+    """``spaces`` with every mixture's experts and the units of each (in place of the
+    shared unit space), unchecked: what :func:`decide_experts` keeps when everything
+    passes; and the routers' top-k nodes, understood if so."""
+    routers = []
+    for i, sites in enumerate(_mixtures(an)):
+        found = _proposal(an, sites, spaces, f"experts.{i}")
+        if found is None:
+            continue
+        parent, inner, shared, topk = found
+        spaces = [s for s in spaces if s is not shared] + [parent, *inner]
+        routers.append(topk)
+    return spaces, routers
+
+
 def decide_experts(
     an: Analysis, spaces: list[Space], check: FunctionCheck, *, seed: int = 0
 ) -> tuple[list[Space], list[str]]:
     """``spaces`` with each mixture's expert permutation (and the units of each expert)
     that a check of the function keeps; notes for what it does not."""
     notes: list[str] = []
-    by_offsets: dict[str, list[ExpertSite]] = {}
-    for site in an.experts:
-        by_offsets.setdefault(site.offsets, []).append(site)
-    for i, sites in enumerate(by_offsets.values()):
+    for i, sites in enumerate(_mixtures(an)):
         found = _proposal(an, sites, spaces, f"experts.{i}")
         if found is None:
             notes.append(f"{sites[0].weight}: experts whose router lmckit cannot find")
@@ -127,8 +151,7 @@ def decide_experts(
                       for k in range(DRAWS))  # fmt: skip
             if max(errors) <= tolerance:
                 spaces = candidate
-                # the router's top-k is now understood: not something left out
-                an.notes[:] = [n for n in an.notes if f"(node {found[3]!r})" not in n]
+                understood(an, found[3])
                 break
         else:
             notes.append(f"{parent.uses[0].param}: permuting the experts changes the function")

@@ -22,7 +22,7 @@ from lmckit.spec.graph import TRANSPARENT, op_name
 from lmckit.spec.readers import readers_of
 from lmckit.symmetry import Nest, Space, SymmetrySpec, Use
 
-__all__ = ["decide_gates"]
+__all__ = ["decide_gates", "first_choices"]
 
 #: a proposal is kept when its random elements move the outputs by at most this much
 RTOL = 1e-5
@@ -71,14 +71,23 @@ def _proposal(an: Analysis, node: Node, spaces: list[Space]) -> Space | None:
     return Space(name, parent.n, Scaling(), tuple(uses), nest=Nest(parent.name, None, "scale"))
 
 
+def _proposals(an: Analysis, spaces: list[Space]) -> list[Space]:
+    nodes = {n.name: n for n in an.traced.graph.nodes}
+    proposals = [p for name in an.products if (p := _proposal(an, nodes[name], spaces))]
+    return list({p.name: p for p in proposals}.values())
+
+
+def first_choices(an: Analysis, spaces: list[Space]) -> list[Space]:
+    """``spaces`` with the scale of every gated branch, unchecked."""
+    return spaces + _proposals(an, spaces)
+
+
 def decide_gates(
     an: Analysis, spaces: list[Space], check: FunctionCheck, *, seed: int = 0
 ) -> list[Space]:
     """``spaces`` with the scale of each gated branch that a check of the function keeps
     (all together when they pass together, else each alone)."""
-    nodes = {n.name: n for n in an.traced.graph.nodes}
-    proposals = [p for name in an.products if (p := _proposal(an, nodes[name], spaces))]
-    proposals = list({p.name: p for p in proposals}.values())
+    proposals = _proposals(an, spaces)
 
     def passes(added: list[Space]) -> bool:
         spec = SymmetrySpec(tuple(spaces + added))

@@ -19,14 +19,17 @@ from torch import nn
 from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import FunctionCheck, verify
-from lmckit.spec.emit import emit_spaces
-from lmckit.spec.experts import decide_experts
+from lmckit.spec.emit import Emitted, emit_spaces
+from lmckit.spec.experts import DRAWS, decide_experts, understood
+from lmckit.spec.experts import first_choices as experts_first_choices
 from lmckit.spec.gating import decide_gates
+from lmckit.spec.gating import first_choices as gates_first_choices
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.spec.interpret import interpret
 from lmckit.spec.qk_basis import decide_candidates
+from lmckit.spec.qk_basis import first_choices as qk_first_choices
 from lmckit.spec.trace import SpecInferenceError, TracedGraph, trace
-from lmckit.symmetry import SymmetrySpec
+from lmckit.symmetry import Space, SymmetrySpec
 
 __all__ = ["SymmetryAnalysis", "analyze_symmetries", "infer_spec"]
 
@@ -123,14 +126,23 @@ def analyze_symmetries(
         function = None
         if proposals or (check and spaces):
             function = FunctionCheck(module, args, params=params, kwargs=kw)
+        verified = False
         if proposals and function is not None:
-            spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
-            spaces, more = decide_experts(analysis, spaces, function, seed=seed)
-            spaces = decide_gates(analysis, spaces, function, seed=seed)
-            for note in notes + more:
-                analysis.note(note)
+            # first, every proposal in its first choice and every space at once: one pass
+            # that, when it holds, decides all of them and verifies the whole spec
+            hopeful, routers = decide_all_at_once(analysis, spaces, emitted, function, seed)
+            if hopeful is not None:
+                spaces, verified = hopeful, True
+                for topk in routers:
+                    understood(analysis, topk)
+            else:
+                spaces, notes = decide_candidates(spaces, emitted.candidates, function, seed=seed)
+                spaces, more = decide_experts(analysis, spaces, function, seed=seed)
+                spaces = decide_gates(analysis, spaces, function, seed=seed)
+                for note in notes + more:
+                    analysis.note(note)
         spec = SymmetrySpec(tuple(spaces))
-        if check and len(spec) and function is not None:
+        if check and len(spec) and function is not None and not verified:
             spec.validate(dict(module_params(module) if params is None else params))
             verify(function, module, spec, args, kw, seed=seed, diagnose=False)
     finally:
@@ -143,6 +155,31 @@ def analyze_symmetries(
         traced,
         analysis,
     )
+
+
+def decide_all_at_once(
+    analysis: Analysis,
+    spaces: list[Space],
+    emitted: Emitted,
+    function: FunctionCheck,
+    seed: int,
+) -> tuple[list[Space] | None, list[str]]:
+    """Every proposal in its first choice, checked together with every other space: the
+    spaces if random elements of all of them keep the function (the mixtures' expert
+    permutations with a few draws, as :func:`~lmckit.spec.experts.decide_experts`
+    does), else ``None``; and the routers whose top-k the experts explain."""
+    hopeful = qk_first_choices(spaces, emitted.candidates)
+    hopeful, routers = experts_first_choices(analysis, hopeful)
+    hopeful = gates_first_choices(analysis, hopeful)
+    spec = SymmetrySpec(tuple(hopeful))
+    spec.validate(function.params)
+    tolerance = 1e-5 * function.scale
+    draws = DRAWS if routers else 1
+    for k in range(draws):
+        error = function.random_error(spec, spec.names, seed + k, keep_within=tolerance)
+        if not error <= tolerance:
+            return None, []
+    return hopeful, routers
 
 
 def infer_spec(

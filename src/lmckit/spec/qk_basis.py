@@ -22,7 +22,7 @@ from lmckit.spec.check import FunctionCheck
 from lmckit.spec.emit import Candidate
 from lmckit.symmetry import Nest, Space, SymmetrySpec
 
-__all__ = ["candidate_groups", "decide_candidates"]
+__all__ = ["candidate_groups", "decide_candidates", "first_choices"]
 
 #: a candidate is kept when its random elements move the outputs by at most this much
 #: (relative, float64; scaled like check_spec's tolerance when the module runs in float32)
@@ -55,6 +55,17 @@ def _with(spaces: Sequence[Space], added: Sequence[Space]) -> SymmetrySpec:
             s.nest is not None and s.nest.parent == space.nest.parent)]  # fmt: skip
         order.insert(family[-1] + 1, space)
     return SymmetrySpec(tuple(order))
+
+
+def first_choices(spaces: list[Space], candidates: Sequence[Candidate]) -> list[Space]:
+    """``spaces`` with every candidate in its first (most general) group, unchecked: what
+    :func:`decide_candidates` keeps when everything passes."""
+    added = []
+    for candidate in candidates:
+        groups = candidate_groups(candidate.size, candidate.cuts)
+        if groups:
+            added += _spaces(candidate, groups[0])
+    return list(_with(spaces, added)) if added else spaces
 
 
 def decide_candidates(
