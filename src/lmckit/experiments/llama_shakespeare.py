@@ -60,8 +60,8 @@ class LlamaShakespeareConfig:
     warmup: float = 0.05
     eval_batch: int = 64
     stat_batches: int = 16
-    learned_steps: int = 500
-    learned_lr: float = 0.01
+    learned_steps: int = 800
+    learned_lr: float = 0.002
 
 
 QUICK = LlamaShakespeareConfig(
