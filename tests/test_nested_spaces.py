@@ -195,3 +195,19 @@ def test_a_part_outside_the_parameter_is_refused_on_apply() -> None:
     spec = SymmetrySpec((space,))
     with pytest.raises(ValueError, match="part 8:11 of 'wk' axis 0 is outside its size 9"):
         apply(spec, _params(), random_transform(spec, 0))
+
+
+def test_models_of_different_widths_are_refused_when_slices_would_not_line_up() -> None:
+    from lmckit.aligners import weight_matching
+    from lmckit.params import IncompatibleModelsError
+
+    # an input space that B embeds into a wider A, beside spaces living in slices of wk:
+    # the slices are laid out for B's shape, which A does not share
+    spec = _spec()
+    stream = Space("inputs", D_MODEL, Orthogonal(), (Use("wk", 1, "read"), Use("wv", 1, "read")))
+    spec = SymmetrySpec((stream, *spec.spaces))
+    narrow = {k: v for k, v in _params().items() if k in ("wk", "wv", "wq", "wo")}
+    wide = dict(narrow, wk=torch.randn(G * D_HEAD, D_MODEL + 2, dtype=torch.float64))
+    wide["wv"] = torch.randn(G * D_HEAD, D_MODEL + 2, dtype=torch.float64)
+    with pytest.raises(IncompatibleModelsError, match="lives in slices of 'wk'"):
+        weight_matching(spec, wide, narrow)

@@ -98,6 +98,7 @@ def space_widths(spec: SymmetrySpec, params: Mapping[str, Tensor]) -> dict[str, 
         if size % (use.outer * use.inner):
             raise ValueError(f"{use.param!r} axis {use.axis} does not fit space {space.name!r}")
         out[space.name] = size // (use.outer * use.inner)
+
     return out
 
 
@@ -113,7 +114,15 @@ def _check_widths(
         want = list(b.shape)
         for space, use in spec.uses_of(name):
             if use.parts:
-                continue  # a slice's size is checked against the spec by spec.validate
+                # a slice is placed in B's layout: it means nothing in a wider A
+                if params_a[name].shape != b.shape:
+                    raise IncompatibleModelsError(
+                        f"space {space.name!r} lives in slices of {name!r}, whose shape "
+                        f"differs between the models ({tuple(params_a[name].shape)} and "
+                        f"{tuple(b.shape)}); align models of different widths without the "
+                        "spaces nested in heads (the spaces whose nest is None)"
+                    )
+                continue
             want[use.axis % b.ndim] = use.outer * widths[space.name] * use.inner
         if list(params_a[name].shape) != want:
             raise IncompatibleModelsError(
