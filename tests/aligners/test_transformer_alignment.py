@@ -244,9 +244,12 @@ def test_tiny_trained_gpt2_pair_orthogonal_beats_permutation_beats_vanilla() -> 
     assert results["WM orthogonal + head bases"].barrier_loss < orth
     # interpolating circuits, nothing is left inside heads to misalign
     assert results["WM orthogonal (circuit form)"].barrier_loss < orth
-    # activation matching too (heads by attention patterns): 0.062 -> 0.007 measured
-    am_circuits = results["AM orthogonal (circuit form)"].barrier_loss
-    assert am_circuits < 0.5 * results["AM orthogonal"].barrier_loss
+    # activation matching too (heads by attention patterns). The projected form now aligns
+    # one orthogonal basis per head (shared by its query, key and value rows), which closes
+    # most of the gap the circuit form used to have (0.062 -> 0.009 measured; circuits 0.006)
+    am_orth = results["AM orthogonal"].barrier_loss
+    assert results["AM orthogonal (circuit form)"].barrier_loss < am_orth
+    assert am_orth < 0.1 * vanilla
 
 
 def _change_head_bases(params: dict, n_layer: int, d: int, heads: int, seed: int) -> dict:
