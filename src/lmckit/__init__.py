@@ -7,12 +7,18 @@ instant, so the command line starts without loading PyTorch until a command need
 
 from __future__ import annotations
 
+import ast
 import importlib
 import sys
 import types
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
+if TYPE_CHECKING:
+    # The one table of public names: type checkers and editors read these imports, and
+    # at run time ``_EXPORTS`` and ``__all__`` are read from them (nothing is imported
+    # until a name is first used).
+    from lmckit.aligned import Aligned, align
     from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
     from lmckit.evaluate import PathResult, evaluate, evaluate_path
     from lmckit.hf import from_hf
@@ -48,87 +54,25 @@ if TYPE_CHECKING:  # what the lazy names are, for type checkers and editors
     )
     from lmckit.task import Task, classification, mse
 
-#: Public name -> the module that defines it.
-_EXPORTS = {
-    **dict.fromkeys(["Checkpoint", "CheckpointError", "load", "save"], "lmckit.checkpoint"),
-    **dict.fromkeys(["PathResult", "evaluate", "evaluate_path"], "lmckit.evaluate"),
-    "from_hf": "lmckit.hf",
-    **dict.fromkeys(["LoadedModel", "load_model", "save_model"], "lmckit.io"),
-    **dict.fromkeys(
-        ["Params", "check_compatible", "interpolate", "module_params", "weighted_average"],
-        "lmckit.params",
-    ),
-    **dict.fromkeys(["AlignForm", "aligned_form"], "lmckit.recipe"),
-    **dict.fromkeys(
-        [
-            "SpecCheckError",
-            "SpecInferenceError",
-            "SymmetryAnalysis",
-            "analyze_symmetries",
-            "check_spec",
-            "infer_spec",
-        ],
-        "lmckit.spec",
-    ),
-    **dict.fromkeys(
-        [
-            "HeadPermutation",
-            "Invertible",
-            "Orthogonal",
-            "Permutation",
-            "SemiPermutation",
-            "Space",
-            "SymmetrySpec",
-            "Transform",
-            "Use",
-            "apply",
-            "random_transform",
-        ],
-        "lmckit.symmetry",
-    ),
-    **dict.fromkeys(["Task", "classification", "mse"], "lmckit.task"),
-}
 
-__all__ = [
-    "AlignForm",
-    "Checkpoint",
-    "CheckpointError",
-    "HeadPermutation",
-    "Invertible",
-    "LoadedModel",
-    "Orthogonal",
-    "Params",
-    "PathResult",
-    "Permutation",
-    "SemiPermutation",
-    "Space",
-    "SpecCheckError",
-    "SpecInferenceError",
-    "SymmetryAnalysis",
-    "SymmetrySpec",
-    "Task",
-    "Transform",
-    "Use",
-    "aligned_form",
-    "analyze_symmetries",
-    "apply",
-    "check_compatible",
-    "check_spec",
-    "classification",
-    "evaluate",
-    "evaluate_path",
-    "from_hf",
-    "infer_spec",
-    "interpolate",
-    "load",
-    "load_model",
-    "module_params",
-    "mse",
-    "random_transform",
-    "save",
-    "save_model",
-    "weighted_average",
-]
+def _exports() -> dict[str, str]:
+    """Public name -> the module that defines it, read from the imports above."""
+    tree = ast.parse(Path(__file__).read_text(encoding="utf-8"))
+    block = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"
+    )
+    return {
+        alias.asname or alias.name: str(node.module)
+        for node in block.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+
+
+_EXPORTS = _exports()
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

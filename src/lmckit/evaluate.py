@@ -11,8 +11,10 @@ lower is better (e.g. mean absolute error) has the barrier
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from torch import Tensor, nn
@@ -224,6 +226,13 @@ class PathResult(JsonRecord):
         if not self._default_metric:
             out |= {"metric": name, "higher_is_better": self.higher_is_better}
         return out
+
+    def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+        """Draw loss and the metric against ``t`` into the image ``path`` (PNG, PDF, SVG,
+        ...; :func:`lmckit.plot.plot_paths`); returns ``path``."""
+        from lmckit.plot import plot_paths
+
+        return plot_paths({str(self.meta.get("method", "A -> B")): self}, path, title=title)
 
     @classmethod
     def _from_fields(cls, data: Mapping[str, Any]) -> PathResult:

@@ -2,12 +2,14 @@
 
 :func:`load_model` tells the two apart by ``config.json`` (lmckit's names an
 ``architecture``, Hugging Face's a ``model_type``) and returns one :class:`LoadedModel`;
-:func:`save_model` writes new parameters in the format the model came in, so a result
-goes back to the ecosystem its input came from.
+:func:`held_model` wraps a module the caller holds in the same type; :func:`save_model`
+writes new parameters in the format the model came in, so a result goes back to the
+ecosystem its input came from.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -15,8 +17,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from lmckit.atomic import atomic_path
 from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
 from lmckit.checkpoint import load as load_checkpoint
 from lmckit.checkpoint import save as save_checkpoint
@@ -24,44 +28,79 @@ from lmckit.hf.files import MAX_CONFIG_BYTES, HFError, is_hf_folder, read_json_f
 from lmckit.hf.model import HFModel, config_differences, load_hf
 from lmckit.hf.save import save_hf
 from lmckit.models import ZooModel
-from lmckit.outputs import OutputKind, check_output_dir
-from lmckit.params import IncompatibleModelsError, Params, as_params, check_compatible
+from lmckit.outputs import OutputKind, check_output_dir, check_output_file
+from lmckit.params import (
+    IncompatibleModelsError,
+    Params,
+    as_module,
+    as_params,
+    check_compatible,
+    check_finite,
+    module_params,
+)
+from lmckit.weightfile import check_state_dict
 
 __all__ = [
+    "MODULE_FILE_SUFFIX",
     "LoadedModel",
     "ModelFormat",
     "check_same_architecture",
+    "held_model",
     "load_model",
     "model_format",
     "save_model",
 ]
 
-ModelFormat = Literal["lmckit", "hf"]
+#: ``"lmckit"``: a checkpoint; ``"hf"``: a Hugging Face folder; ``"module"``: any other
+#: module, written as a safetensors file of its parameters.
+ModelFormat = Literal["lmckit", "hf", "module"]
+#: Suffix of the file a ``"module"``-format model is written to.
+MODULE_FILE_SUFFIX = ".safetensors"
 
 
 @dataclass(frozen=True, eq=False)
 class LoadedModel:
-    """A model loaded from either format.
+    """A model, and the format it is read from and written in.
 
     Attributes:
-        module: the module, eval mode, weights loaded (a zoo model or a ``transformers`` model).
-        params: its state dict (flat, detached).
-        format: ``"lmckit"`` (a checkpoint) or ``"hf"`` (a Hugging Face folder).
-        path: what was loaded.
+        module: the module, eval mode, weights loaded (a zoo model, a ``transformers``
+            model, or any module the caller holds).
+        params: its state dict (flat, detached; tied weights once).
+        format: ``"lmckit"`` (a checkpoint), ``"hf"`` (a Hugging Face folder) or
+            ``"module"`` (any other module: a safetensors file of its parameters).
+        path: what was loaded; ``None`` for a module held in memory.
         source: the format's own object: a :class:`~lmckit.checkpoint.Checkpoint` or a
-            :class:`~lmckit.hf.HFModel`; :func:`save_model` writes from it.
+            :class:`~lmckit.hf.HFModel` (``None`` for the ``"module"`` format);
+            :func:`save_model` writes from it.
     """
 
     module: nn.Module
     params: Params
     format: ModelFormat
-    path: Path
-    source: Checkpoint | HFModel
+    path: Path | None
+    source: Checkpoint | HFModel | None
 
     @property
     def output_kind(self) -> OutputKind:
-        """The ``kind`` for :func:`lmckit.outputs.check_output_dir` of a result in this format."""
+        """The ``kind`` for :func:`lmckit.outputs.check_output_dir` of a result in this format
+        (a ``"module"``-format result is one file, not a folder)."""
         return "hf" if self.format == "hf" else "checkpoint"
+
+    @property
+    def inputs(self) -> list[Path]:
+        """The paths this model was read from (its own, its source's): never an output."""
+        source = getattr(self.source, "path", None)
+        return [p for p in {self.path, source} if p is not None]
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        overwrite: bool = False,
+    ) -> Path:
+        """Write this model in its format (:func:`save_model` with its own parameters)."""
+        return save_model(path, self, self.params, metadata=metadata, overwrite=overwrite)
 
 
 def model_format(path: str | os.PathLike[str]) -> ModelFormat:
@@ -106,6 +145,38 @@ def load_model(
     return LoadedModel(ckpt.model, ckpt.params, "lmckit", Path(path), ckpt)
 
 
+def held_model(module: nn.Module) -> LoadedModel:
+    """A module the caller holds, as a :class:`LoadedModel` (``path`` ``None``).
+
+    A zoo model is written as an lmckit checkpoint, a ``transformers`` model as a
+    Hugging Face folder of its class (with no source folder, nothing else is copied),
+    any other module as a safetensors file of its parameters (format ``"module"``).
+    The module itself is referenced, not copied: lmckit never changes it.
+
+    Raises:
+        TypeError: ``module`` is not an ``nn.Module`` (naming where a loaded model's is).
+    """
+    module = as_module(module)
+    params = module_params(module)
+    if isinstance(module, ZooModel):
+        ckpt = Checkpoint(module, params, module.config)
+        return LoadedModel(module, params, "lmckit", None, ckpt)
+    config: Any = getattr(module, "config", None)
+    if getattr(module, "main_input_name", None) is not None and hasattr(config, "to_dict"):
+        # a transformers model: its config is all a Hugging Face folder needs
+        raw = config.to_dict()
+        hf = HFModel(module, params, raw, type(module).__name__, None)
+        return LoadedModel(module, params, "hf", None, hf)
+    return LoadedModel(module, params, "module", None, None)
+
+
+_FORMAT_NAMES = {"lmckit": "an lmckit model", "hf": "a Hugging Face model", "module": "a module"}
+
+
+def _described(model: LoadedModel) -> str:
+    return f"{_FORMAT_NAMES[model.format]} ({type(model.module).__name__})"
+
+
 def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
     """Refuse two models that do not compute the same function of their weights.
 
@@ -120,7 +191,7 @@ def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
         IncompatibleModelsError: naming the first difference.
     """
     if a.format != b.format:
-        raise IncompatibleModelsError(f"a {a.format} model and a {b.format} one")
+        raise IncompatibleModelsError(f"{_described(a)} and {_described(b)}")
     check_compatible(a.params, b.params)
     if isinstance(a.source, HFModel) and isinstance(b.source, HFModel):
         differences = config_differences(a.source, b.source)
@@ -130,6 +201,9 @@ def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
     elif isinstance(a.source, Checkpoint) and isinstance(b.source, Checkpoint):
         if a.source.config != b.source.config:
             raise IncompatibleModelsError(f"{a.source.config} vs {b.source.config}")
+    elif type(a.module) is not type(b.module):
+        names = type(a.module).__name__, type(b.module).__name__
+        raise IncompatibleModelsError(f"a {names[0]} and a {names[1]}")
 
 
 def save_model(
@@ -174,7 +248,11 @@ def save_model(
             f"got {type(like).__name__}"
         )
     as_params(params)
-    check_output_dir(path, kind=like.output_kind, inputs=[like.path], force=overwrite)
+    if like.format == "module":
+        if module is not None or config_changes is not None:
+            raise ValueError("module= and config_changes= are for checkpoints and folders")
+        return _save_module_file(path, like, params, metadata=metadata)
+    check_output_dir(path, kind=like.output_kind, inputs=like.inputs, force=overwrite)
     if like.format == "hf":
         if module is not None:
             raise ValueError(
@@ -194,3 +272,26 @@ def save_model(
     assert isinstance(like.source, Checkpoint)
     arch = module if module is not None else like.source.config
     return save_checkpoint(path, arch, params, metadata=metadata, overwrite=overwrite)
+
+
+def _save_module_file(
+    path: str | os.PathLike[str],
+    like: LoadedModel,
+    params: Mapping[str, Tensor],
+    *,
+    metadata: Mapping[str, Any] | None,
+) -> Path:
+    """``params`` as one safetensors file (``module.load_state_dict(load_file(path))``
+    restores them; tied weights are stored once, under their first name)."""
+    target = check_output_file(path, inputs=like.inputs, suffixes=[MODULE_FILE_SUFFIX])
+    state = check_state_dict(dict(params), target)
+    check_compatible(like.params, state)
+    try:
+        check_finite(state, what=f"refusing to write {target}")
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    meta = {"lmckit": json.dumps(dict(metadata or {}), allow_nan=False)}
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+    with atomic_path(target) as tmp:
+        save_file(tensors, str(tmp), metadata={"format": "pt", **meta})
+    return target

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,7 +36,10 @@ PLOT_SUFFIXES: tuple[str, ...] = tuple(
 
 
 def plot_paths(
-    results: Mapping[str, PathResult], path: str | Path, *, title: str | None = None
+    results: Mapping[str, PathResult],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
 ) -> Path:
     """Plot loss (left) and accuracy (right) against ``t`` for each named path.
 
@@ -69,7 +73,7 @@ def plot_paths(
     return _save(fig, path, title)
 
 
-def _save(fig: Figure, path: str | Path, title: str | None) -> Path:
+def _save(fig: Figure, path: str | os.PathLike[str], title: str | None) -> Path:
     """Title ``fig``, write it to ``path`` (format from the suffix, atomically), close it."""
     path = Path(path)
     if title:

@@ -40,6 +40,7 @@ __all__ = [
     "AlignForm",
     "PreparedPair",
     "aligned_form",
+    "check_symmetry",
     "circuit_form",
     "default_inputs",
     "prepare_pair",
@@ -75,6 +76,14 @@ class AlignForm:
     form: str = ""
     folded: frozenset[str] = frozenset()
     inputs: ExampleInputs = ()
+
+
+def check_symmetry(symmetry: str | None) -> None:
+    """``ValueError`` unless ``symmetry`` is ``None`` or one of :data:`SYMMETRIES`."""
+    if symmetry is not None and symmetry not in SYMMETRIES:
+        raise ValueError(
+            f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
+        )
 
 
 def default_inputs(module: nn.Module) -> tuple[Tensor, ...]:
@@ -174,10 +183,7 @@ def aligned_form(
         ValueError: an unknown symmetry, a symmetry the architecture cannot have (saying
             why), or circuits for a model without projected attention heads.
     """
-    if symmetry is not None and symmetry not in SYMMETRIES:
-        raise ValueError(
-            f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
-        )
+    check_symmetry(symmetry)
     as_module(module, "module")
     as_params(params_a, "params_a")
     as_params(params_b, "params_b")

@@ -74,14 +74,15 @@ class HFModel:
             module does, and a transform of the embeddings reaches the tied head.
         config: the folder's ``config.json`` as read (``use_cache`` as stored).
         class_name: the ``transformers`` class, e.g. ``"LlamaForCausalLM"``.
-        path: the folder.
+        path: the folder; ``None`` for a module held in memory (``config`` is then
+            ``module.config.to_dict()``).
     """
 
     module: nn.Module
     params: Params
     config: dict[str, Any]
     class_name: str
-    path: Path
+    path: Path | None
 
 
 def _no_cache(config: Any) -> None:

@@ -57,10 +57,11 @@ def _version() -> str:
         return "unknown"
 
 
-def _files_to_copy(source: Path) -> tuple[list[Path], dict[str, str]]:
+def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     """Non-hidden, non-weight files at the top of ``source`` that may be copied, and
-    ``{name: why not}`` for those that may not (:func:`~lmckit.hf.files.copy_refusal`)."""
-    if not source.is_dir():
+    ``{name: why not}`` for those that may not (:func:`~lmckit.hf.files.copy_refusal`);
+    nothing for a model held in memory (no ``source``)."""
+    if source is None or not source.is_dir():
         return [], {}
     skip = {CONFIG_FILE, HF_MARKER}
     copies, refused = [], {}
@@ -147,7 +148,8 @@ def save_hf(
         OutputError: ``path`` may not be written (it is, contains or lies inside the
             source folder, is a folder lmckit did not write, ...).
     """
-    target = check_output_dir(path, kind="hf", inputs=[like.path], force=overwrite)
+    inputs = [like.path] if like.path is not None else []
+    target = check_output_dir(path, kind="hf", inputs=inputs, force=overwrite)
     changes = dict(config_changes or {})
     meta = dict(metadata or {})
     try:
@@ -203,7 +205,7 @@ def save_hf(
                 "lmckit_version": _version(),
                 "format": "hf",
                 "class": cls.__name__,
-                "source": str(like.path),
+                "source": str(like.path) if like.path is not None else None,
                 "config_changes": changes,
                 "untied": untied,
                 "not_copied": not_copied,

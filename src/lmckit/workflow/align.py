@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lmckit.aligners.registry import aligner_info
+from lmckit.aligners.registry import AlignerInfo, aligner_info
 from lmckit.aligners.result import AlignmentResult
 from lmckit.aligners.weight.start_choice import StartChoice
 from lmckit.data import Dataset
@@ -21,7 +21,8 @@ from lmckit.io import LoadedModel, model_format
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.outputs import OutputKind
 from lmckit.params import Params
-from lmckit.recipe import AlignForm, aligned_form
+from lmckit.recipe import AlignForm, aligned_form, check_symmetry
+from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import SymmetrySpec, apply
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "align_models",
     "align_output_kind",
     "align_pair",
+    "check_align_request",
     "compare_alignments",
     "pair_form",
 ]
@@ -144,19 +146,36 @@ class AlignedPair:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def pair_form(a: LoadedModel, b: LoadedModel, symmetry: str | None, circuits: bool) -> AlignForm:
-    """The pair's alignment form; a LayerNorm Hugging Face GPT-2 or ViT under
+def pair_form(
+    a: LoadedModel,
+    b: LoadedModel,
+    symmetry: str | None,
+    circuits: bool,
+    example_inputs: ExampleInputs | None = None,
+) -> AlignForm:
+    """The pair's alignment form; a LayerNorm Hugging Face GPT-2 or ViT folder under
     ``symmetry="orthogonal"`` is converted to lmckit's zoo model first (the rotation
     needs the RMSNorm form, which its own class cannot hold)."""
     try:
-        return aligned_form(a.module, a.params, b.params, symmetry=symmetry, circuits=circuits)
+        return aligned_form(
+            a.module,
+            a.params,
+            b.params,
+            symmetry=symmetry,
+            circuits=circuits,
+            example_inputs=example_inputs,
+        )
     except ValueError as err:
         source = a.source
         convertible = (
-            isinstance(source, HFModel) and source.config.get("model_type") in ZOO_CONVERSIONS
+            isinstance(source, HFModel)
+            and source.config.get("model_type") in ZOO_CONVERSIONS
+            and a.path is not None
+            and b.path is not None
         )
         if symmetry != "orthogonal" or "LayerNorm" not in str(err) or not convertible:
             raise
+    assert a.path is not None and b.path is not None
     (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)
     return aligned_form(module, pa, pb, symmetry=symmetry, circuits=circuits)
 
@@ -174,6 +193,32 @@ def align_output_kind(path_b: str, symmetry: str | None) -> OutputKind:
     return "hf"
 
 
+def check_align_request(
+    method: str,
+    *,
+    symmetry: str | None = None,
+    circuits: bool = False,
+    head_bases: bool = False,
+    has_data: bool = False,
+) -> AlignerInfo:
+    """The registry entry of :func:`align_models`' ``method``, after refusing options
+    that cannot go together; cheap, so callers check before loading anything.
+
+    Raises:
+        ValueError: an unknown method or symmetry, ``circuits`` with ``head_bases``, or
+            a method that needs data without it.
+    """
+    if method not in ALIGN_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
+    check_symmetry(symmetry)
+    if circuits and head_bases:
+        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    info = aligner_info(ALIGN_METHODS[method])
+    if info.needs_data and not has_data:
+        raise ValueError(f"{info.name} needs data (--data)")
+    return info
+
+
 def align_models(
     a: LoadedModel,
     b: LoadedModel,
@@ -187,6 +232,7 @@ def align_models(
     config: Any = None,
     device: str | torch.device | None = None,
     progress: bool = False,
+    example_inputs: ExampleInputs | None = None,
 ) -> AlignedPair:
     """Align model ``b`` to ``a``: prepare the pair's form, run the method, move B.
 
@@ -203,6 +249,9 @@ def align_models(
             e.g. a :class:`lmckit.aligners.LearnedMatchingConfig`); ``None``: its defaults.
         device: where the method runs its tensor work (results come back on the CPU).
         progress: progress bars.
+        example_inputs: inputs to trace the architecture with (see
+            :func:`lmckit.recipe.aligned_form`); default: a zoo model's or a Hugging Face
+            model's own.
 
     Raises:
         ValueError: a user mistake (unknown method, missing data, incompatible options, a
@@ -210,17 +259,17 @@ def align_models(
     """
     from lmckit.aligners import head_bases_matching
 
-    if method not in ALIGN_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
-    if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
-    full = ALIGN_METHODS[method]
-    info = aligner_info(full)
-    if info.needs_data and data is None:
-        raise ValueError(f"{full} needs data (--data)")
+    info = check_align_request(
+        method,
+        symmetry=symmetry,
+        circuits=circuits,
+        head_bases=head_bases,
+        has_data=data is not None,
+    )
+    full = info.name
     if data is not None:
         check_data_fits(a.module, data)
-    form = pair_form(a, b, symmetry, circuits)
+    form = pair_form(a, b, symmetry, circuits, example_inputs)
     spec, pa, pb = form.spec, form.a, form.b
     result = info.fn(spec, pa, pb, config, model=form.module, data=data, seed=seed,
                      progress=progress, device=device)  # fmt: skip

@@ -1,0 +1,418 @@
+"""One call from two models to an aligned model: :func:`align` and what it returns.
+
+``lmckit.align(a, b)`` takes two ``nn.Module``s of one architecture (or two saved models:
+lmckit checkpoints or Hugging Face folders), aligns B to A under the architecture's
+symmetries and returns an :class:`Aligned`: B moved onto A's units, ready to be
+measured (:meth:`Aligned.barrier`), merged (:meth:`Aligned.merge`) or written in the
+format it came in (:meth:`Aligned.save`). It is a thin layer over the steps it names:
+:func:`lmckit.load_model`, :func:`lmckit.workflow.align_models` (the form, the method,
+the transform), :func:`lmckit.measure.measure_path` and
+:func:`lmckit.workflow.merge_pair`; the command line's ``align`` goes through the same
+steps.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from lmckit.aligners.result import AlignmentResult
+from lmckit.checkpoint import Checkpoint
+from lmckit.data import Dataset, load_data
+from lmckit.datafit import check_data_fits
+from lmckit.evaluate import PathResult, evaluate_path
+from lmckit.io import (
+    MODULE_FILE_SUFFIX,
+    LoadedModel,
+    check_same_architecture,
+    held_model,
+    load_model,
+    save_model,
+)
+from lmckit.measure import EvalSettings, measure_path, resolve_fix
+from lmckit.models import ZooModel
+from lmckit.outputs import REFERENCE_DIR, check_output_dir, check_output_file
+from lmckit.params import IncompatibleModelsError, Params
+from lmckit.spec.inputs import ExampleInputs, split_inputs
+from lmckit.symmetry import SymmetrySpec, Transform
+from lmckit.task import CLASSIFICATION, Task
+from lmckit.workflow.align import align_models, check_align_request
+from lmckit.workflow.paths import merge_pair
+
+__all__ = ["Aligned", "ModelSource", "align"]
+
+#: What :func:`align` takes for each model: a module, a saved model's path, or a
+#: :class:`~lmckit.io.LoadedModel`.
+ModelSource = nn.Module | str | os.PathLike[str] | LoadedModel
+#: Evaluation data: a dataset, a data spec (``"digits"``, ``"mnist:DIR"``, ...), or
+#: batches of ``(inputs, targets)`` (a list, a ``DataLoader``, or a function returning one).
+EvalData = Dataset | str | Iterable[tuple[Tensor, Tensor]] | Callable[[], Any]
+
+
+def _model(source: object, what: str) -> LoadedModel:
+    """``source`` as a :class:`LoadedModel`: loaded from its path, or the module as held."""
+    if isinstance(source, LoadedModel):
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        if not Path(source).exists():
+            raise FileNotFoundError(f"{what}: {os.fspath(source)} does not exist")
+        return load_model(source)
+    if isinstance(source, nn.Module):
+        return held_model(source)
+    hint = ""
+    for attr in ("module", "model"):
+        if isinstance(getattr(source, attr, None), nn.Module):
+            hint = f": pass its .{attr}"
+    raise TypeError(
+        f"{what} must be an nn.Module, a path to a saved model (an lmckit checkpoint or a "
+        f"Hugging Face folder) or a LoadedModel; got a {type(source).__name__}{hint}"
+    )
+
+
+def _dataset(data: Dataset | str) -> Dataset:
+    return load_data(data) if isinstance(data, str) else data
+
+
+def _holding(module: nn.Module, params: Params) -> nn.Module:
+    """A copy of ``module`` holding ``params`` (in eval mode); tied weights stay tied, as
+    the values are copied into the copy's own tensors."""
+    out = copy.deepcopy(module).eval()
+    with torch.no_grad():
+        state = out.state_dict(keep_vars=True)
+        for key, value in params.items():
+            state[key].copy_(value)
+    return out
+
+
+def _name(model: LoadedModel) -> str:
+    return str(model.path) if model.path is not None else type(model.module).__name__
+
+
+@dataclass(frozen=True, eq=False)
+class Aligned:
+    """Model B aligned to model A (what :func:`align` returns).
+
+    B's weights are moved by a transform of the architecture's symmetry group, so B
+    computes the same function as before; only where its units sit changes.
+
+    Attributes:
+        params: B aligned to A (a state dict), in the form it was aligned in.
+        reference: A in that same form: the other end of every path (A's own
+            parameters when the form is the models' own).
+        spec: the symmetries aligned under (:class:`~lmckit.symmetry.SymmetrySpec`).
+        result: the method's result: transform, per-space objective, iterations.
+        form: what was done to both models before aligning (e.g. ``"norm scales
+            folded"``), empty when nothing was.
+        metadata: method, options and diagnostics, JSON-ready (written by :meth:`save`).
+        timings: wall seconds: ``load`` (reading saved models), ``align`` (form, method
+            and moving B) and ``method`` (the aligner alone).
+        a, b: the two models as given (loaded, or the modules as held; never changed).
+        architecture: the form's module (A's own module when the form is the models'
+            own, so it holds A's weights): evaluate parameters with it, do not change it.
+        same_architecture: the form keeps the models' architecture, so B aligned is
+            written in B's format; ``False`` after a rewrite to a new lmckit
+            architecture (written as an lmckit checkpoint).
+        reference_differs: A in the form differs from A as given; :meth:`save` then
+            writes it beside B (measure barriers against it).
+    """
+
+    params: Params = field(repr=False)
+    reference: Params = field(repr=False)
+    spec: SymmetrySpec = field(repr=False)
+    result: AlignmentResult = field(repr=False)
+    form: str
+    metadata: dict[str, Any] = field(repr=False)
+    timings: dict[str, float]
+    a: LoadedModel = field(repr=False)
+    b: LoadedModel = field(repr=False)
+    architecture: nn.Module = field(repr=False)
+    same_architecture: bool = True
+    reference_differs: bool = False
+
+    @property
+    def transform(self) -> Transform:
+        """The group element that moved B (``lmckit.apply(spec, b_params, transform)``)."""
+        return self.result.transform
+
+    @property
+    def objective(self) -> float:
+        """The method's objective after aligning, summed over spaces (higher: closer)."""
+        return sum(d.objective_after for d in self.result.spaces.values())
+
+    @cached_property
+    def module(self) -> nn.Module:
+        """B aligned, as a module of the form's class (B's class unless the form rewrote
+        the architecture), eval mode; built on first use."""
+        return _holding(self.architecture, self.params)
+
+    def __str__(self) -> str:
+        form = f" ({self.form})" if self.form else ""
+        return f"{self.metadata.get('method', 'aligned')}{form}: {self.result.summary()}"
+
+    # ------------------------------------------------------------------------ writing
+
+    def _written(self, params: Params, module: nn.Module | None = None) -> LoadedModel:
+        """``params`` of the form as a model in the format results are written in."""
+        if self.same_architecture:
+            held = module if module is not None else self.b.module
+            return LoadedModel(held, params, self.b.format, None, self.b.source)
+        arch = module if module is not None else self.architecture
+        assert isinstance(arch, ZooModel)  # a rewrite's new form is a zoo configuration
+        return LoadedModel(arch, params, "lmckit", None, Checkpoint(arch, params, arch.config))
+
+    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+        """Write B aligned in its input's format, with what was done in its metadata.
+
+        An lmckit checkpoint or a Hugging Face folder stays one (a folder keeps its
+        class, tokenizer and config files); a zoo module is written as a checkpoint, a
+        ``transformers`` module as a Hugging Face folder, any other module as a
+        safetensors file of its parameters (``path`` ending ``.safetensors``). A form
+        that rewrote the architecture is written as an lmckit checkpoint. When A in the
+        form differs from A as given, it is written too: ``path/reference`` (a file:
+        ``NAME.reference.safetensors``), the model to measure barriers against.
+        ``path`` follows lmckit's output policy (:mod:`lmckit.outputs`): never one of
+        the inputs, nor a folder lmckit did not write unless ``overwrite``.
+
+        Returns:
+            ``path``.
+        """
+        out = self._written(self.params)
+        inputs = [*self.a.inputs, *self.b.inputs]
+        if out.format == "module":
+            check_output_file(path, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX])
+        else:
+            check_output_dir(path, kind=out.output_kind, inputs=inputs, force=overwrite)
+        metadata = {"aligned_to": _name(self.a), "source": _name(self.b), **self.metadata}
+        reference = None
+        if self.reference_differs:
+            where = Path(path)
+            reference = (
+                where.with_name(f"{where.stem}.reference{where.suffix}")
+                if out.format == "module"
+                else where / REFERENCE_DIR
+            )
+            metadata["reference"] = str(reference)
+        target = save_model(path, out, self.params, metadata=metadata, overwrite=overwrite)
+        if reference is not None:
+            meta = {"rewritten_from": _name(self.a), "form": self.form}
+            # inside (or beside) what was just written, so new: nothing to force
+            save_model(reference, self._written(self.reference), self.reference, metadata=meta)
+        return target
+
+    # ---------------------------------------------------------------------- measuring
+
+    def barrier(
+        self,
+        data: EvalData,
+        *,
+        points: int = 11,
+        split: str | None = None,
+        fix: str = "auto",
+        batch_size: int | None = None,
+        task: Task | None = None,
+        progress: bool = False,
+    ) -> PathResult:
+        """Loss and accuracy along the linear path from A to B aligned.
+
+        Args:
+            data: a :class:`~lmckit.data.Dataset` or a data spec (``"digits"``,
+                ``"mnist:DIR"``, ``"text:FILE,tokenizer=DIR"``; its test split unless
+                ``split`` says otherwise), or batches of ``(inputs, targets)`` (a list,
+                a ``DataLoader``, or a function returning either).
+            points: points on the path, both ends included (odd, 3 to 10,001).
+            split: ``"test"`` (the default) or ``"train"``; datasets only.
+            fix: at each point: ``"auto"`` (BatchNorm statistics recomputed on the
+                training split where the network has BatchNorm, else nothing),
+                ``"none"``, ``"reset_bn"`` or ``"repair"``; with batches, which have no
+                training split, only a fix that does nothing.
+            batch_size: evaluation batch size (default: lmckit's rule); datasets only.
+            task: loss and metric (default: cross-entropy and accuracy); batches only
+                (a dataset is scored as classification or next-token prediction).
+            progress: a progress bar.
+
+        Returns:
+            the :class:`~lmckit.evaluate.PathResult` (``barrier_loss``, ``barrier_acc``,
+            ``plot(path)``, ``to_dict()``).
+
+        Raises:
+            ValueError: data that does not fit the model, or an option that does not
+                apply to the data given (named).
+        """
+        meta = {"a": _name(self.a), "b": "aligned", "form": self.form}
+        if isinstance(data, (Dataset, str)):
+            if task is not None:
+                raise ValueError(
+                    "task= is for batches: a dataset is scored as classification or "
+                    "next-token prediction"
+                )
+            settings = EvalSettings(
+                split=split or "test", points=points, fix=fix, batch_size=batch_size
+            )
+            dataset = _dataset(data)
+            check_data_fits(self.architecture, dataset)
+            return measure_path(
+                self.architecture,
+                self.reference,
+                self.params,
+                dataset,
+                settings,
+                meta=meta,
+                progress=progress,
+            )
+        for name, value in (("split", split), ("batch_size", batch_size)):
+            if value is not None:
+                raise ValueError(f"{name}= is for datasets; batches are evaluated as given")
+        if resolve_fix(self.architecture, fix) != "none":
+            raise ValueError(
+                f"fix {fix!r} recomputes BatchNorm statistics on training data, which "
+                "batches do not have: pass a Dataset (train and test splits), or fix='none'"
+            )
+        return evaluate_path(
+            self.architecture,
+            self.reference,
+            self.params,
+            data,
+            points=points,
+            meta=meta,
+            progress=progress,
+            task=task or CLASSIFICATION,
+        )
+
+    def merge(
+        self, t: float = 0.5, *, fix: str = "none", data: Dataset | str | None = None
+    ) -> LoadedModel:
+        """The model ``(1 - t) A + t B`` on the path, optionally with BatchNorm statistics
+        recomputed (``fix="reset_bn"``) or REPAIR (``fix="repair"``) on ``data``'s
+        training split.
+
+        Returns:
+            a :class:`~lmckit.io.LoadedModel`: ``module`` (a new module of the form's
+            class holding the merged weights), ``params``, and ``save(path)`` writing it
+            in the format :meth:`save` writes B in.
+        """
+        dataset = _dataset(data) if data is not None else None
+        merged = merge_pair(
+            self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
+        )
+        return self._written(merged, _holding(self.architecture, merged))
+
+
+def align(
+    a: ModelSource,
+    b: ModelSource,
+    *,
+    method: str = "weight",
+    symmetry: str | None = None,
+    data: Dataset | str | None = None,
+    example_inputs: ExampleInputs | None = None,
+    config: Any = None,
+    circuits: bool = False,
+    head_bases: bool = False,
+    seed: int = 0,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+) -> Aligned:
+    """Align model ``b`` to model ``a`` under their architecture's symmetries.
+
+    Args:
+        a: the reference model: an ``nn.Module``, or the path of an lmckit checkpoint or
+            a Hugging Face folder (or a :class:`~lmckit.io.LoadedModel`).
+        b: the model to move, of the same architecture (and the same kind as ``a``).
+        method: ``"weight"`` (weight matching: data-free), ``"activation"``
+            (activation matching) or ``"learned"`` (learned matching); the last two
+            need ``data``.
+        symmetry: ``None`` (the groups the architecture has), ``"permutation"``
+            (permutations only) or ``"orthogonal"`` (rotations of the residual stream;
+            norm scales are folded into the layers reading them first).
+        data: a :class:`~lmckit.data.Dataset` or a data spec (``"digits"``,
+            ``"mnist:DIR"``, ...): training data for the methods that read it (and for
+            weight matching's ``start="best"``); checked to fit the model.
+        example_inputs: inputs to trace the architecture with: a tensor, a tuple of
+            positional inputs or a dict of keyword inputs; needed for a module other
+            than lmckit's zoo models and ``transformers`` models (whose config gives
+            them).
+        config: the method's config (e.g.
+            :class:`~lmckit.aligners.WeightMatchingConfig`\\ ``(start="best")``);
+            ``None``: its defaults.
+        circuits: lmckit's transformers: align with heads rewritten as QK/OV circuits.
+        head_bases: transformers: afterwards align the bases inside matched heads.
+        seed: the method's randomness.
+        device: where the method runs its tensor work (results come back on the CPU).
+        progress: progress bars.
+
+    Returns:
+        an :class:`Aligned`: ``module`` (B aligned), ``transform``, ``spec``,
+        ``objective``, ``timings``, ``save(path)``, ``barrier(data)``, ``merge(t)``.
+
+    Raises:
+        TypeError: a model or example inputs of the wrong kind (named in one line).
+        FileNotFoundError: a path that does not exist.
+        ValueError: a user mistake, named in one line: an unknown method or symmetry,
+            options that cannot go together, a method that needs data without it, two
+            different architectures, data that does not fit, a symmetry the
+            architecture cannot have, a module without example inputs.
+        CheckpointError: a saved model that cannot be read (naming the file).
+    """
+    # everything cheap is checked before anything is loaded or traced
+    check_align_request(
+        method,
+        symmetry=symmetry,
+        circuits=circuits,
+        head_bases=head_bases,
+        has_data=data is not None,
+    )
+    if example_inputs is not None:
+        split_inputs(example_inputs)
+    start = time.perf_counter()
+    ma, mb = _model(a, "a"), _model(b, "b")
+    dataset = _dataset(data) if data is not None else None
+    loaded = time.perf_counter()
+    try:
+        check_same_architecture(ma, mb)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(
+            f"{_name(ma)} and {_name(mb)} are different architectures: {err}"
+        ) from None
+    pair = align_models(
+        ma,
+        mb,
+        method=method,
+        symmetry=symmetry,
+        circuits=circuits,
+        head_bases=head_bases,
+        data=dataset,
+        seed=seed,
+        config=config,
+        device=device,
+        progress=progress,
+        example_inputs=example_inputs,
+    )
+    done = time.perf_counter()
+    timings = {
+        "load": loaded - start,
+        "align": done - loaded,
+        "method": pair.result.seconds,
+    }
+    return Aligned(
+        params=pair.params,
+        reference=pair.reference if pair.reference is not None else ma.params,
+        spec=pair.result.transform.spec,
+        result=pair.result,
+        form=pair.form,
+        metadata=dict(pair.metadata),
+        timings=timings,
+        a=ma,
+        b=mb,
+        architecture=pair.module,
+        same_architecture=pair.same_architecture,
+        reference_differs=pair.reference is not None,
+    )
