@@ -147,11 +147,11 @@ def main() -> None:
             seen = token_counts(data)[0] > 0
             # a tied LM head is one parameter with the embedding
             masks = {k: seen for k in (EMBEDDING, LM_HEAD) if k in ca.params}
-        naive = measure_path(ca.model, ca.params, cb.params, data, EvalSettings())
+        naive = measure_path(ca.module, ca.params, cb.params, data, EvalSettings())
         print(f"{name}: naive {naive.barrier_loss:.4f}", flush=True)
         for symmetry, circuits in fam.forms:
             form = aligned_form(
-                ca.model, ca.params, cb.params, symmetry=symmetry, circuits=circuits
+                ca.module, ca.params, cb.params, symmetry=symmetry, circuits=circuits
             )
             spec = form.spec
             if symmetry == "permutation" and circuits:

@@ -42,16 +42,16 @@ def main() -> None:
     ln_a, ln_b = (
         checkpoint.load(root / "models" / f"gpt2-{config.n_embd}-seed{s}") for s in (0, 1)
     )
-    layers = ln_a.model.n_layer
+    layers = ln_a.module.n_layer
     norms = [f"transformer.h.{i}.ln_{k}" for k in (1, 2) for i in range(layers)]
     norms.append("transformer.ln_f")
 
     def forms(params):
         """Circuit form with biases folded, circuit form without them, and ``b / g``."""
-        full = aligned_form(ln_a.model, params, params, symmetry="orthogonal", circuits=True)
+        full = aligned_form(ln_a.module, params, params, symmetry="orthogonal", circuits=True)
         circuits, folded = full.module, full.a
         zero = dict(params) | {f"{n}.bias": torch.zeros_like(params[f"{n}.bias"]) for n in norms}
-        bare = aligned_form(ln_a.model, zero, zero, symmetry="orthogonal", circuits=True).a
+        bare = aligned_form(ln_a.module, zero, zero, symmetry="orthogonal", circuits=True).a
         betas = {n: params[f"{n}.bias"] / params[f"{n}.weight"] for n in norms}
         return circuits, folded, bare, betas
 

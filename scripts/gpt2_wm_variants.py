@@ -244,7 +244,7 @@ def main() -> None:
         return
     seeds = (args.seed, args.seed + 1)
     la, lb = (_model(root, config, data, seed, train=train) for seed in seeds)
-    form = aligned_form(la.model, la.params, lb.params, symmetry="orthogonal")
+    form = aligned_form(la.module, la.params, lb.params, symmetry="orthogonal")
     rms, a, b = form.module, form.a, form.b
     masks = seen_token_masks(data)
     seen = masks["lm_head.weight"]

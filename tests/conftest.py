@@ -7,6 +7,7 @@ inputs, and several tests check exactly that).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -74,6 +75,28 @@ def model_outputs(module: nn.Module, params: Mapping[str, Tensor], x: Tensor) ->
     module.eval()
     with torch.no_grad():
         return functional_call(module, dict(params), (x,))
+
+
+@pytest.fixture(scope="session")
+def hf_folder_pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path, Path]]:
+    """``hf_folder_pair(family)``: two tiny folders of that family (seeds 0 and 1), built
+    once per session (read only: copy them before changing anything)."""
+    built: dict[str, tuple[Path, Path]] = {}
+
+    def get(family: str) -> tuple[Path, Path]:
+        if family not in built:
+            import transformers
+            from tests.tiny_models import build_hf_folder
+
+            transformers.utils.logging.disable_progress_bar()
+            root = tmp_path_factory.mktemp(f"hf-pair-{family}")
+            built[family] = (
+                build_hf_folder(family, root / "a", seed=0),
+                build_hf_folder(family, root / "b", seed=1),
+            )
+        return built[family]
+
+    return get
 
 
 @pytest.fixture(scope="session")

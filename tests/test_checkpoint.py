@@ -59,12 +59,12 @@ def test_roundtrip_identical_tensors_and_outputs(tmp_path: Path, mlp) -> None:
     ckpt = load(out)
     assert isinstance(ckpt, Checkpoint)
     assert ckpt.config == ModelConfig("mlp", MLP_KWARGS)
-    assert not ckpt.model.training
+    assert not ckpt.module.training
     _assert_same(ckpt.params, params)
-    _assert_same(dict(ckpt.model.state_dict()), params)
+    _assert_same(dict(ckpt.module.state_dict()), params)
     x = torch.randn(5, 8, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
-        assert torch.equal(ckpt.model(x), model(x))
+        assert torch.equal(ckpt.module(x), model(x))
     assert load_metadata(out) == {"epoch": 3, "note": "x"}
     # The weights file itself is accepted too.
     _assert_same(load(out / "model.safetensors").params, params)

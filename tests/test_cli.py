@@ -69,7 +69,7 @@ def test_train_writes_a_loadable_checkpoint(ckpts) -> None:
     meta = load_metadata(ckpts / "a")
     assert meta["seed"] == 0 and meta["data"] == "digits"
     data = load_digits(seed=0)
-    m = evaluate(ckpt.model, ckpt.params, batches(data.x_test, data.y_test, 500))
+    m = evaluate(ckpt.module, ckpt.params, batches(data.x_test, data.y_test, 500))
     assert m.acc == pytest.approx(meta["test_acc"])
     assert m.acc > 0.8  # it learned something in two epochs
 
@@ -103,7 +103,7 @@ def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
     out = tmp_path / "b_aligned"
     _ok("align", ckpts / "a", ckpts / "b", "--start", start, "--out", out, "--quiet")
     a, b = lmckit.load(ckpts / "a"), lmckit.load(ckpts / "b")
-    spec = a.model.symmetry_spec()
+    spec = a.module.symmetry_spec()
     want = weight_matching(spec, a.params, b.params, WeightMatchingConfig(start=start))
     got = lmckit.load(out).params
     for k, v in want.apply(b.params).items():
@@ -125,7 +125,12 @@ def test_align_start_best_keeps_the_start_chosen_on_training_data(ckpts, tmp_pat
     a, b = lmckit.load(ckpts / "a"), lmckit.load(ckpts / "b")
     config = WeightMatchingConfig(start="best")
     want = weight_matching(
-        a.model.symmetry_spec(), a.params, b.params, config, model=a.model, data=load_digits(seed=0)
+        a.module.symmetry_spec(),
+        a.params,
+        b.params,
+        config,
+        model=a.module,
+        data=load_digits(seed=0),
     )
     for k, v in want.apply(b.params).items():
         assert torch.equal(lmckit.load(out).params[k], v), k
@@ -198,7 +203,7 @@ def test_barrier_writes_json_and_png(ckpts, tmp_path) -> None:
     for t in data["t"]:
         mixed = {k: (1 - t) * a.params[k] + t * b.params[k] for k in a.params}
         with torch.no_grad():
-            logits = torch.func.functional_call(a.model.eval(), mixed, (digits.x_test,))
+            logits = torch.func.functional_call(a.module.eval(), mixed, (digits.x_test,))
         losses.append(float(torch.nn.functional.cross_entropy(logits, digits.y_test)))
         accs.append(float((logits.argmax(1) == digits.y_test).double().mean()))
     assert data["loss"] == pytest.approx(losses, rel=1e-5)

@@ -52,8 +52,8 @@ def test_gpt2_on_tiny_shakespeare(tmp_path: Path) -> None:
     assert info["val_loss"] < math.log(50257) - 0.3
     # The checkpoint holds the best validated parameters, and its recorded test loss.
     data = load_data(TINY_SHAKESPEARE)
-    val = evaluate(ckpt.model, ckpt.params, batches(*data.split("val"), 64))
-    test = evaluate(ckpt.model, ckpt.params, batches(*data.split("test"), 64))
+    val = evaluate(ckpt.module, ckpt.params, batches(*data.split("val"), 64))
+    test = evaluate(ckpt.module, ckpt.params, batches(*data.split("test"), 64))
     assert val.loss == pytest.approx(info["val_loss"], rel=1e-5)
     assert test.loss == pytest.approx(info["test_loss"], rel=1e-5)
 

@@ -126,11 +126,11 @@ def test_orthogonal_symmetry_rewrites_a_layernorm_gpt2(tmp_path: Path) -> None:
     assert "RMSNorm form" in text
     aligned, reference = load(out), load(out / "reference")
     assert aligned.config.kwargs["norm"] == "rms" == reference.config.kwargs["norm"]
-    assert isinstance(aligned.model.symmetry_spec()["residual"].group, Orthogonal)
+    assert isinstance(aligned.module.symmetry_spec()["residual"].group, Orthogonal)
     # B is moved, not replaced: its function in RMSNorm form is unchanged
     original = load(paths[1])
     x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(aligned.model(x), original.model(x), atol=1e-4, rtol=0)
+    torch.testing.assert_close(aligned.module(x), original.module(x), atol=1e-4, rtol=0)
 
 
 def test_barrier_simplex_drops_after_universe_alignment(checkpoints, tmp_path: Path) -> None:
@@ -220,7 +220,7 @@ def test_head_bases_flag_keeps_the_function_and_is_recorded(tmp_path: Path) -> N
     _invoke("align", *paths, *args)
     x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))
     a, b = load(plain), load(based)
-    torch.testing.assert_close(b.model(x), a.model(x), atol=1e-4, rtol=0)
+    torch.testing.assert_close(b.module(x), a.module(x), atol=1e-4, rtol=0)
     assert not torch.equal(
         a.params["transformer.h.0.attn.c_attn.weight"],
         b.params["transformer.h.0.attn.c_attn.weight"],
@@ -264,10 +264,10 @@ def test_circuits_flag_aligns_and_measures_in_circuit_form(tmp_path: Path) -> No
     assert "RMSNorm form and circuit form" in text
     aligned, reference = load(out), load(out / "reference")
     assert aligned.config.kwargs["attention"] == "circuits" == reference.config.kwargs["attention"]
-    assert isinstance(aligned.model.symmetry_spec()["residual"].group, Orthogonal)
+    assert isinstance(aligned.module.symmetry_spec()["residual"].group, Orthogonal)
     x = torch.randn(3, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     for rewritten, original in ((aligned, paths[1]), (reference, paths[0])):
-        torch.testing.assert_close(rewritten.model(x), load(original).model(x), atol=1e-4, rtol=0)
+        torch.testing.assert_close(rewritten.module(x), load(original).module(x), atol=1e-4, rtol=0)
     assert json.loads((out / "config.json").read_text())["metadata"]["circuits"] is True
     # --circuits on a pair already in circuit form changes nothing
     ref, moved = str(out / "reference"), str(out)

@@ -56,7 +56,7 @@ MAX_CONFIG_BYTES = 1 << 20
 class Checkpoint(NamedTuple):
     """A loaded checkpoint: the rebuilt module (eval mode, weights loaded), its weights, config."""
 
-    model: ZooModel
+    module: ZooModel
     params: Params
     config: ModelConfig
 

@@ -142,7 +142,7 @@ def load_model(
         hf = load_hf(path, dtype=dtype)
         return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
     ckpt = load_checkpoint(path, dtype=dtype)
-    return LoadedModel(ckpt.model, ckpt.params, "lmckit", Path(path), ckpt)
+    return LoadedModel(ckpt.module, ckpt.params, "lmckit", Path(path), ckpt)
 
 
 def held_model(module: nn.Module) -> LoadedModel:

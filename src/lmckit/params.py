@@ -59,7 +59,7 @@ def as_params(value: object, what: str = "params") -> Mapping[str, Tensor]:
 
 def as_module(value: object, what: str = "model") -> torch.nn.Module:
     """``value`` if it is an ``nn.Module``, else a one-line ``TypeError`` (a loaded
-    checkpoint's module is its ``.model``, a loaded model's its ``.module``)."""
+    checkpoint's or a loaded model's module is its ``.module``)."""
     if isinstance(value, torch.nn.Module):
         return value
     for attr in ("model", "module"):

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from lmckit.checkpoint import Checkpoint
 from lmckit.groups import HeadPermutation, Orthogonal, Permutation
 from lmckit.models import ZooModel
 from lmckit.params import Params, as_module, as_params
@@ -38,12 +37,9 @@ from lmckit.symmetry import SymmetrySpec
 __all__ = [
     "SYMMETRIES",
     "AlignForm",
-    "PreparedPair",
     "aligned_form",
     "check_symmetry",
-    "circuit_form",
     "default_inputs",
-    "prepare_pair",
     "spec_of",
 ]
 
@@ -229,59 +225,3 @@ def aligned_form(
     if isinstance(module, ZooModel):
         inputs = module.example_inputs()
     return AlignForm(module, a, b, spec, rewritten, " and ".join(parts), folded, inputs)
-
-
-# --------------------------------------------------------------------------- checkpoints
-
-
-@dataclass(frozen=True)
-class PreparedPair:
-    """Two checkpoints in the form they are aligned in (:func:`prepare_pair`).
-
-    Attributes:
-        a, b: the checkpoints, rewritten where the form needs it.
-        spec: the spec of that form.
-        rewritten: whether ``a`` and ``b`` differ in form from the checkpoints given.
-        form: a short description of the form, empty when nothing was done.
-    """
-
-    a: Checkpoint
-    b: Checkpoint
-    spec: SymmetrySpec
-    rewritten: bool
-    form: str = ""
-
-
-def circuit_form(ckpt: Checkpoint) -> Checkpoint:
-    """``ckpt`` with its attention heads rewritten as QK/OV circuits (exact); a
-    checkpoint already in circuit form is returned as is.
-
-    Raises:
-        ValueError: the model has no attention heads.
-    """
-    from lmckit.rewrites import heads_to_circuits
-
-    if getattr(ckpt.model, "attention", None) == "circuits":
-        return ckpt
-    try:
-        module, params = heads_to_circuits(ckpt.model, ckpt.params)
-    except (ValueError, AttributeError):
-        raise ValueError(f"--circuits: {ckpt.config.name} has no attention heads") from None
-    return Checkpoint(module, params, module.config)
-
-
-def prepare_pair(
-    a: Checkpoint, b: Checkpoint, *, symmetry: str | None = None, circuits: bool = False
-) -> PreparedPair:
-    """:func:`aligned_form` of two zoo checkpoints, as checkpoints."""
-    form = aligned_form(a.model, a.params, b.params, symmetry=symmetry, circuits=circuits)
-    module = form.module
-    assert isinstance(module, ZooModel)
-    rewritten = form.rewritten or bool(form.folded)
-    return PreparedPair(
-        Checkpoint(module, form.a, module.config),
-        Checkpoint(module, form.b, module.config),
-        form.spec,
-        rewritten,
-        form.form,
-    )

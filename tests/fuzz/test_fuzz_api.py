@@ -54,13 +54,37 @@ def test_weight_matching(ckpt) -> None:
         weight_matching(SPEC, ckpt, ckpt)
     _one_line(info, "params_a must be a dict of tensors", "got a Checkpoint: pass its .params")
     with pytest.raises(TypeError) as info:
-        weight_matching(ckpt.model, PARAMS, OTHER)
+        weight_matching(ckpt.module, PARAMS, OTHER)
     _one_line(info, "spec must be a SymmetrySpec", "got MLP")
     # the right call recovers a planted permutation
     planted = lmckit.random_transform(SPEC, 3)
     moved = lmckit.apply(SPEC, PARAMS, planted)
     back = lmckit.apply(SPEC, moved, weight_matching(SPEC, PARAMS, moved).transform)
     assert all(torch.allclose(back[k], PARAMS[k]) for k in PARAMS)
+
+
+def test_align(ckpt, tmp_path: Path) -> None:
+    with pytest.raises(TypeError) as info:
+        lmckit.align(ckpt, ckpt)
+    _one_line(info, "a must be an nn.Module, a path to a saved model", "pass its .module")
+    with pytest.raises(TypeError) as info:
+        lmckit.align(MLP, MLP, example_inputs=3)  # type: ignore[arg-type]
+    _one_line(info, "example inputs must be a tensor")
+    with pytest.raises(ValueError) as info:
+        lmckit.align(MLP, MLP, method="weight_matching")
+    _one_line(info, "unknown method 'weight_matching'; choose from weight, activation, learned")
+    with pytest.raises(FileNotFoundError) as info:
+        lmckit.align(tmp_path / "nowhere", MLP)
+    _one_line(info, "nowhere does not exist")
+    with pytest.raises(ValueError) as info:
+        lmckit.align(MLP, MLP, symmetry="rotation")
+    _one_line(info, "symmetry must be one of permutation, orthogonal or None")
+    # the right call recovers a planted permutation, from a module or from its path
+    moved, _ = create_model("mlp", seed=0, in_features=4, hidden=[6], out_features=3)
+    moved.load_state_dict(lmckit.apply(SPEC, PARAMS, lmckit.random_transform(SPEC, 3)))
+    for a in (MLP, ckpt.module, lmckit.save(tmp_path / "a", MLP, PARAMS)):
+        back = lmckit.align(a, moved).params
+        assert all(torch.allclose(back[k], PARAMS[k]) for k in PARAMS)
 
 
 def test_apply(ckpt) -> None:
@@ -131,7 +155,7 @@ def test_check_compatible(ckpt) -> None:
 def test_module_params(ckpt) -> None:
     with pytest.raises(TypeError) as info:
         lmckit.module_params(ckpt)
-    _one_line(info, "module must be an nn.Module, got a Checkpoint: pass its .model")
+    _one_line(info, "module must be an nn.Module, got a Checkpoint: pass its .module")
     assert lmckit.module_params(MLP).keys() == PARAMS.keys()
 
 
@@ -158,7 +182,7 @@ def test_evaluate_path(ckpt) -> None:
     _one_line(info, "which each point would use up")
     with pytest.raises(TypeError) as info:
         lmckit.evaluate_path(ckpt, PARAMS, OTHER, [(X, Y)])
-    _one_line(info, "model must be an nn.Module, got a Checkpoint: pass its .model")
+    _one_line(info, "model must be an nn.Module, got a Checkpoint: pass its .module")
     even = lmckit.evaluate_path(MLP, PARAMS, OTHER, [(X, Y)], points=4)
     assert not even.has_midpoint and even.to_dict()["midpoint_loss"] is None
 

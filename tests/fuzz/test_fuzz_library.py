@@ -32,7 +32,6 @@ from lmckit.measure import EvalSettings, eval_batch_size, resolve_fix
 from lmckit.models import create_model
 from lmckit.models.sizing import ModelOptions, check_fits_in_memory, sized_config
 from lmckit.paths.simplex import SimplexResult, simplex_grid
-from lmckit.recipe import prepare_pair
 from lmckit.spec import SpecCheckError
 from lmckit.symmetry import Transform
 from lmckit.train import TrainConfig
@@ -59,10 +58,6 @@ class _DropsOut(torch.nn.Module):
 
 def _result_on(grid: list[tuple[float, ...]]) -> SimplexResult:
     return SimplexResult(grid, [float(i) for i in range(len(grid))], [0.5] * len(grid))
-
-
-def _ckpt() -> lmckit.Checkpoint:
-    return lmckit.Checkpoint(MLP, PARAMS, MLP.config)
 
 
 def _wrong_width() -> None:
@@ -108,11 +103,10 @@ TABLE: list[tuple[str, Callable[[], object], type[BaseException], str]] = [
     ("eval-settings-2-points", lambda: EvalSettings(points=2), ValueError, "with 2 the barrier"),
     ("eval-batch-size-0", lambda: eval_batch_size(DIGITS, 0), ValueError, ">= 1"),
     ("fix-reset-bn-without-bn", lambda: resolve_fix(MLP, "reset_bn"), ValueError, "BatchNorm"),
-    ("prepare-pair-orthogonal-mlp",
-     lambda: prepare_pair(_ckpt(), _ckpt(), symmetry="orthogonal"), ValueError,
+    ("align-orthogonal-mlp", lambda: lmckit.align(MLP, MLP, symmetry="orthogonal"), ValueError,
      "allow permutations only"),
-    ("prepare-pair-circuits-mlp", lambda: prepare_pair(_ckpt(), _ckpt(), circuits=True),
-     ValueError, "no attention heads"),
+    ("align-circuits-mlp", lambda: lmckit.align(MLP, MLP, circuits=True), ValueError,
+     "no attention heads"),
     ("data-fit-token-model-on-images", lambda: check_data_fits(RMS_GPT, DIGITS),
      DataMismatchError, "reads token ids"),
     ("data-spec-unknown-text-option",

@@ -191,6 +191,6 @@ def command(
             f"best validation loss {result.best.loss:.4f} at step {result.best.step} "
             f"(epoch {result.best.epoch}); {stop} after {result.steps} steps"
         )
-    save(out, trained.model, result.params, metadata=metadata, overwrite=force)
+    save(out, trained.module, result.params, metadata=metadata, overwrite=force)
     click.echo(f"test loss {test.loss:.4f}, accuracy {100 * test.acc:.2f}%")
     click.echo(f"wrote {out}")

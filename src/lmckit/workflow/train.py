@@ -21,7 +21,7 @@ __all__ = ["TrainedModel", "train_model"]
 class TrainedModel:
     """What :func:`train_model` returns: the module, its training record, test metrics."""
 
-    model: ZooModel
+    module: ZooModel
     result: TrainResult
     test: Metrics
 

@@ -1,0 +1,143 @@
+"""Tiny models every test file shares: one small configuration per zoo model, and tiny
+random Hugging Face folders (2 layers, width 32) built from configs; nothing is downloaded.
+
+:func:`build_hf_folder` writes one with ``save_pretrained``; every weight is moved by
+0.1 N(0, 1) after initialisation, so norms and biases are not the trivial 1 and 0 and
+every weight matters. ``transformers`` is imported only when a folder is built.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: The smallest instance of each zoo model the tests use (``create_model(name, **TINY[name])``):
+#: 8x8 single-channel images with 3 classes, or 11 tokens of context 6.
+TINY: dict[str, dict[str, Any]] = {
+    "mlp": {"in_features": 12, "hidden": [8, 8], "out_features": 3},
+    # 8x8 -> 4x4 -> 2x2 -> 1x1, the last pool is skipped
+    "vgg": {
+        "in_channels": 1,
+        "num_classes": 3,
+        "image_size": 8,
+        "widths": [8, "M", 16, "M", 16, "M", "M"],
+    },  # fmt: skip
+    "resnet20": {"in_channels": 1, "num_classes": 3, "width_mult": 1},
+    "gpt2": {"vocab_size": 11, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 6},
+    "vit": {
+        "image_size": 8,
+        "patch_size": 4,
+        "in_channels": 1,
+        "num_classes": 3,
+        "width": 8,
+        "depth": 2,
+        "heads": 2,
+        "mlp_dim": 12,
+    },
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """One ``transformers`` family and how the tests treat it."""
+
+    config: str  # config class
+    model: str  # model class (config.json's architectures[0])
+    auto: str  # the Auto class that loads the folder
+    kwargs: dict[str, Any]
+    #: FFN units of layer 0: (parameter, axis) pairs that one permutation of the units moves
+    ffn: tuple[tuple[str, int], ...] = field(default=())
+
+
+_TEXT = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, intermediate_size=37)
+_DECODER = dict(_TEXT, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+_GATED = (
+    ("model.layers.0.mlp.gate_proj.weight", 0),
+    ("model.layers.0.mlp.up_proj.weight", 0),
+    ("model.layers.0.mlp.down_proj.weight", 1),
+)
+
+FAMILIES: dict[str, Family] = {
+    "gpt2": Family(
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        "AutoModelForCausalLM",
+        # bos/eos inside the tiny vocabulary (the defaults, 50256, are not)
+        dict(vocab_size=61, n_positions=16, n_embd=32, n_layer=2, n_head=2, n_inner=37)
+        | dict(bos_token_id=0, eos_token_id=0),
+        (
+            ("transformer.h.0.mlp.c_fc.weight", 1),  # Conv1D: (in, out)
+            ("transformer.h.0.mlp.c_fc.bias", 0),
+            ("transformer.h.0.mlp.c_proj.weight", 0),
+        ),
+    ),
+    "bert": Family(
+        "BertConfig",
+        "BertForMaskedLM",
+        "AutoModelForMaskedLM",
+        dict(_TEXT, num_attention_heads=4, max_position_embeddings=16),
+        (
+            ("bert.encoder.layer.0.intermediate.dense.weight", 0),
+            ("bert.encoder.layer.0.intermediate.dense.bias", 0),
+            ("bert.encoder.layer.0.output.dense.weight", 1),
+        ),
+    ),
+    "vit": Family(
+        "ViTConfig",
+        "ViTForImageClassification",
+        "AutoModelForImageClassification",
+        dict(
+            image_size=8,
+            patch_size=4,
+            num_channels=3,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=37,
+            num_labels=3,
+        ),
+        (
+            ("vit.layers.0.mlp.fc1.weight", 0),
+            ("vit.layers.0.mlp.fc1.bias", 0),
+            ("vit.layers.0.mlp.fc2.weight", 1),
+        ),
+    ),
+    # grouped-query attention: 4 query heads share 2 key/value heads
+    "llama": Family("LlamaConfig", "LlamaForCausalLM", "AutoModelForCausalLM", _DECODER, _GATED),
+    "mistral": Family(
+        "MistralConfig", "MistralForCausalLM", "AutoModelForCausalLM", _DECODER, _GATED
+    ),
+}
+
+
+def build_hf_folder(
+    family: str,
+    path: Path,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    **overrides: Any,
+) -> Path:
+    """Write a tiny random ``family`` model to ``path`` (``save_pretrained``); return ``path``."""
+    import transformers
+
+    fam = FAMILIES[family]
+    config = getattr(transformers, fam.config)(**{**fam.kwargs, **overrides})
+    with torch.random.fork_rng(devices=[]):  # transformers initialises from the global RNG
+        torch.manual_seed(seed)
+        model = getattr(transformers, fam.model)(config).eval()
+        with torch.no_grad():
+            for p in model.parameters():  # tied weights are one parameter: they stay tied
+                p.add_(0.1 * torch.randn_like(p))
+    model.to(dtype).save_pretrained(path)
+    return path
+
+
+def auto_load(family: str, path: Path) -> torch.nn.Module:
+    """``AutoModel*.from_pretrained(path)``: what a ``transformers`` user gets from the folder."""
+    import transformers
+
+    return getattr(transformers, FAMILIES[family].auto).from_pretrained(path).eval()
