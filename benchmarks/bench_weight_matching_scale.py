@@ -13,7 +13,7 @@ process before the measurement starts.
 
 Run: ``python benchmarks/bench_weight_matching_scale.py [--model gpt2 vit]
 [--symmetry orthogonal] [--threads 2] [--max-iter 100] [--layers 12]``.
-Targets (issue 14): orthogonal WM on the GPT-2 under 30 s on 2 CPU cores; peak memory
+Targets: orthogonal WM on the GPT-2 under 30 s on 2 CPU cores; peak memory
 at most 2.5x the two models' bytes.
 """
 

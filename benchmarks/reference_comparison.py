@@ -1,4 +1,4 @@
-"""lmckit beside the paper's code on the same two GPT-2s (issue 15; not run by CI).
+"""lmckit beside the paper's code on the same two GPT-2s (not run by CI).
 
 Takes two Hugging Face GPT-2 folders (e.g. from ``scripts/train_hf_gpt2.py``), runs the
 reference implementation of Generalized LMC for Transformers from a local checkout in its
@@ -26,8 +26,8 @@ matching is given the training split's token counts (it masks the tokens that ne
 occur); lmckit masks the same rows. The reference's merger starts its maps at a random
 near-identity element; here they are exactly the weight-matching result.
 
-    .venv/bin/python benchmarks/reference_comparison.py /work/runs/issue15/char48/seed0 \
-        /work/runs/issue15/char48/seed1 \
+    .venv/bin/python benchmarks/reference_comparison.py /work/runs/reference/char48/seed0 \
+        /work/runs/reference/char48/seed1 \
         --reference /work/ext/Generalized-LMC-for-Transformers \
         --reference-python /work/ext/venv-ref/bin/python --json /tmp/cmp.json
 """

@@ -1,7 +1,7 @@
 """Weight matching from the identity vs from the anchored start, on several model families.
 
-Issue 15 made the anchored start (:mod:`lmckit.aligners.weight.anchored`) weight matching's default;
-it must not make any family worse. For each pair this trains (and caches under OUT) two
+The anchored start (:mod:`lmckit.aligners.weight.anchored`) is weight matching's default; it
+must not make any family worse. For each pair this trains (and caches under OUT) two
 models with lmckit's trainer, aligns B to A by weight matching from both starts (and with
 ``start="best"``, which picks one by the midpoint's training loss), and
 prints the test loss barrier (11 points; BatchNorm statistics reset at each point where
@@ -10,7 +10,7 @@ the wall time. Families: MLPs and a VGG and a ResNet20 with BatchNorm on MNIST (
 8,000 / last 2,000 of the 10k test images), a ViT on MNIST and a character-level GPT-2
 (zoo models; orthogonal residual stream in circuit form, and permutations only).
 
-    nice .venv/bin/python scripts/anchored_start_families.py /work/runs/issue15/families \
+    nice .venv/bin/python scripts/anchored_start_families.py /work/runs/reference/families \
         --data-root /work/shared/data
 """
 

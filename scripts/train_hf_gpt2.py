@@ -1,6 +1,6 @@
 """Train one Hugging Face GPT-2 on Tiny Shakespeare and save it as a Hugging Face folder.
 
-The models of the reference comparison (``benchmarks/reference_comparison.py``, issue 15):
+The models of the reference comparison (``benchmarks/reference_comparison.py``):
 both lmckit and the paper's code read the same folders. Training uses ``transformers``'
 ``GPT2LMHeadModel`` (eager attention, tied embeddings, GPT-2's initialisation) in a plain
 loop: AdamW, linear warm-up then cosine decay, gradient clipping at 1, early stopping on

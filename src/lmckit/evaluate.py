@@ -1,6 +1,6 @@
 """Loss and metric of parameter sets, and along paths between them.
 
-Definitions (DESIGN.md): on the path ``theta(t) = (1 - t) theta_a + t theta_b``,
+Definitions (README, "Python"): on the path ``theta(t) = (1 - t) theta_a + t theta_b``,
 the loss barrier is ``max_t [L(theta(t)) - ((1 - t) L_a + t L_b)]`` and the accuracy
 barrier ``max_t [((1 - t) A_a + t A_b) - A(theta(t))]``. The loss and the metric come
 from a :class:`lmckit.task.Task` (default: cross-entropy and accuracy); a metric where

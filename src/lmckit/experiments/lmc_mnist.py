@@ -1,4 +1,4 @@
-"""The core issue's measurements on MNIST: barriers by alignment method and merge fix.
+"""Core measurements on MNIST: barriers by alignment method and merge fix.
 
 * ``mnist-mlp``: two 784-512-512-512-10 ReLU MLPs (Adam 1e-3, 10 epochs, batch 128);
   test loss/accuracy barriers of the naive path, weight matching and activation
@@ -62,7 +62,7 @@ class ModelSetup:
 
 
 _MLP_KWARGS = {"in_features": 784, "out_features": 10}
-#: The issue's MLP: 784-512-512-512-10 ReLU, Adam 1e-3, 10 epochs, batch 128.
+#: The core measurements' MLP: 784-512-512-512-10 ReLU, Adam 1e-3, 10 epochs, batch 128.
 MLP_FULL = ModelSetup(
     "mlp",
     {**_MLP_KWARGS, "hidden": [512, 512, 512]},

@@ -5,7 +5,7 @@ For models ``theta_1..theta_K`` and convex weights ``w`` (``w_k >= 0``,
 architecture's module with ``torch.func.functional_call``. The grid holds every
 ``w = c / r`` with non-negative integers ``c`` summing to the resolution ``r``
 (``(r + 1)(r + 2) / 2`` points for ``K = 3``), vertices included. Barriers
-generalise the linear path's (DESIGN.md):
+generalise the linear path's (:mod:`lmckit.evaluate`):
 
 - loss:     ``max_w [ L(theta(w)) - sum_k w_k L_k ]``
 - accuracy: ``max_w [ sum_k w_k A_k - A(theta(w)) ]``

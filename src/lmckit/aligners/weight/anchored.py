@@ -3,8 +3,9 @@
 Coordinate descent from the identity compares every use of a space under the *current*
 elements of the other spaces, which at the start are arbitrary: a residual stream is
 first matched through attention and MLP weights whose heads and units are still in
-unrelated orders, and descent can settle in a poor optimum (issue 15: two GPT-2s, 1.23
-from the identity, 0.74-0.79 once the residual map comes from the embeddings alone).
+unrelated orders, and descent can settle in a poor optimum (two GPT-2s of the reference
+comparison: 1.23 from the identity, 0.74-0.79 once the residual map comes from the
+embeddings alone).
 
 The anchored start orders the solves by what is already known. A use of a space (a
 parameter axis) is *anchored* once every other axis of its parameter lies in no space

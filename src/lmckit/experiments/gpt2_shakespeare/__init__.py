@@ -1,4 +1,4 @@
-"""GPT-2 on Tiny Shakespeare (BPE): the full barrier table of issue 3, item 2, in one run.
+"""GPT-2 on Tiny Shakespeare (BPE): the paper's full barrier table in one run.
 
 The experiment (:mod:`.experiment`), its stages (:mod:`.stages`) and its config with the
 paper's and the reference code's numbers (:mod:`.config`).

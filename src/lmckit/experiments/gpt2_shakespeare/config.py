@@ -22,7 +22,7 @@ __all__ = [
 PAPER = "Generalized linear mode connectivity for transformers (2025), GPT-2 table"
 
 # Loss barriers reported by the paper (summaries) and by its own code run with its
-# defaults on two seed pairs (DESIGN.md, "Numbers we know"); "-": not reported.
+# defaults on two seed pairs (docs/experiments/gpt2_shakespeare.md); "-": not reported.
 # Weight matching rows: the paper and its code interpolate heads as circuits, so their
 # numbers sit beside our circuit-form rows.
 PAPER_NUMBERS: dict[str, str] = {

@@ -1,4 +1,4 @@
-"""GPT-2 on Tiny Shakespeare (BPE): the full barrier table of issue 3, item 2, in one run.
+"""GPT-2 on Tiny Shakespeare (BPE): the paper's full barrier table in one run.
 
 Generalized LMC for Transformers (2025), GPT-2 table. Models are trained (and cached
 as checkpoints under ``out_dir``), then the linear path between two of them is measured

@@ -3,7 +3,8 @@
 On a GPT-2 pair (Hugging Face folders with ``lmckit_data.json``, as for
 ``benchmarks/reference_comparison.py``), in circuit form, lmckit's default (anchored
 start, rows of tokens never seen masked out) is changed in one respect at a time toward
-what the reference implementation does (issue 15 lists the differences):
+what the reference implementation does (docs/experiments/reference_comparison.md lists the
+differences):
 
 * ``start``: coordinate descent from the identity (lmckit's old default) instead of the
   anchored start;
@@ -22,8 +23,8 @@ The two cost rows run their own alternation (residual by lmckit's solver, then h
 then units, until nothing changes, at most 30 rounds) from the anchored start. Barriers:
 test loss, 11 points, on the paper's path and on lmckit's (see the benchmark).
 
-    nice .venv/bin/python scripts/issue15_ablations.py /work/runs/issue15/char48/seed0 \
-        /work/runs/issue15/char48/seed1 [--permutations-only]
+    nice .venv/bin/python scripts/reference_ablations.py /work/runs/reference/char48/seed0 \
+        /work/runs/reference/char48/seed1 [--permutations-only]
 """
 
 from __future__ import annotations
