@@ -37,9 +37,11 @@ __all__ = [
     "train_inputs",
 ]
 
-FIXES = ("auto", "none", "reset_bn", "repair")
-#: The merge method (:mod:`lmckit.merge_methods`) that makes each point under a fix.
+#: The merge method (:mod:`lmckit.merge_methods`) that makes each point under a fix: the
+#: fixes of a merged model.
 MERGE_METHOD_OF_FIX = {"none": "interpolate", "reset_bn": "reset_bn", "repair": "repair"}
+#: The fixes of a path: those of a merged model, and ``auto`` (:func:`resolve_fix`).
+FIXES = ("auto", *MERGE_METHOD_OF_FIX)
 #: Logit floats per evaluation batch of a language model (batch * time * vocab), ~256 MB.
 LM_EVAL_LOGITS = 2**26
 #: Most points on one path: each point is a full evaluation of the split.

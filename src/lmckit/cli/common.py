@@ -1,7 +1,7 @@
 """What every command shares: options, loading models and data, checking outputs.
 
-Models are loaded by one function, :func:`load_model`, so that every command accepts
-the same sources: lmckit checkpoints (or state dicts with a ``config.json``) and
+Models are loaded by one function, :func:`lmckit.io.load_model`, so that every command
+accepts the same sources: lmckit checkpoints (or state dicts with a ``config.json``) and
 Hugging Face folders.
 Errors are raised as the library's exceptions (or :func:`fail`); the group in
 :mod:`lmckit.cli` turns them into one ``Error:`` line.
@@ -18,8 +18,7 @@ import torch
 
 from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.data.spec import check_data_spec, data_spec_paths
-from lmckit.io import LoadedModel, check_same_architecture
-from lmckit.io import load_model as load_any
+from lmckit.io import LoadedModel, check_same_architecture, load_model
 from lmckit.outputs import (
     OutputKind,
     check_distinct_outputs,
@@ -38,7 +37,6 @@ __all__ = [
     "force_option",
     "input_paths",
     "load_dataset",
-    "load_model",
     "load_models",
     "model_pair_arguments",
     "parse_device",
@@ -125,12 +123,6 @@ def seed_option(help: str | None = None) -> Callable[[FC], FC]:
 
 
 # --------------------------------------------------------------------------- models
-
-
-def load_model(path: str) -> LoadedModel:
-    """The one way the command line loads a model: an lmckit checkpoint (a folder or a
-    weights file with ``config.json`` beside it) or a Hugging Face folder."""
-    return load_any(path)
 
 
 def load_models(paths: Sequence[str]) -> list[LoadedModel]:

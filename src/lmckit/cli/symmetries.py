@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from lmckit.atomic import write_json
-from lmckit.cli.common import check_out_files, choice_option, input_paths, load_model
+from lmckit.cli.common import check_out_files, choice_option, input_paths
+from lmckit.io import load_model
 from lmckit.recipe import SYMMETRIES
 
 __all__ = ["command"]

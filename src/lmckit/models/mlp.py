@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -80,19 +79,3 @@ class MLP(ZooModel):
         if self.norm == "none":
             return [f"layers.{i}" for i in range(len(self.hidden))]
         return [f"norms.{i}" for i in range(len(self.hidden))]
-
-
-def _flat_size(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
-def mlp_from_input_shape(
-    input_shape: Sequence[int], num_classes: int, width: int, depth: int, **kwargs: object
-) -> dict[str, object]:
-    """Keyword arguments of an MLP with ``depth`` hidden layers of ``width`` for a dataset."""
-    return {
-        "in_features": _flat_size(input_shape),
-        "hidden": [width] * depth,
-        "out_features": num_classes,
-        **kwargs,
-    }

@@ -27,7 +27,6 @@ __all__ = [
     "conv_bias",
     "group_norm_groups",
     "make_norm2d",
-    "norm_blocks",
 ]
 
 CONV_NORMS: tuple[str, ...] = ("none", "batch", "layer", "group")
@@ -46,12 +45,6 @@ def group_norm_groups(channels: int) -> int:
     if channels < 1:
         raise ValueError(f"need at least one channel, got {channels}")
     return max(g for g in range(1, min(MAX_GROUPS, channels) + 1) if channels % g == 0)
-
-
-def norm_blocks(norm: str, channels: int) -> int:
-    """How many contiguous channel blocks ``norm`` normalises separately (1 unless group)."""
-    check_conv_norm(norm)
-    return group_norm_groups(channels) if norm == "group" else 1
 
 
 def make_norm2d(norm: str, channels: int) -> nn.Module:

@@ -14,7 +14,7 @@ from lmckit.params import Params
 __all__ = ["MERGE_FIXES", "merge_pair"]
 
 #: What :func:`merge_pair` does after interpolating.
-MERGE_FIXES = ("none", "reset_bn", "repair")
+MERGE_FIXES = tuple(MERGE_METHOD_OF_FIX)
 
 
 def merge_pair(

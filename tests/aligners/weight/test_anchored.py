@@ -105,6 +105,6 @@ def test_default_start_recovers_a_planted_rotation_in_one_sweep() -> None:
 
 def test_unknown_start_is_refused() -> None:
     with pytest.raises(
-        ValueError, match="start must be 'anchored', 'identity' or 'best', got 'random'"
+        ValueError, match="start must be one of anchored, identity, best, got 'random'"
     ):
         WeightMatchingConfig(start="random")

@@ -9,6 +9,7 @@ between starts (:mod:`.start_choice`) and the objective's bookkeeping (:mod:`.ob
 
 from lmckit.aligners.weight.matching import (
     GIT_REBASIN,
+    START_OPTIONS,
     WeightMatchingConfig,
     space_objective,
     space_similarity,
@@ -18,6 +19,7 @@ from lmckit.aligners.weight.matching import (
 
 __all__ = [
     "GIT_REBASIN",
+    "START_OPTIONS",
     "WeightMatchingConfig",
     "space_objective",
     "space_similarity",

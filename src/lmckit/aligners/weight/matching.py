@@ -31,13 +31,14 @@ from lmckit.aligners.weight.anchored import anchored_start
 from lmckit.aligners.weight.incremental import SimilarityCache
 from lmckit.aligners.weight.objective import space_objective, space_objectives, total_objective
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
-from lmckit.aligners.weight.start_choice import best_start
+from lmckit.aligners.weight.start_choice import STARTS, best_start
 from lmckit.data import Dataset
 from lmckit.params import IncompatibleModelsError, Params, check_compatible, check_finite
 from lmckit.symmetry import SymmetrySpec, Transform, random_transform
 
 __all__ = [
     "GIT_REBASIN",
+    "START_OPTIONS",
     "WeightMatchingConfig",
     "space_objective",
     "space_similarity",
@@ -49,6 +50,10 @@ GIT_REBASIN = (
     "Ainsworth, Hayase, Srinivasa, 2023, Git Re-Basin: Merging Models modulo "
     "Permutation Symmetries, https://arxiv.org/abs/2209.04836"
 )
+
+
+#: Values of :attr:`WeightMatchingConfig.start`: a start, or ``"best"`` of them by data.
+START_OPTIONS = (*STARTS, "best")
 
 
 @dataclass(frozen=True)
@@ -83,8 +88,8 @@ class WeightMatchingConfig:
     def __post_init__(self) -> None:
         if self.max_iter < 1 or self.restarts < 0 or self.tol < 0 or self.select_targets < 1:
             raise ValueError(f"invalid weight matching config {self}")
-        if self.start not in ("anchored", "identity", "best"):
-            raise ValueError(f"start must be 'anchored', 'identity' or 'best', got {self.start!r}")
+        if self.start not in START_OPTIONS:
+            raise ValueError(f"start must be one of {', '.join(START_OPTIONS)}, got {self.start!r}")
 
 
 def space_widths(spec: SymmetrySpec, params: Mapping[str, Tensor]) -> dict[str, int]:
