@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from tests.tiny_models import auto_load, build_hf_folder
 
 from lmckit.hf import HFError, read_hf_weights, zoo_from_hf, zoo_model_kwargs
 from lmckit.models import create_model
@@ -32,31 +33,16 @@ VIT_SIZES = dict(
 )
 
 
-def _hf_gpt2(tmp_path: Path, **overrides: object):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.GPT2Config(**{**GPT2_SIZES, **overrides})
-    with torch.random.fork_rng(devices=[]):  # HF initialises from the global RNG
-        torch.manual_seed(0)
-        model = transformers.GPT2LMHeadModel(config).eval()
-        with torch.no_grad():  # non-trivial norms and biases
-            for p in model.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(tmp_path)
-    return model
+def _hf_gpt2(tmp_path: Path, **overrides: object) -> torch.nn.Module:
+    pytest.importorskip("transformers")
+    build_hf_folder("gpt2", tmp_path, **{**GPT2_SIZES, **overrides})
+    return auto_load("gpt2", tmp_path)
 
 
-def _hf_vit(tmp_path: Path, **overrides: object):
-    transformers = pytest.importorskip("transformers")
-    config = transformers.ViTConfig(**{**VIT_SIZES, **overrides})
-    with torch.random.fork_rng(devices=[]):  # HF initialises from the global RNG
-        torch.manual_seed(0)
-        model = transformers.ViTForImageClassification(config).eval()
-        # Non-trivial norms and biases, so that every conversion is exercised.
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-    model.save_pretrained(tmp_path)
-    return model
+def _hf_vit(tmp_path: Path, **overrides: object) -> torch.nn.Module:
+    pytest.importorskip("transformers")
+    build_hf_folder("vit", tmp_path, **{**VIT_SIZES, **overrides})
+    return auto_load("vit", tmp_path)
 
 
 def _tokens(vocab: int, t: int) -> torch.Tensor:

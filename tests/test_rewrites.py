@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.tiny_models import TINY
 from torch import Tensor
 
 from lmckit.models import ZooModel, create_model
@@ -12,19 +13,6 @@ from lmckit.params import Params
 from lmckit.rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply, random_transform
 
-CONFIGS = {
-    "gpt2": {"vocab_size": 13, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 7},
-    "vit": {
-        "image_size": 8,
-        "patch_size": 4,
-        "in_channels": 1,
-        "num_classes": 3,
-        "width": 8,
-        "depth": 2,
-        "heads": 2,
-        "mlp_dim": 12,
-    },
-}
 VARIANTS = [
     ("gpt2", {}),
     ("gpt2", {"tie_embeddings": False}),
@@ -34,7 +22,7 @@ VARIANTS = [
 
 
 def _model(name: str, extra: dict, seed: int = 0) -> tuple[ZooModel, Params, Tensor]:
-    module, params = create_model(name, seed=seed, **CONFIGS[name], **extra)
+    module, params = create_model(name, seed=seed, **TINY[name], **extra)
     module.eval()
     gen = torch.Generator().manual_seed(seed + 1)
     # non-trivial norms: scales around 1, biases around 0
@@ -45,7 +33,8 @@ def _model(name: str, extra: dict, seed: int = 0) -> tuple[ZooModel, Params, Ten
         elif key.endswith("bias") or "cls_token" in key:
             params[key] = 0.1 * torch.randn(value.shape, generator=gen)
     if name == "gpt2":
-        x = torch.randint(0, 13, (4, 7), generator=gen)
+        gpt2 = TINY["gpt2"]
+        x = torch.randint(0, gpt2["vocab_size"], (4, gpt2["context"]), generator=gen)
     else:
         x = torch.randn(4, 1, 8, 8, generator=gen)
     return module, params, x
@@ -130,7 +119,7 @@ def test_rewrites_reject_the_wrong_norm() -> None:
     rms, rms_params = layernorm_to_rmsnorm(module, params)
     with pytest.raises(ValueError, match="has LayerNorms"):
         layernorm_to_rmsnorm(rms, rms_params)
-    tied_rms, tied_params = create_model("gpt2", norm="rms", **CONFIGS["gpt2"])
+    tied_rms, tied_params = create_model("gpt2", norm="rms", **TINY["gpt2"])
     with pytest.raises(ValueError, match="untie"):
         embed_in_wider(tied_rms, tied_params, 16)
 

@@ -39,6 +39,28 @@ TINY: dict[str, dict[str, Any]] = {
     },
 }
 
+#: Transformers with four heads of width 4 (aligner tests: heads to permute, bases in them).
+FOUR_HEADS: dict[str, dict[str, Any]] = {
+    "gpt2": {
+        "vocab_size": 17,
+        "n_layer": 2,
+        "n_head": 4,
+        "n_embd": 16,
+        "n_inner": 24,
+        "context": 8,
+    },  # fmt: skip
+    "vit": {
+        "image_size": 8,
+        "patch_size": 4,
+        "in_channels": 1,
+        "num_classes": 3,
+        "width": 16,
+        "depth": 2,
+        "heads": 4,
+        "mlp_dim": 24,
+    },
+}
+
 
 @dataclass(frozen=True)
 class Family:

@@ -201,6 +201,87 @@ def _snapshot(work: nn.Module) -> Params:
     return {k: v.detach().to("cpu", copy=True) for k, v in work.state_dict().items()}
 
 
+@dataclass
+class _Validation:
+    """The validation measurements of one run: history, best point and its parameters."""
+
+    config: TrainConfig
+    data: TrainData
+    task: Task
+    device: torch.device
+    history: list[ValidationPoint] = field(default_factory=list)
+    best: ValidationPoint | None = None
+    best_params: Params | None = None
+    stale: int = 0  # measurements since the last improvement
+
+    def __post_init__(self) -> None:
+        if self.config.validates and not self.data.has_val:
+            raise ValueError(
+                f"early stopping / validation needs a validation split; dataset "
+                f"{self.data.name!r} has only {', '.join(self.data.splits)}"
+            )
+
+    def measure(self, work: nn.Module, step: int, epoch: int, bar: tqdm) -> bool:
+        """Measure the validation loss, keep the best parameters, show both on ``bar``;
+        ``True`` when the patience has run out."""
+        batch = self.config.eval_batch_size or self.config.batch_size
+        loss, acc = _validation_loss(work, self.data, batch, self.device, self.task)
+        point = ValidationPoint(step=step, epoch=epoch + 1, loss=loss, acc=acc)
+        self.history.append(point)
+        if self.best is None or loss < self.best.loss - self.config.min_delta:
+            self.best, self.best_params, self.stale = point, _snapshot(work), 0
+        else:
+            self.stale += 1
+        bar.set_postfix(epoch=epoch + 1, val_loss=f"{loss:.4f}", best=f"{self.best.loss:.4f}")
+        return self.config.patience is not None and self.stale >= self.config.patience
+
+    def measured_at(self, step: int) -> bool:
+        return bool(self.history) and self.history[-1].step == step
+
+    def result(self, work: nn.Module, steps: int, epochs: int, stopped_early: bool) -> TrainResult:
+        """The run's result: the best validated parameters, else ``work``'s last ones."""
+        params = self.best_params if self.best_params is not None else _snapshot(work)
+        return TrainResult(params, steps, epochs, stopped_early, self.history, self.best)
+
+
+def _total_steps(config: TrainConfig, examples: int) -> int:
+    """Optimisation steps of the run: ``epochs`` passes, capped by ``max_steps``."""
+    total = config.epochs * math.ceil(examples / config.batch_size)
+    return total if config.max_steps is None else min(total, config.max_steps)
+
+
+def _training_copy(model: nn.Module, params: Params, device: torch.device) -> nn.Module:
+    """A private copy of ``model`` holding ``params`` on ``device``, in training mode."""
+    work = copy.deepcopy(model)
+    work.load_state_dict(params)
+    work.to(device)
+    work.train()
+    return work
+
+
+def _step(
+    work: nn.Module,
+    opt: torch.optim.Optimizer,
+    config: TrainConfig,
+    task: Task,
+    batch: tuple[Tensor, Tensor],
+    lr: float,
+    where: str,
+) -> float:
+    """One optimisation step at rate ``lr``; its loss (``where`` names it if it diverged)."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = task.loss(work(batch[0]), batch[1])
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"training diverged at {where}: loss {loss}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip is not None:
+        nn.utils.clip_grad_norm_(work.parameters(), config.grad_clip)
+    opt.step()
+    return loss.item()
+
+
 def fit(
     model: nn.Module,
     params: Params,
@@ -235,44 +316,15 @@ def fit(
     """
     config = config or TrainConfig()
     check_finite(params, what="initial parameters")
-    if config.validates and not data.has_val:
-        raise ValueError(
-            f"early stopping / validation needs a validation split; dataset {data.name!r} "
-            f"has only {', '.join(data.splits)}"
-        )
     device = torch.device(device or "cpu")
-    work = copy.deepcopy(model)
-    work.load_state_dict(params)
-    work.to(device)
-    work.train()
+    validation = _Validation(config, data, task, device)
+    work = _training_copy(model, params, device)
     opt = make_optimizer(config, work.parameters())
     x, y = data.x_train, data.y_train
-    steps_per_epoch = math.ceil(len(x) / config.batch_size)
-    total = config.epochs * steps_per_epoch
-    if config.max_steps is not None:
-        total = min(total, config.max_steps)
-    eval_batch = config.eval_batch_size or config.batch_size
+    total = _total_steps(config, len(x))
     generator = torch.Generator().manual_seed(seed)
     step = epoch = 0
-    history: list[ValidationPoint] = []
-    best: ValidationPoint | None = None
-    best_params: Params | None = None
-    stale = 0  # measurements since the last improvement
     stopped_early = False
-
-    def measure() -> bool:
-        """Measure validation loss, keep the best parameters; True when patience runs out."""
-        nonlocal best, best_params, stale
-        loss, acc = _validation_loss(work, data, eval_batch, device, task)
-        point = ValidationPoint(step=step, epoch=epoch + 1, loss=loss, acc=acc)
-        history.append(point)
-        if best is None or loss < best.loss - config.min_delta:
-            best, best_params, stale = point, _snapshot(work), 0
-        else:
-            stale += 1
-        bar.set_postfix(epoch=epoch + 1, val_loss=f"{loss:.4f}", best=f"{best.loss:.4f}")
-        return config.patience is not None and stale >= config.patience
-
     bar = tqdm(total=total, desc="train", unit="step", disable=not progress, leave=False)
     # CUDA dropout draws from the device's generator: fork it too, so the caller's is kept.
     rng_devices = [device] if device.type == "cuda" else []
@@ -281,45 +333,27 @@ def fit(
         try:
             for epoch in range(config.epochs):
                 for xb, yb in batches(x, y, config.batch_size, shuffle=True, generator=generator):
-                    xb, yb = xb.to(device), yb.to(device)
-                    for group in opt.param_groups:
-                        group["lr"] = config.lr * lr_factor(config, step, total)
-                    loss = task.loss(work(xb), yb)
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(
-                            f"training diverged at epoch {epoch + 1}, step {step}: loss {loss}"
-                        )
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if config.grad_clip is not None:
-                        nn.utils.clip_grad_norm_(work.parameters(), config.grad_clip)
-                    opt.step()
+                    lr = config.lr * lr_factor(config, step, total)
+                    where = f"epoch {epoch + 1}, step {step}"
+                    loss = _step(work, opt, config, task, (xb.to(device), yb.to(device)), lr, where)
                     step += 1
                     bar.update(1)
-                    bar.set_postfix(epoch=epoch + 1, loss=f"{loss.item():.4f}")
+                    bar.set_postfix(epoch=epoch + 1, loss=f"{loss:.4f}")
                     if config.eval_every is not None and step % config.eval_every == 0:
-                        stopped_early = measure()
+                        stopped_early = validation.measure(work, step, epoch, bar)
                     if stopped_early or step >= total:
                         break
                 if config.validates and config.eval_every is None and not stopped_early:
-                    stopped_early = measure()
+                    stopped_early = validation.measure(work, step, epoch, bar)
                 if stopped_early or step >= total:
                     break
-            if config.validates and (not history or history[-1].step != step):
-                measure()  # the last steps were never measured (eval_every does not divide them)
+            if config.validates and not validation.measured_at(step):
+                # the last steps were never measured (eval_every does not divide them)
+                validation.measure(work, step, epoch, bar)
         finally:
             bar.close()
     # An early stop at the very last step is no early stop.
-    stopped_early = stopped_early and step < total
-    params_out = best_params if best_params is not None else _snapshot(work)
-    return TrainResult(
-        params=params_out,
-        steps=step,
-        epochs=epoch + 1,
-        stopped_early=stopped_early,
-        history=history,
-        best=best,
-    )
+    return validation.result(work, step, epoch + 1, stopped_early and step < total)
 
 
 def train(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.tiny_models import FOUR_HEADS
 from torch.func import functional_call
 
 from lmckit.aligners import (
@@ -19,21 +20,9 @@ from lmckit.models import create_model
 from lmckit.rewrites import layernorm_to_rmsnorm
 from lmckit.symmetry import Orthogonal, apply, random_transform
 
-GPT2 = {"vocab_size": 30, "n_layer": 2, "n_head": 2, "n_embd": 16, "n_inner": 32, "context": 8}
-VIT = {
-    "image_size": 8,
-    "patch_size": 4,
-    "in_channels": 1,
-    "num_classes": 3,
-    "width": 16,
-    "depth": 2,
-    "heads": 4,
-    "mlp_dim": 32,
-}
-
 
 def _model(name: str, seed: int = 0):
-    module, params = create_model(name, seed=seed, **(GPT2 if name == "gpt2" else VIT))
+    module, params = create_model(name, seed=seed, **FOUR_HEADS[name])
     gen = torch.Generator().manual_seed(seed)
     # non-zero biases, so that rotating them is tested too
     params = {
@@ -41,7 +30,8 @@ def _model(name: str, seed: int = 0):
         for k, v in params.items()
     }
     if name == "gpt2":
-        x = torch.randint(0, 30, (3, 8), generator=gen)
+        gpt2 = FOUR_HEADS["gpt2"]
+        x = torch.randint(0, gpt2["vocab_size"], (3, gpt2["context"]), generator=gen)
     else:
         x = torch.randn(3, 1, 8, 8, generator=gen)
     return module.eval(), params, x

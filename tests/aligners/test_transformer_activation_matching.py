@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.tiny_models import FOUR_HEADS
 from torch import Tensor
 
 from lmckit.aligners import ActivationMatchingConfig, activation_matching
@@ -17,23 +18,12 @@ from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Permutation, apply, random_transform
 from lmckit.train import TrainConfig, train
 
-GPT2_TINY = {"vocab_size": 17, "n_layer": 2, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
-VIT_TINY = {
-    "image_size": 8,
-    "patch_size": 4,
-    "in_channels": 1,
-    "num_classes": 3,
-    "width": 16,
-    "depth": 2,
-    "heads": 4,
-    "mlp_dim": 24,
-}
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 
 
 def _model(name: str, seed: int = 0) -> tuple[ZooModel, Params, list[Tensor]]:
     """A LayerNorm model with non-trivial norms and biases, and four input batches."""
-    module, params = create_model(name, seed=seed, **(GPT2_TINY if name == "gpt2" else VIT_TINY))
+    module, params = create_model(name, seed=seed, **(FOUR_HEADS[name]))
     gen = torch.Generator().manual_seed(seed + 10)
     # perturb every parameter so that no two units (or heads) are alike
     params = {k: v + 0.1 * torch.randn(v.shape, generator=gen) for k, v in params.items()}

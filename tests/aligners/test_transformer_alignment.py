@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.tiny_models import FOUR_HEADS
 from torch import Tensor
 from torch.func import functional_call
 
@@ -28,17 +29,6 @@ from lmckit.symmetry import (
 )
 from lmckit.train import TrainConfig, train
 
-GPT2_TINY = {"vocab_size": 17, "n_layer": 2, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
-VIT_TINY = {
-    "image_size": 8,
-    "patch_size": 4,
-    "in_channels": 1,
-    "num_classes": 3,
-    "width": 16,
-    "depth": 2,
-    "heads": 4,
-    "mlp_dim": 24,
-}
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 
 
@@ -47,7 +37,7 @@ def _model(
 ) -> tuple[ZooModel, Params, Tensor, Tensor]:
     """An RMSNorm model (random, with non-trivial biases; with ``circuits``, its heads
     rewritten as QK/OV circuits) and a batch of data."""
-    kwargs = GPT2_TINY if name == "gpt2" else VIT_TINY
+    kwargs = FOUR_HEADS[name]
     module, params = (
         create_model(name, seed=seed, tie_embeddings=False, **kwargs)
         if (name == "gpt2")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.tiny_models import TINY
 
 from lmckit.data import Dataset
 from lmckit.models import list_models
@@ -19,16 +20,6 @@ from lmckit.train import TrainConfig, train
 
 MLP_KWARGS = {"in_features": 12, "hidden": [8, 8], "out_features": 3, "norm": "layer"}
 RESNET_KWARGS = {"in_channels": 1, "num_classes": 3, "width_mult": 1, "norm": "layer"}
-VIT_KWARGS = {
-    "image_size": 8,
-    "patch_size": 4,
-    "in_channels": 1,
-    "num_classes": 3,
-    "width": 8,
-    "depth": 2,
-    "heads": 2,
-    "mlp_dim": 12,
-}
 VIT_BLOCK_LAYERS = (
     "attention.attention.query",
     "attention.attention.key",
@@ -45,7 +36,7 @@ VIT_BLOCK_LAYERS = (
     [
         ("asym_mlp", MLP_KWARGS, (5, 12)),
         ("asym_resnet20", RESNET_KWARGS, (2, 1, 8, 8)),
-        ("asym_vit", VIT_KWARGS, (4, 1, 8, 8)),
+        ("asym_vit", TINY["vit"], (4, 1, 8, 8)),
     ],
 )
 def test_to_plain_computes_the_same_function(outputs, name, kwargs, shape, mode) -> None:
@@ -173,10 +164,10 @@ def test_unknown_name_and_wrong_module() -> None:
 
 
 def test_asym_vit_breaks_exactly_the_block_projections() -> None:
-    module, params = create_asym_model("asym_vit", kappa=1.0, num_fixed=2, **VIT_KWARGS)
+    module, params = create_asym_model("asym_vit", kappa=1.0, num_fixed=2, **TINY["vit"])
     want = [
         f"vit.encoder.layer.{i}.{part}"
-        for i in range(VIT_KWARGS["depth"])
+        for i in range(TINY["vit"]["depth"])
         for part in VIT_BLOCK_LAYERS
     ]
     assert module.asym_layers == want
@@ -196,7 +187,7 @@ def test_asym_vit_breaks_the_plain_symmetries(outputs) -> None:
     spec while the fixed ``C`` stays put changes the function: the fixed parts pin
     the frame.
     """
-    module, params = create_asym_model("asym_vit", seed=0, kappa=1.0, num_fixed=3, **VIT_KWARGS)
+    module, params = create_asym_model("asym_vit", seed=0, kappa=1.0, num_fixed=3, **TINY["vit"])
     plain, folded = to_plain(module, params)
     spec = plain.symmetry_spec()
     transform = random_transform(spec, seed=4)
@@ -214,7 +205,7 @@ def test_asym_vit_breaks_the_plain_symmetries(outputs) -> None:
 @pytest.mark.parametrize("mode", ["wasym", "syre"])
 def test_asym_vit_fixed_entries_get_no_gradient(mode) -> None:
     module, params = create_asym_model(
-        "asym_vit", seed=0, kappa=1.0, num_fixed=3, mode=mode, **VIT_KWARGS
+        "asym_vit", seed=0, kappa=1.0, num_fixed=3, mode=mode, **TINY["vit"]
     )
     module.load_state_dict(params)
     gen = torch.Generator().manual_seed(0)
@@ -233,7 +224,7 @@ def test_asym_vit_fixed_entries_get_no_gradient(mode) -> None:
 
 
 def test_asym_vit_training_step_keeps_fixed_entries() -> None:
-    module, init = create_asym_model("asym_vit", seed=0, kappa=1.0, num_fixed=3, **VIT_KWARGS)
+    module, init = create_asym_model("asym_vit", seed=0, kappa=1.0, num_fixed=3, **TINY["vit"])
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(32, 1, 8, 8, generator=gen)
     y = torch.randint(0, 3, (32,), generator=gen)
@@ -249,7 +240,7 @@ def test_asym_vit_training_step_keeps_fixed_entries() -> None:
 
 
 def test_asym_vit_runs_share_fixed_parts() -> None:
-    kwargs = {"kappa": 1.0, "num_fixed": 3, "mask_seed": 2, "fixed_seed": 5, **VIT_KWARGS}
+    kwargs = {"kappa": 1.0, "num_fixed": 3, "mask_seed": 2, "fixed_seed": 5, **TINY["vit"]}
     module, a = create_asym_model("asym_vit", seed=0, **kwargs)
     _, b = create_asym_model("asym_vit", seed=1, **kwargs)
     for layer in module.asym_layers:

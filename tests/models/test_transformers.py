@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.tiny_models import TINY
 from torch.func import functional_call
 
 from lmckit.models import create_model
@@ -16,26 +17,14 @@ from lmckit.symmetry import (
     random_transform,
 )
 
-GPT2_TINY = {"vocab_size": 13, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 7}
-VIT_TINY = {
-    "image_size": 8,
-    "patch_size": 4,
-    "in_channels": 1,
-    "num_classes": 3,
-    "width": 8,
-    "depth": 2,
-    "heads": 2,
-    "mlp_dim": 12,
-}
-
 
 def _tokens(seed: int = 0) -> torch.Tensor:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, GPT2_TINY["vocab_size"], (3, GPT2_TINY["context"]), generator=gen)
+    return torch.randint(0, TINY["gpt2"]["vocab_size"], (3, TINY["gpt2"]["context"]), generator=gen)
 
 
 def test_gpt2_uses_hugging_face_names() -> None:
-    _, params = create_model("gpt2", tie_embeddings=False, **GPT2_TINY)
+    _, params = create_model("gpt2", tie_embeddings=False, **TINY["gpt2"])
     for key in (
         "transformer.wte.weight",
         "transformer.wpe.weight",
@@ -54,11 +43,11 @@ def test_gpt2_uses_hugging_face_names() -> None:
 
 
 def test_gpt2_tied_head_is_the_embedding() -> None:
-    module, params = create_model("gpt2", **GPT2_TINY)
+    module, params = create_model("gpt2", **TINY["gpt2"])
     assert "lm_head.weight" not in params
     x = _tokens()
     logits = functional_call(module.eval(), params, (x,))
-    assert logits.shape == (3, 7, 13)
+    assert logits.shape == (3, TINY["gpt2"]["context"], TINY["gpt2"]["vocab_size"])
     hidden = {}
     module.transformer.ln_f.register_forward_hook(lambda _m, _i, out: hidden.update(h=out))
     functional_call(module, params, (x,))
@@ -68,10 +57,10 @@ def test_gpt2_tied_head_is_the_embedding() -> None:
 
 @pytest.mark.parametrize("norm", ["layer", "rms"])
 def test_gpt2_is_causal(norm: str) -> None:
-    module, params = create_model("gpt2", norm=norm, **GPT2_TINY)
+    module, params = create_model("gpt2", norm=norm, **TINY["gpt2"])
     x = _tokens()
     y = x.clone()
-    y[:, -1] = (y[:, -1] + 1) % GPT2_TINY["vocab_size"]
+    y[:, -1] = (y[:, -1] + 1) % TINY["gpt2"]["vocab_size"]
     a, b = (functional_call(module.eval(), params, (t,)) for t in (x, y))
     torch.testing.assert_close(a[:, :-1], b[:, :-1])
     assert not torch.allclose(a[:, -1], b[:, -1])
@@ -84,13 +73,13 @@ def test_gpt2_rejects_bad_arguments() -> None:
         create_model("gpt2", vocab_size=5, n_embd=8, n_head=2, norm="batch")
     with pytest.raises(ValueError, match="tied"):
         create_model("gpt2", vocab_size=5, n_embd=8, n_head=2, lm_head_bias=True)
-    module, params = create_model("gpt2", **GPT2_TINY)
+    module, params = create_model("gpt2", **TINY["gpt2"])
     with pytest.raises(ValueError, match="time"):
         functional_call(module, params, (torch.zeros(1, 8, dtype=torch.long),))
 
 
 def test_vit_uses_hugging_face_names_and_classifies() -> None:
-    module, params = create_model("vit", **VIT_TINY)
+    module, params = create_model("vit", **TINY["vit"])
     pre = "vit.encoder.layer.1"
     for key in (
         "vit.embeddings.cls_token",
@@ -114,7 +103,7 @@ def test_vit_uses_hugging_face_names_and_classifies() -> None:
 
 
 def test_vit_mean_pooling_has_no_class_token_and_keeps_its_symmetry() -> None:
-    module, params = create_model("vit", class_token=False, norm="rms", **VIT_TINY)
+    module, params = create_model("vit", class_token=False, norm="rms", **TINY["vit"])
     assert "vit.embeddings.cls_token" not in params
     assert params["vit.embeddings.position_embeddings"].shape == (1, 4, 8)
     spec = module.symmetry_spec()
@@ -126,15 +115,15 @@ def test_vit_mean_pooling_has_no_class_token_and_keeps_its_symmetry() -> None:
 
 def test_vit_rejects_bad_arguments() -> None:
     with pytest.raises(ValueError, match="multiple of patch"):
-        create_model("vit", **{**VIT_TINY, "patch_size": 3})
+        create_model("vit", **{**TINY["vit"], "patch_size": 3})
     with pytest.raises(ValueError, match="heads"):
-        create_model("vit", **{**VIT_TINY, "heads": 3})
+        create_model("vit", **{**TINY["vit"], "heads": 3})
 
 
 @pytest.mark.parametrize("name", ["gpt2", "vit"])
 @pytest.mark.parametrize(("norm", "group"), [("layer", Permutation), ("rms", Orthogonal)])
 def test_spec_layout(name: str, norm: str, group: type) -> None:
-    kwargs = GPT2_TINY if name == "gpt2" else VIT_TINY
+    kwargs = TINY[name]
     module, params = create_model(name, norm=norm, **kwargs)
     spec = module.symmetry_spec()
     spec.validate(params)

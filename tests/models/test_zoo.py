@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.tiny_models import TINY
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -53,7 +54,7 @@ class SmallConfig:
 
 SMALL: dict[str, SmallConfig] = {
     "mlp": SmallConfig(
-        {"in_features": 12, "hidden": [8, 8], "out_features": 3},
+        TINY["mlp"],
         (12,),
         ("none", "batch", "layer"),
         ("relu", "gelu"),
@@ -61,19 +62,13 @@ SMALL: dict[str, SmallConfig] = {
         classifier="head",
     ),
     "vgg": SmallConfig(
-        # 8x8 -> 4x4 -> 2x2 -> 1x1, the last pool is skipped
-        {
-            "in_channels": 1,
-            "num_classes": 3,
-            "image_size": 8,
-            "widths": [8, "M", 16, "M", 16, "M", "M"],
-        },
+        TINY["vgg"],
         (1, 8, 8),
         CONV_NORMS,
         first_layer="features.0",
     ),
     "gpt2": SmallConfig(
-        {"vocab_size": 11, "n_layer": 2, "n_head": 2, "n_embd": 8, "n_inner": 12, "context": 6},
+        TINY["gpt2"],
         (6,),
         ("layer", "rms"),
         attentions=("heads", "circuits"),
@@ -83,16 +78,7 @@ SMALL: dict[str, SmallConfig] = {
         data_axes=(("transformer.wpe.weight", 0),),
     ),
     "vit": SmallConfig(
-        {
-            "image_size": 8,
-            "patch_size": 4,
-            "in_channels": 1,
-            "num_classes": 3,
-            "width": 8,
-            "depth": 2,
-            "heads": 2,
-            "mlp_dim": 12,
-        },
+        TINY["vit"],
         (1, 8, 8),
         ("layer", "rms"),
         attentions=("heads", "circuits"),
@@ -105,7 +91,7 @@ SMALL: dict[str, SmallConfig] = {
         ),
     ),
     "resnet20": SmallConfig(
-        {"in_channels": 1, "num_classes": 3, "width_mult": 1},
+        TINY["resnet20"],
         (1, 8, 8),
         CONV_NORMS,
         first_layer="stem_conv",

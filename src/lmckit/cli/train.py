@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import click
@@ -23,7 +24,7 @@ from lmckit.cli.common import (
 )
 from lmckit.models.sizing import ARCHITECTURES, ModelOptions, sized_config
 from lmckit.train import OPTIMIZERS, TrainConfig
-from lmckit.workflow import train_model
+from lmckit.workflow import TrainedModel, train_model
 
 __all__ = ["command"]
 
@@ -128,26 +129,7 @@ def command(
     """
     check_out_dir(out, "checkpoint", input_paths(data_spec=data_spec), force)
     set_threads(threads)
-    options = ModelOptions(
-        **{
-            k: settings.pop(k)
-            for k in (
-                "width",
-                "depth",
-                "width_mult",
-                "norm",
-                "activation",
-                "n_layer",
-                "n_head",
-                "n_embd",
-                "n_inner",
-                "context",
-                "patch_size",
-                "dropout",
-            )
-        },  # fmt: skip
-        tie_embeddings=not settings.pop("untie_embeddings"),
-    )
+    options = _model_options(settings)
     config = TrainConfig(**settings)
     torch_device = parse_device(device)
     data = load_dataset(data_spec, seed=0)
@@ -169,6 +151,31 @@ def command(
         progress=not quiet,
     )
     result, test = trained.result, trained.test
+    metadata = _metadata(trained, config, data_spec=data_spec, seed=seed)
+    if result.best is not None:
+        stop = "stopped early" if result.stopped_early else "ran to the end"
+        click.echo(
+            f"best validation loss {result.best.loss:.4f} at step {result.best.step} "
+            f"(epoch {result.best.epoch}); {stop} after {result.steps} steps"
+        )
+    save(out, trained.module, result.params, metadata=metadata, overwrite=force)
+    click.echo(f"test loss {test.loss:.4f}, accuracy {100 * test.acc:.2f}%")
+    click.echo(f"wrote {out}")
+
+
+def _model_options(settings: dict[str, Any]) -> ModelOptions:
+    """The model's options, taken out of the command's ``settings`` (the rest configure
+    training): every field of :class:`ModelOptions`; ``--untie-embeddings`` for the last."""
+    names = {f.name for f in dataclasses.fields(ModelOptions)} - {"tie_embeddings"}
+    sizes = {k: settings.pop(k) for k in names}
+    return ModelOptions(**sizes, tie_embeddings=not settings.pop("untie_embeddings"))
+
+
+def _metadata(
+    trained: TrainedModel, config: TrainConfig, *, data_spec: str | None, seed: int
+) -> dict[str, Any]:
+    """What the checkpoint records of its training: data, seed, settings, results."""
+    result, test = trained.result, trained.test
     metadata: dict[str, Any] = {
         "data": data_spec,
         "seed": seed,
@@ -186,11 +193,4 @@ def command(
             val_acc=result.best.acc,
             stopped_early=result.stopped_early,
         )
-        stop = "stopped early" if result.stopped_early else "ran to the end"
-        click.echo(
-            f"best validation loss {result.best.loss:.4f} at step {result.best.step} "
-            f"(epoch {result.best.epoch}); {stop} after {result.steps} steps"
-        )
-    save(out, trained.module, result.params, metadata=metadata, overwrite=force)
-    click.echo(f"test loss {test.loss:.4f}, accuracy {100 * test.acc:.2f}%")
-    click.echo(f"wrote {out}")
+    return metadata
