@@ -45,7 +45,7 @@ from lmckit.params import IncompatibleModelsError, Params
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import CLASSIFICATION, Task
-from lmckit.workflow.align import align_models, check_align_request
+from lmckit.workflow.align import AlignedPair, align_models, check_align_request
 from lmckit.workflow.merge import merge_pair
 
 __all__ = ["Aligned", "ModelSource", "align"]
@@ -76,6 +76,18 @@ def _model(source: object, what: str) -> LoadedModel:
         f"{what} must be an nn.Module, a path to a saved model (an lmckit checkpoint or a "
         f"Hugging Face folder) or a LoadedModel; got a {type(source).__name__}{hint}"
     )
+
+
+def _pair(a: object, b: object) -> tuple[LoadedModel, LoadedModel]:
+    """Both models, loaded or held, after refusing two different architectures."""
+    ma, mb = _model(a, "a"), _model(b, "b")
+    try:
+        check_same_architecture(ma, mb)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(
+            f"{_name(ma)} and {_name(mb)} are different architectures: {err}"
+        ) from None
+    return ma, mb
 
 
 def _dataset(data: Dataset | str) -> Dataset:
@@ -326,22 +338,17 @@ def align(
     Args:
         a: the reference model: an ``nn.Module``, or the path of an lmckit checkpoint or
             a Hugging Face folder (or a :class:`~lmckit.io.LoadedModel`).
-        b: the model to move, of the same architecture (and the same kind as ``a``).
-        method: ``"weight"`` (weight matching: data-free), ``"activation"``
-            (activation matching) or ``"learned"`` (learned matching); the last two
-            need ``data``.
-        symmetry: ``None`` (the groups the architecture has), ``"permutation"``
-            (permutations only) or ``"orthogonal"`` (rotations of the residual stream;
-            norm scales are folded into the layers reading them first).
+        b: the model to move, of the same architecture and format.
+        method: ``"weight"`` (weight matching, data-free), ``"activation"`` or
+            ``"learned"`` (activation or learned matching, which need ``data``).
+        symmetry: ``None`` (the architecture's own groups), ``"permutation"`` or
+            ``"orthogonal"`` (see :func:`lmckit.recipe.aligned_form`).
         data: a :class:`~lmckit.data.Dataset` or a data spec (``"digits"``,
             ``"mnist:DIR"``, ...): training data for the methods that read it (and for
             weight matching's ``start="best"``); checked to fit the model.
-        example_inputs: inputs to trace the architecture with: a tensor, a tuple of
-            positional inputs or a dict of keyword inputs; needed for a module other
-            than lmckit's zoo models and ``transformers`` models (whose config gives
-            them).
-        config: the method's config (e.g.
-            :class:`~lmckit.aligners.WeightMatchingConfig`\\ ``(start="best")``);
+        example_inputs: inputs to trace the architecture with (a tensor, a tuple, a dict
+            of keyword inputs); zoo and ``transformers`` models take theirs from config.
+        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``;
             ``None``: its defaults.
         circuits: lmckit's transformers: align with heads rewritten as QK/OV circuits.
         head_bases: transformers: afterwards align the bases inside matched heads.
@@ -354,13 +361,10 @@ def align(
         ``objective``, ``timings``, ``save(path)``, ``barrier(data)``, ``merge(t)``.
 
     Raises:
-        TypeError: a model or example inputs of the wrong kind (named in one line).
-        FileNotFoundError: a path that does not exist.
-        ValueError: a user mistake, named in one line: an unknown method or symmetry,
-            options that cannot go together, a method that needs data without it, two
-            different architectures, data that does not fit, a symmetry the
-            architecture cannot have, a module without example inputs.
-        CheckpointError: a saved model that cannot be read (naming the file).
+        TypeError, FileNotFoundError, ValueError, CheckpointError: a user mistake, named
+            in one line (a model or inputs of the wrong kind, a missing path, an unknown
+            method, missing data, two architectures, a symmetry the architecture cannot
+            have, a module without example inputs, an unreadable file).
     """
     # everything cheap is checked before anything is loaded or traced
     check_align_request(
@@ -373,15 +377,9 @@ def align(
     if example_inputs is not None:
         split_inputs(example_inputs)
     start = time.perf_counter()
-    ma, mb = _model(a, "a"), _model(b, "b")
+    ma, mb = _pair(a, b)
     dataset = _dataset(data) if data is not None else None
     loaded = time.perf_counter()
-    try:
-        check_same_architecture(ma, mb)
-    except IncompatibleModelsError as err:
-        raise IncompatibleModelsError(
-            f"{_name(ma)} and {_name(mb)} are different architectures: {err}"
-        ) from None
     pair = align_models(
         ma,
         mb,
@@ -396,22 +394,23 @@ def align(
         progress=progress,
         example_inputs=example_inputs,
     )
-    done = time.perf_counter()
-    timings = {
-        "load": loaded - start,
-        "align": done - loaded,
-        "method": pair.result.seconds,
-    }
+    timings = {"load": loaded - start, "align": time.perf_counter() - loaded}
+    return _aligned(pair, ma, mb, {**timings, "method": pair.result.seconds})
+
+
+def _aligned(
+    pair: AlignedPair, a: LoadedModel, b: LoadedModel, timings: dict[str, float]
+) -> Aligned:
     return Aligned(
         params=pair.params,
-        reference=pair.reference if pair.reference is not None else ma.params,
+        reference=pair.reference if pair.reference is not None else a.params,
         spec=pair.result.transform.spec,
         result=pair.result,
         form=pair.form,
         metadata=dict(pair.metadata),
         timings=timings,
-        a=ma,
-        b=mb,
+        a=a,
+        b=b,
         architecture=pair.module,
         same_architecture=pair.same_architecture,
         reference_differs=pair.reference is not None,

@@ -185,16 +185,7 @@ def repair(
         The repaired merged params; BatchNorm running statistics are reset too.
     """
     check_compatible(params_a, params_b)
-    if sites is None:
-        sites = _repair_sites(model)
-    if not sites:
-        raise ValueError("REPAIR needs at least one site")
-    modules = dict(model.named_modules())
-    for s in sites:
-        if s not in modules or getattr(modules[s], "weight", None) is None:
-            raise ValueError(f"REPAIR site {s!r} is not a module with a per-channel weight")
-        if getattr(modules[s], "bias", None) is None:
-            raise ValueError(f"REPAIR site {s!r} has no bias to fold the shift into")
+    sites = _checked_sites(model, sites)
     stats_a = stats_a or channel_statistics(model, params_a, sites, inputs())
     stats_b = stats_b or channel_statistics(model, params_b, sites, inputs())
     merged = interpolate(params_a, params_b, t)
@@ -233,13 +224,34 @@ def repair(
     for s in sites:
         mean, var = acc[s].mean_var()
         scale = goal[s].std / (var + eps).sqrt()
-        shift = goal[s].mean - scale * mean
-        w = out[f"{s}.weight"]
-        view = [-1] + [1] * (w.ndim - 1)
-        out[f"{s}.weight"] = w * scale.to(w.dtype).view(view)
-        b = out[f"{s}.bias"]
-        out[f"{s}.bias"] = b * scale.to(b.dtype) + shift.to(b.dtype)
+        _fold_affine(out, s, scale, goal[s].mean - scale * mean)
     return out
+
+
+def _checked_sites(model: nn.Module, sites: Sequence[str] | None) -> Sequence[str]:
+    """REPAIR's sites (default: the model's own list), each a module with a per-channel
+    weight and a bias."""
+    if sites is None:
+        sites = _repair_sites(model)
+    if not sites:
+        raise ValueError("REPAIR needs at least one site")
+    modules = dict(model.named_modules())
+    for s in sites:
+        if s not in modules or getattr(modules[s], "weight", None) is None:
+            raise ValueError(f"REPAIR site {s!r} is not a module with a per-channel weight")
+        if getattr(modules[s], "bias", None) is None:
+            raise ValueError(f"REPAIR site {s!r} has no bias to fold the shift into")
+    return sites
+
+
+def _fold_affine(params: Params, site: str, scale: Tensor, shift: Tensor) -> None:
+    """Fold ``z -> scale * z + shift`` per channel into ``site``'s weight and bias (in
+    ``params``, a private copy)."""
+    w = params[f"{site}.weight"]
+    view = [-1] + [1] * (w.ndim - 1)
+    params[f"{site}.weight"] = w * scale.to(w.dtype).view(view)
+    b = params[f"{site}.bias"]
+    params[f"{site}.bias"] = b * scale.to(b.dtype) + shift.to(b.dtype)
 
 
 def repair_prepare(

@@ -149,6 +149,35 @@ def linear_init(start: Params, end: Params, bends: int = 1) -> tuple[Params, ...
     return tuple(out)
 
 
+def _control_points(
+    model: nn.Module, start: Params, initial: Sequence[Params]
+) -> tuple[list[Params], list[Tensor]]:
+    """Copies of the initial control points whose trainable entries (the module's
+    parameters; buffers stay fixed) require gradients, and those entries."""
+    trainable = [n for n, _ in model.named_parameters()]
+    missing = [n for n in trainable if n not in start]
+    if missing:
+        raise ValueError(f"params lack the model's parameters {missing}")
+    controls, leaves = [], []
+    for c in initial:
+        check_compatible(start, c)
+        point = {k: v.detach().clone() for k, v in c.items()}
+        for n in trainable:
+            point[n].requires_grad_(True)
+            leaves.append(point[n])
+        controls.append(point)
+    return controls, leaves
+
+
+def _descend(opt: torch.optim.Optimizer, loss: Tensor, step: int) -> None:
+    """One optimiser step on ``loss``, refusing a loss that is not finite."""
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"curve training diverged at step {step}")
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
 def fit_curve(
     model: nn.Module,
     params_a: Params,
@@ -186,22 +215,10 @@ def fit_curve(
     check_finite(params_a, what="start")
     check_finite(params_b, what="end")
     config = config or TrainConfig(epochs=10, optimizer="adam", lr=1e-3)
-    controls0 = tuple(init) if init is not None else linear_init(params_a, params_b, bends)
-    trainable = [n for n, _ in model.named_parameters()]
-    missing = [n for n in trainable if n not in params_a]
-    if missing:
-        raise ValueError(f"params lack the model's parameters {missing}")
     start = {k: v.detach() for k, v in params_a.items()}
     end = {k: v.detach() for k, v in params_b.items()}
-    controls = []
-    leaves: list[Tensor] = []
-    for c in controls0:
-        check_compatible(start, c)
-        point = {k: v.detach().clone() for k, v in c.items()}
-        for n in trainable:
-            point[n].requires_grad_(True)
-            leaves.append(point[n])
-        controls.append(point)
+    initial = tuple(init) if init is not None else linear_init(params_a, params_b, bends)
+    controls, leaves = _control_points(model, start, initial)
     opt = make_optimizer(config, leaves)
     steps_per_epoch = math.ceil(len(data.x_train) / config.batch_size)
     total = config.epochs * steps_per_epoch
@@ -225,11 +242,7 @@ def fit_curve(
                     t = float(torch.rand((), generator=t_generator))
                     theta = curve_point(kind, start, controls, end, t)
                     loss = task.loss(functional_call(model, theta, (xb,)), yb)
-                    if not torch.isfinite(loss):
-                        raise FloatingPointError(f"curve training diverged at step {step}")
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
+                    _descend(opt, loss, step)
                     running += float(loss.detach()) * len(yb)
                     count += len(yb)
                     step += 1
