@@ -18,7 +18,7 @@ from torch.func import functional_call
 from lmckit.data import Dataset, load_digits
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 #: Hidden widths of the fixture MLPs (64 -> 64 -> 64 -> 10).
 PAIR_HIDDEN = [64, 64]
@@ -51,7 +51,7 @@ def _pair(data: Dataset, norm: str) -> TrainedPair:
         model, init = create_model(
             "mlp", seed=seed, in_features=64, hidden=PAIR_HIDDEN, out_features=10, norm=norm
         )
-        trained.append(train(model, init, data, PAIR_TRAIN, seed=seed, progress=False))
+        trained.append(fit(model, init, data, PAIR_TRAIN, seed=seed, progress=False).params)
     return TrainedPair(model, trained[0], trained[1], data)
 
 

@@ -21,7 +21,7 @@ from lmckit.data import Dataset
 from lmckit.evaluate import evaluate_path
 from lmckit.models import create_model
 from lmckit.params import interpolate
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -49,8 +49,8 @@ def trained_modules(digits: Dataset) -> tuple[nn.Module, nn.Module]:
         torch.manual_seed(seed)
         module = _net().eval()
         config = TrainConfig(epochs=6, batch_size=64, lr=3e-3)
-        params = train(module, lmckit.module_params(module), digits, config, seed=seed,
-                       progress=False)  # fmt: skip
+        params = fit(module, lmckit.module_params(module), digits, config, seed=seed,
+                       progress=False).params  # fmt: skip
         module.load_state_dict(params)
         out.append(module)
     return out[0], out[1]

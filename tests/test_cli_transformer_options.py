@@ -14,7 +14,7 @@ from lmckit.cli import main
 from lmckit.data import Dataset
 from lmckit.models import create_model
 from lmckit.symmetry import Orthogonal
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 
 @pytest.fixture(scope="module")
@@ -22,9 +22,9 @@ def checkpoints(mlp_pair, digits: Dataset, tmp_path_factory) -> list[str]:
     """Three MLPs (64 -> 64 -> 64 -> 10) trained on digits, saved as checkpoints."""
     model, a, b, _ = mlp_pair
     _, init = create_model("mlp", seed=2, in_features=64, hidden=[64, 64], out_features=10)
-    c = train(
+    c = fit(
         model, init, digits, TrainConfig(epochs=6, batch_size=64, lr=3e-3), seed=2, progress=False
-    )
+    ).params
     root = tmp_path_factory.mktemp("ckpt")
     paths = []
     for name, params in zip("abc", (a, b, c), strict=True):

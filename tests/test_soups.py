@@ -11,7 +11,7 @@ from lmckit.models import create_model
 from lmckit.params import interpolate
 from lmckit.soups import greedy_soup, uniform_soup
 from lmckit.task import Task, classification, mse
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 
 def test_uniform_soup_closed_forms():
@@ -30,10 +30,10 @@ def test_greedy_soup_keeps_fine_tunes_and_drops_a_bad_ingredient():
     data = make_gmm(dim=8, intrinsic_dim=4, classes=3, n_train=300, n_test=300, seed=0)
     model, init = create_model("mlp", seed=0, in_features=8, hidden=[16], out_features=3)
     cfg = TrainConfig(epochs=5, batch_size=50, optimizer="adam", lr=1e-2)
-    base = train(model, init, data, cfg, seed=0, progress=False)
+    base = fit(model, init, data, cfg, seed=0, progress=False).params
     # two short fine-tunes of one model (same basin) and an untrained model
     tune = TrainConfig(epochs=1, batch_size=50, optimizer="adam", lr=1e-3)
-    ingredients = [train(model, base, data, tune, seed=s, progress=False) for s in (1, 2)]
+    ingredients = [fit(model, base, data, tune, seed=s, progress=False).params for s in (1, 2)]
     _, bad = create_model("mlp", seed=5, in_features=8, hidden=[16], out_features=3)
     ingredients.append(bad)
     soup = greedy_soup(model, ingredients, lambda: batches(data.x_test, data.y_test, 100))

@@ -9,7 +9,7 @@ from lmckit.data import batches
 from lmckit.evaluate import evaluate
 from lmckit.models import create_model
 from lmckit.params import Params
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 SMALL = TrainConfig(epochs=2, batch_size=64, lr=3e-3)
 
@@ -24,10 +24,10 @@ def _equal(a: Params, b: Params) -> bool:
 
 def test_same_seed_gives_identical_params(digits) -> None:
     model, init = _mlp(norm="batch")
-    first = train(model, init, digits, SMALL, seed=3, progress=False)
-    second = train(model, init, digits, SMALL, seed=3, progress=False)
+    first = fit(model, init, digits, SMALL, seed=3, progress=False).params
+    second = fit(model, init, digits, SMALL, seed=3, progress=False).params
     assert _equal(first, second)
-    other = train(model, init, digits, SMALL, seed=4, progress=False)
+    other = fit(model, init, digits, SMALL, seed=4, progress=False).params
     assert not _equal(first, other)
     # batch statistics are trained too
     assert not torch.equal(first["norms.0.running_mean"], init["norms.0.running_mean"])
@@ -36,7 +36,7 @@ def test_same_seed_gives_identical_params(digits) -> None:
 def test_loss_decreases_on_digits(digits) -> None:
     model, init = _mlp()
     config = TrainConfig(epochs=3, batch_size=64, lr=1e-2)
-    trained = train(model, init, digits, config, progress=False)
+    trained = fit(model, init, digits, config, progress=False).params
     test = lambda: batches(digits.x_test, digits.y_test, 500)  # noqa: E731
     before, after = evaluate(model, init, test()), evaluate(model, trained, test())
     assert after.loss < 0.5 * before.loss
@@ -53,7 +53,7 @@ def test_other_optimizers_learn(digits, optimizer: str) -> None:
         lr=0.05 if optimizer == "sgd" else 3e-3,
         warmup=0.1,
     )
-    trained = train(model, init, digits, config, progress=False)
+    trained = fit(model, init, digits, config, progress=False).params
     test = lambda: batches(digits.x_test, digits.y_test, 500)  # noqa: E731
     assert evaluate(model, trained, test()).loss < evaluate(model, init, test()).loss
 
@@ -65,7 +65,7 @@ def test_inputs_and_global_rng_are_untouched(digits) -> None:
     x_copy = digits.x_train.clone()
     torch.manual_seed(1234)
     state = torch.get_rng_state()
-    train(model, init, digits, SMALL, seed=0, progress=False)
+    fit(model, init, digits, SMALL, seed=0, progress=False)
     assert torch.equal(torch.get_rng_state(), state)
     assert _equal(init, init_copy)
     assert _equal(model.state_dict(), module_copy)
@@ -75,9 +75,9 @@ def test_inputs_and_global_rng_are_untouched(digits) -> None:
 def test_training_does_not_depend_on_the_global_rng(digits) -> None:
     model, init = _mlp()
     torch.manual_seed(1)
-    first = train(model, init, digits, SMALL, seed=0, progress=False)
+    first = fit(model, init, digits, SMALL, seed=0, progress=False).params
     torch.manual_seed(2)
-    second = train(model, init, digits, SMALL, seed=0, progress=False)
+    second = fit(model, init, digits, SMALL, seed=0, progress=False).params
     assert _equal(first, second)
 
 
@@ -104,11 +104,11 @@ def test_nan_initial_params_are_refused(digits) -> None:
     bad = dict(init)
     bad["head.bias"] = torch.full_like(init["head.bias"], float("nan"))
     with pytest.raises(ValueError, match="'head.bias' contains NaN"):
-        train(model, bad, digits, SMALL, progress=False)
+        fit(model, bad, digits, SMALL, progress=False)
 
 
 def test_divergence_is_reported(digits) -> None:
     model, init = _mlp()
     config = TrainConfig(epochs=1, batch_size=64, optimizer="sgd", lr=1e12, schedule="constant")
     with pytest.raises(FloatingPointError, match="diverged"):
-        train(model, init, digits, config, progress=False)
+        fit(model, init, digits, config, progress=False)

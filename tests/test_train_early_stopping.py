@@ -12,7 +12,7 @@ from lmckit.data import Dataset
 from lmckit.evaluate import evaluate
 from lmckit.models import create_model
 from lmckit.params import Params
-from lmckit.train import TrainConfig, fit, train
+from lmckit.train import TrainConfig, fit
 
 
 def _toy(*, val_labels: str = "same") -> Dataset:
@@ -43,7 +43,7 @@ def test_without_validation_train_is_fit() -> None:
     result = fit(model, init, data, config, seed=3, progress=False)
     assert result.steps == 2 * 3 and result.epochs == 2
     assert result.history == [] and result.best is None and not result.stopped_early
-    assert _equal(result.params, train(model, init, data, config, seed=3, progress=False))
+    assert _equal(result.params, fit(model, init, data, config, seed=3, progress=False).params)
 
 
 def test_max_steps_truncates_a_constant_schedule_run() -> None:
@@ -72,7 +72,7 @@ def test_grad_clip_bounds_first_step() -> None:
     config = TrainConfig(
         epochs=1, batch_size=32, optimizer="sgd", lr=lr, momentum=m, max_steps=1, grad_clip=clip
     )
-    new = train(model, init, data, config, progress=False)
+    new = fit(model, init, data, config, progress=False).params
     moved = math.sqrt(sum(float((new[k] - init[k]).pow(2).sum()) for k in init))
     assert moved == pytest.approx(lr * (1 + m) * clip, rel=1e-4)
 
@@ -92,7 +92,7 @@ def test_early_stopping_returns_best_and_stops() -> None:
     assert _val_loss(model, result.params, data) == pytest.approx(result.best.loss, rel=1e-5)
     # The best parameters are exactly those of a run cut at the best step.
     cut_config = TrainConfig(**base, max_steps=result.best.step)
-    cut = train(model, init, data, cut_config, seed=0, progress=False)
+    cut = fit(model, init, data, cut_config, seed=0, progress=False).params
     assert _equal(result.params, cut)
 
 

@@ -25,7 +25,7 @@ from lmckit.evaluate import evaluate
 from lmckit.params import Params, check_finite
 from lmckit.task import CLASSIFICATION, Task
 
-__all__ = ["TrainConfig", "TrainData", "TrainResult", "ValidationPoint", "fit", "train"]
+__all__ = ["TrainConfig", "TrainData", "TrainResult", "ValidationPoint", "fit"]
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SCHEDULES = ("cosine", "constant")
@@ -354,25 +354,3 @@ def fit(
             bar.close()
     # An early stop at the very last step is no early stop.
     return validation.result(work, step, epoch + 1, stopped_early and step < total)
-
-
-def train(
-    model: nn.Module,
-    params: Params,
-    data: TrainData,
-    config: TrainConfig | None = None,
-    *,
-    seed: int = 0,
-    device: str | torch.device | None = None,
-    progress: bool = True,
-    task: Task = CLASSIFICATION,
-) -> Params:
-    """Train from ``params`` on ``data``'s training split; return the new params.
-
-    ``fit(...).params``: see :func:`fit` (early stopping returns the best validated
-    parameters). Neither ``model`` nor ``params`` is modified.
-    """
-    result = fit(
-        model, params, data, config, seed=seed, device=device, progress=progress, task=task
-    )
-    return result.params

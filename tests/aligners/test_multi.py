@@ -10,16 +10,16 @@ from lmckit.data import Dataset, batches
 from lmckit.models import create_model
 from lmckit.paths import evaluate_simplex
 from lmckit.symmetry import Orthogonal, Transform, apply, random_transform
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 
 @pytest.fixture(scope="module")
 def three_mlps(mlp_pair, digits: Dataset):
     model, a, b, _ = mlp_pair
     _, init = create_model("mlp", seed=2, in_features=64, hidden=[64, 64], out_features=10)
-    c = train(
+    c = fit(
         model, init, digits, TrainConfig(epochs=6, batch_size=64, lr=3e-3), seed=2, progress=False
-    )
+    ).params
     return model, [a, b, c]
 
 

@@ -16,7 +16,7 @@ from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.symmetry import Permutation, apply, random_transform
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 
@@ -135,7 +135,7 @@ def test_tiny_trained_gpt2_pair_activation_matching_beats_vanilla() -> None:
     trained = []
     for seed in (0, 1):
         module, init = create_model("gpt2", seed=seed, context=32, n_inner=64, **kwargs)
-        trained.append(train(module, init, data, config, seed=seed, progress=False))
+        trained.append(fit(module, init, data, config, seed=seed, progress=False).params)
     a, b = trained
     settings = EvalSettings(fix="none", batch_size=256)
     vanilla = measure_path(module, a, b, data, settings).barrier_loss

@@ -27,7 +27,7 @@ from lmckit.symmetry import (
     apply,
     random_transform,
 )
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 
@@ -221,7 +221,7 @@ def test_tiny_trained_gpt2_pair_orthogonal_beats_permutation_beats_vanilla() -> 
     trained = []
     for seed in (0, 1):
         module, init = create_model("gpt2", seed=seed, context=32, n_inner=64, **kwargs)
-        trained.append(train(module, init, data, config, seed=seed, progress=False))
+        trained.append(fit(module, init, data, config, seed=seed, progress=False).params)
     results = compare_transformer_alignments(module, trained[0], trained[1], data)
     vanilla = results["vanilla"].barrier_loss
     perm = results["WM permutation"].barrier_loss

@@ -22,7 +22,7 @@ from lmckit.symmetry import (
     apply,
     random_transform,
 )
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 
 def _mlp(width: int, seed: int, activation: str = "relu"):
@@ -169,14 +169,14 @@ def test_aligned_embedding_lowers_the_barrier_to_the_wide_model(
 ) -> None:
     wide_model, wide, _, _ = mlp_pair  # 64 -> 64 -> 64 -> 10
     narrow_model, init = _mlp(24, 5)
-    narrow = train(
+    narrow = fit(
         narrow_model,
         init,
         digits,
         TrainConfig(epochs=6, batch_size=64, lr=3e-3),
         seed=5,
         progress=False,
-    )
+    ).params
     spec = _with(narrow_model.symmetry_spec(), SemiPermutation())
     test = lambda: batches(digits.x_test, digits.y_test, 500)  # noqa: E731
     naive = apply(spec, narrow, naive_embedding(spec, space_widths(spec, wide)))

@@ -17,7 +17,7 @@ from lmckit.experiments.runner import Runner, choose_device, config_hash
 from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.models import create_model
 from lmckit.task import mse
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 FAST = TrainConfig(epochs=1, batch_size=64, lr=3e-3)
 
@@ -61,7 +61,7 @@ def test_models_are_trained_once_then_reloaded_as_checkpoints(
     _, init = _mlp(1)
     assert all(
         torch.equal(b[k], v)
-        for k, v in train(module, init, digits, FAST, seed=1, progress=False).items()
+        for k, v in fit(module, init, digits, FAST, seed=1, progress=False).params.items()
     )
     assert run.root == tmp_path / f"quick-{config_hash(_Config(16, FAST))}"
     assert lmckit.load(run.root / "models" / "mlp-seed0").config.name == "mlp"

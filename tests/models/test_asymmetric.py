@@ -16,7 +16,7 @@ from lmckit.models.asymmetric import (
 )
 from lmckit.params import interpolate
 from lmckit.symmetry import apply, random_transform
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 MLP_KWARGS = {"in_features": 12, "hidden": [8, 8], "out_features": 3, "norm": "layer"}
 RESNET_KWARGS = {"in_channels": 1, "num_classes": 3, "width_mult": 1, "norm": "layer"}
@@ -104,7 +104,7 @@ def test_training_never_moves_fixed_entries() -> None:
     y = torch.randint(0, 3, (64,), generator=gen)
     data = Dataset("toy", x, y, x[:16], y[:16], num_classes=3)
     config = TrainConfig(epochs=3, batch_size=16, optimizer="adamw", lr=1e-2, weight_decay=0.1)
-    trained = train(module, init, data, config, seed=0, progress=False)
+    trained = fit(module, init, data, config, seed=0, progress=False).params
     for layer in module.asym_layers:
         mask = init[f"{layer}.mask"]
         assert torch.equal(trained[f"{layer}.mask"], mask)
@@ -230,7 +230,7 @@ def test_asym_vit_training_step_keeps_fixed_entries() -> None:
     y = torch.randint(0, 3, (32,), generator=gen)
     data = Dataset("toy", x, y, x[:8], y[:8], num_classes=3)
     config = TrainConfig(epochs=1, batch_size=16, optimizer="adamw", lr=1e-2, weight_decay=0.1)
-    trained = train(module, init, data, config, seed=0, progress=False)
+    trained = fit(module, init, data, config, seed=0, progress=False).params
     for layer in module.asym_layers:
         mask = init[f"{layer}.mask"]
         effective = to_plain(module, trained)[1][f"{layer}.weight"]

@@ -10,7 +10,7 @@ from lmckit.evaluate import evaluate_path
 from lmckit.models import create_model
 from lmckit.params import interpolate
 from lmckit.paths import Curve, curve_point, evaluate_curve, fit_curve, linear_init
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 
 def _pair():
@@ -86,8 +86,8 @@ def trained_pair():
     model, init_a = create_model("mlp", seed=0, in_features=8, hidden=[16], out_features=4)
     _, init_b = create_model("mlp", seed=1, in_features=8, hidden=[16], out_features=4)
     cfg = TrainConfig(epochs=10, batch_size=50, optimizer="adam", lr=1e-2)
-    a = train(model, init_a, data, cfg, seed=0, progress=False)
-    b = train(model, init_b, data, cfg, seed=1, progress=False)
+    a = fit(model, init_a, data, cfg, seed=0, progress=False).params
+    b = fit(model, init_b, data, cfg, seed=1, progress=False).params
     return data, model, a, b
 
 

@@ -8,7 +8,7 @@ from lmckit.data import load_digits
 from lmckit.evaluate import PathResult
 from lmckit.measure import EvalSettings
 from lmckit.models import create_model
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 from lmckit.workflow import compare_alignments
 
 __all__ = ["DEMO_TRAIN", "run_demo"]
@@ -36,7 +36,7 @@ def run_demo(
             "mlp", seed=s, in_features=64, hidden=list(DEMO_HIDDEN), out_features=10
         )
         log(f"training MLP 64-{'-'.join(map(str, DEMO_HIDDEN))}-10 on digits, seed {s}")
-        trained.append(train(model, init, data, DEMO_TRAIN, seed=s, progress=progress))
+        trained.append(fit(model, init, data, DEMO_TRAIN, seed=s, progress=progress).params)
     log("aligning and measuring paths")
     return compare_alignments(
         model,

@@ -12,7 +12,7 @@ from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import evaluate
 from lmckit.models import create_model
-from lmckit.train import TrainConfig, train
+from lmckit.train import TrainConfig, fit
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +24,7 @@ def deep_pair(digits: Dataset):
             "mlp", seed=seed, in_features=64, hidden=[32] * 4, out_features=10, norm="none"
         )
         config = TrainConfig(epochs=6, batch_size=64, lr=3e-3)
-        trained.append(train(model, init, digits, config, seed=seed, progress=False))
+        trained.append(fit(model, init, digits, config, seed=seed, progress=False).params)
     return model, trained[0], trained[1]
 
 
