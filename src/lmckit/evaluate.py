@@ -28,12 +28,10 @@ __all__ = [
     "Batching",
     "Metrics",
     "PathResult",
-    "batch_source",
     "evaluate",
     "evaluate_along",
     "evaluate_path",
     "linear_grid",
-    "path_grid",
 ]
 
 Batches = Iterable[tuple[Tensor, Tensor]]
@@ -95,7 +93,7 @@ def _check_not_one_pair(batches: object) -> None:
             )
 
 
-def batch_source(batches: object) -> Callable[[], Batches]:
+def _batch_source(batches: object) -> Callable[[], Batches]:
     """``batches`` as a callable returning a fresh iterable of ``(x, y)`` batches, as every
     point of a path needs its own pass over the data.
 
@@ -250,7 +248,7 @@ class PathResult(JsonRecord):
 PointFn = Callable[[Params, float], Params]
 
 
-def path_grid(ts: Sequence[float] | None = None, points: int = 11) -> list[float]:
+def _path_grid(ts: Sequence[float] | None = None, points: int = 11) -> list[float]:
     """``ts`` checked to increase from 0 to 1 inclusive, or ``linear_grid(points)``."""
     grid = list(ts) if ts is not None else linear_grid(points)
     if (
@@ -289,8 +287,8 @@ def evaluate_along(
         model: module of the architecture.
         point: ``theta(t)`` for ``t`` in ``[0, 1]``.
         batches: a callable returning a fresh iterable of ``(x, y)`` batches, or an
-            iterable that can be read again (a list of pairs, a ``DataLoader``): see
-            :func:`batch_source`.
+            iterable that can be read again (a list of pairs, a ``DataLoader``; a
+            one-shot generator is refused).
         ts: path positions, increasing from 0 to 1 inclusive; default
             ``linear_grid(points)``.
         prepare: optional ``(theta_t, t) -> theta_t'`` applied at each point, e.g. a
@@ -306,8 +304,8 @@ def evaluate_along(
         TypeError: arguments of the wrong kind, named in one line.
     """
     model = as_module(model)
-    source = batch_source(batches)
-    grid = path_grid(ts, points)
+    source = _batch_source(batches)
+    grid = _path_grid(ts, points)
 
     def theta(i: int) -> Params:
         p = point(grid[i])

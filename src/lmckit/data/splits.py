@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 from torch import Tensor
 
-__all__ = ["SPLITS", "Splits"]
+__all__ = ["Splits"]
 
-SPLITS = ("train", "val", "test")
+_SPLITS = ("train", "val", "test")
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,7 +45,7 @@ class Splits:
     @property
     def splits(self) -> tuple[str, ...]:
         """Names of the splits present: ``train``, ``val`` if any, ``test``."""
-        return SPLITS if self.has_val else ("train", "test")
+        return _SPLITS if self.has_val else ("train", "test")
 
     def split(self, which: str) -> tuple[Tensor, Tensor]:
         """``(x, y)`` of the ``"train"``, ``"val"`` (where present) or ``"test"`` split."""

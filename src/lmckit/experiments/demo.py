@@ -11,11 +11,11 @@ from lmckit.models import create_model
 from lmckit.train import TrainConfig, fit
 from lmckit.workflow import compare_alignments
 
-__all__ = ["DEMO_TRAIN", "run_demo"]
+__all__ = ["run_demo"]
 
 #: Hidden widths of the demo MLPs (64 -> 512 -> 512 -> 10, ReLU).
 DEMO_HIDDEN = (512, 512)
-DEMO_TRAIN = TrainConfig(epochs=15, batch_size=64, optimizer="adam", lr=1e-3)
+_DEMO_TRAIN = TrainConfig(epochs=15, batch_size=64, optimizer="adam", lr=1e-3)
 
 
 def run_demo(
@@ -36,7 +36,7 @@ def run_demo(
             "mlp", seed=s, in_features=64, hidden=list(DEMO_HIDDEN), out_features=10
         )
         log(f"training MLP 64-{'-'.join(map(str, DEMO_HIDDEN))}-10 on digits, seed {s}")
-        trained.append(fit(model, init, data, DEMO_TRAIN, seed=s, progress=progress).params)
+        trained.append(fit(model, init, data, _DEMO_TRAIN, seed=s, progress=progress).params)
     log("aligning and measuring paths")
     return compare_alignments(
         model,

@@ -36,7 +36,7 @@ from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
 from lmckit.workflow import align_pair, compare_alignments
 
-__all__ = ["ModelSetup", "RESNET_FULL", "RESNET_LN_FULL", "MLP_FULL", "trained_pair"]
+__all__ = ["ModelSetup", "trained_pair"]
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class ModelSetup:
 
 _MLP_KWARGS = {"in_features": 784, "out_features": 10}
 #: The core measurements' MLP: 784-512-512-512-10 ReLU, Adam 1e-3, 10 epochs, batch 128.
-MLP_FULL = ModelSetup(
+_MLP_FULL = ModelSetup(
     "mlp",
     {**_MLP_KWARGS, "hidden": [512, 512, 512]},
     None,
@@ -104,13 +104,13 @@ def _full_resnet(norm: str, train: TrainConfig) -> ModelSetup:
     )
 
 
-RESNET_FULL = _full_resnet("batch", _RESNET_TRAIN)
+_RESNET_FULL = _full_resnet("batch", _RESNET_TRAIN)
 # LayerNorm ResNets do not train with the BatchNorm schedule (2 epochs of SGD 0.05 left
 # them at 38 % / 34 % test accuracy): Adam with a warm-up instead
 _RESNET_LN_TRAIN = TrainConfig(
     epochs=3, batch_size=128, optimizer="adamw", lr=2e-3, weight_decay=5e-4, warmup=0.1
 )
-RESNET_LN_FULL = _full_resnet("layer", _RESNET_LN_TRAIN)
+_RESNET_LN_FULL = _full_resnet("layer", _RESNET_LN_TRAIN)
 
 
 def _quick_resnet(norm: str) -> ModelSetup:
@@ -153,7 +153,7 @@ def _notes(setup: ModelSetup, data: Dataset) -> str:
 @register_experiment("mnist-mlp", paper="Ainsworth et al. 2023, Git Re-Basin (MNIST MLP)")
 def mnist_mlp(ctx: ExperimentContext) -> ExperimentResult:
     """MNIST MLP 784-512x3-10: barriers of naive, weight and activation matching."""
-    setup = MLP_QUICK if ctx.quick else MLP_FULL
+    setup = MLP_QUICK if ctx.quick else _MLP_FULL
     run = Runner(ctx, setup)
     data = mnist_subset(ctx, setup.train_size, setup.test_size)
     model, a, b = trained_pair(run, setup, data)
@@ -219,12 +219,12 @@ def _fixed_paths(
 @register_experiment("resnet20-mnist", paper="Jordan et al. 2023, REPAIR; Git Re-Basin")
 def resnet20_mnist(ctx: ExperimentContext) -> ExperimentResult:
     """ResNet20 x4 (BatchNorm) on MNIST: naive vs weight matching, BN reset vs REPAIR."""
-    setup = _quick_resnet("batch") if ctx.quick else RESNET_FULL
+    setup = _quick_resnet("batch") if ctx.quick else _RESNET_FULL
     return _fixed_paths(ctx, setup, [("BN reset", "reset_bn"), ("REPAIR", "repair")])
 
 
 @register_experiment("resnet20-ln-mnist", paper="Jordan et al. 2023, REPAIR")
 def resnet20_ln_mnist(ctx: ExperimentContext) -> ExperimentResult:
     """ResNet20 x4 (LayerNorm) on MNIST: naive vs weight matching, plain vs REPAIR."""
-    setup = _quick_resnet("layer") if ctx.quick else RESNET_LN_FULL
+    setup = _quick_resnet("layer") if ctx.quick else _RESNET_LN_FULL
     return _fixed_paths(ctx, setup, [("no fix", "none"), ("REPAIR", "repair")])

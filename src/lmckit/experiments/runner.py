@@ -54,7 +54,7 @@ from lmckit.paths import SimplexResult, evaluate_simplex
 from lmckit.task import CLASSIFICATION, Task
 from lmckit.train import TrainConfig, TrainData, TrainResult, fit
 
-__all__ = ["Runner", "choose_device", "config_hash", "jsonable"]
+__all__ = ["Runner", "choose_device", "config_hash"]
 
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -74,13 +74,13 @@ def _dumps(config: object) -> str:
     return json.dumps(_plain(config), sort_keys=True, default=str)
 
 
-def jsonable(config: object) -> Any:
+def _jsonable(config: object) -> Any:
     """``config`` as plain JSON values: dataclasses by field, tuples as lists, the rest str."""
     return json.loads(_dumps(config))
 
 
 def config_hash(config: object) -> str:
-    """Ten hex digits of the SHA-256 of ``config``'s JSON (:func:`jsonable`, sorted keys)."""
+    """Ten hex digits of the SHA-256 of ``config``'s JSON (plain JSON values, sorted keys)."""
     return hashlib.sha256(_dumps(config).encode()).hexdigest()[:10]
 
 
@@ -136,7 +136,7 @@ class Runner:
         self.seconds: dict[str, float] = {}
         self._start = time.perf_counter()
         self.root.mkdir(parents=True, exist_ok=True)
-        resolved = {"config": jsonable(config), "seed": ctx.seed, "quick": ctx.quick}
+        resolved = {"config": _jsonable(config), "seed": ctx.seed, "quick": ctx.quick}
         write_json(self.root / "config.json", resolved | {"device": str(self.device)})
 
     # ------------------------------------------------------------------ stages
@@ -186,11 +186,11 @@ class Runner:
         wanted = {
             "name": name,
             "seed": seed,
-            "train": jsonable(config),
+            "train": _jsonable(config),
             "task": task.name,
             "data": data.name,
             "n_train": int(data.x_train.shape[0]),
-            "model": jsonable(getattr(module, "config", None)),
+            "model": _jsonable(getattr(module, "config", None)),
         }
         cached = self._reload(where, wanted, init)
         if cached is not None:

@@ -9,10 +9,10 @@ from torch import Tensor, nn
 
 from lmckit.models.registry import ZooModel, check_size_list, check_sizes, register_model
 
-__all__ = ["MLP", "make_activation", "make_norm1d"]
+__all__ = ["MLP"]
 
 
-def make_activation(name: str) -> nn.Module:
+def _make_activation(name: str) -> nn.Module:
     if name == "relu":
         return nn.ReLU()
     if name == "gelu":
@@ -20,7 +20,7 @@ def make_activation(name: str) -> nn.Module:
     raise ValueError(f"unknown activation {name!r}; choose relu or gelu")
 
 
-def make_norm1d(norm: str, width: int) -> nn.Module:
+def _make_norm1d(norm: str, width: int) -> nn.Module:
     if norm == "none":
         return nn.Identity()
     if norm == "batch":
@@ -58,8 +58,8 @@ class MLP(ZooModel):
         self.layers = nn.ModuleList(
             nn.Linear(widths[i], widths[i + 1], bias=bias) for i in range(len(hidden))
         )
-        self.norms = nn.ModuleList(make_norm1d(norm, w) for w in hidden)
-        self.acts = nn.ModuleList(make_activation(activation) for _ in hidden)
+        self.norms = nn.ModuleList(_make_norm1d(norm, w) for w in hidden)
+        self.acts = nn.ModuleList(_make_activation(activation) for _ in hidden)
         self.head = nn.Linear(widths[-1], out_features, bias=bias)
         self.hidden = list(hidden)
         self.in_features = in_features

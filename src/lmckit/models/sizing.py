@@ -3,9 +3,9 @@
 :func:`sized_config` turns a few user-facing sizes (:class:`ModelOptions`: MLP width
 and depth, a CNN's width multiplier, a transformer's layers, heads and widths) and the
 shape of the data (input shape, number of classes or vocabulary, tokens or features)
-into the constructor arguments of one zoo architecture. :func:`parameter_bytes` counts
-a config's parameters on the meta device (no memory, no initialisation), so callers can
-refuse a model that would not fit before building it (:func:`check_fits_in_memory`).
+into the constructor arguments of one zoo architecture. A config's parameters are counted
+on the meta device (no memory, no initialisation), so callers can refuse a model that
+would not fit before building it (:func:`check_fits_in_memory`).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ __all__ = [
     "ModelOptions",
     "check_fits_in_memory",
     "memory_bytes",
-    "parameter_bytes",
     "sized_config",
 ]
 
@@ -210,7 +209,7 @@ def _transformer_kwargs(
     }
 
 
-def parameter_bytes(config: ModelConfig, *, dtype: torch.dtype = torch.float32) -> int:
+def _parameter_bytes(config: ModelConfig, *, dtype: torch.dtype = torch.float32) -> int:
     """Bytes of the state dict of ``config`` in ``dtype``, counted without allocating.
 
     The module is built on the meta device (shapes only), so a config with billions of
@@ -260,7 +259,7 @@ def check_fits_in_memory(
     Raises:
         ValueError: naming the parameter count, the bytes needed and the budget.
     """
-    need = parameter_bytes(config)
+    need = _parameter_bytes(config)
     budget = memory_bytes() if limit_bytes is None else limit_bytes
     if budget is not None and need * copies > budget:
         count = need // 4

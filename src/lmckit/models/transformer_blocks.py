@@ -27,8 +27,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = [
-    "ATTENTION_FORMS",
-    "TRANSFORMER_NORMS",
     "CircuitAttention",
     "check_attention_form",
     "check_transformer_norm",
@@ -36,23 +34,23 @@ __all__ = [
     "multi_head_attention",
 ]
 
-TRANSFORMER_NORMS: tuple[str, ...] = ("layer", "rms")
-ATTENTION_FORMS: tuple[str, ...] = ("heads", "circuits")
+_TRANSFORMER_NORMS: tuple[str, ...] = ("layer", "rms")
+_ATTENTION_FORMS: tuple[str, ...] = ("heads", "circuits")
 
 
 def check_transformer_norm(norm: str) -> None:
-    """Raise ``ValueError`` unless ``norm`` is one of :data:`TRANSFORMER_NORMS`."""
-    if norm not in TRANSFORMER_NORMS:
+    """Raise ``ValueError`` unless ``norm`` is ``"layer"`` or ``"rms"``."""
+    if norm not in _TRANSFORMER_NORMS:
         raise ValueError(
-            f"unknown norm {norm!r} for a transformer; choose {', '.join(TRANSFORMER_NORMS)}"
+            f"unknown norm {norm!r} for a transformer; choose {', '.join(_TRANSFORMER_NORMS)}"
         )
 
 
 def check_attention_form(attention: str) -> None:
-    """Raise ``ValueError`` unless ``attention`` is one of :data:`ATTENTION_FORMS`."""
-    if attention not in ATTENTION_FORMS:
+    """Raise ``ValueError`` unless ``attention`` is ``"heads"`` or ``"circuits"``."""
+    if attention not in _ATTENTION_FORMS:
         raise ValueError(
-            f"unknown attention form {attention!r}; choose {', '.join(ATTENTION_FORMS)}"
+            f"unknown attention form {attention!r}; choose {', '.join(_ATTENTION_FORMS)}"
         )
 
 

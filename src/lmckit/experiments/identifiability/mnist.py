@@ -29,12 +29,12 @@ from lmckit.measure import EvalSettings, measure_path
 from lmckit.train import TrainConfig
 from lmckit.workflow import compare_alignments
 
-__all__ = ["KAPPA_LARGE", "KAPPA_SYRE", "MNIST_FULL", "MNIST_QUICK", "MnistSetup"]
+__all__ = ["MNIST_FULL", "MNIST_QUICK", "MnistSetup"]
 
 #: fixed-weight scale of the "large κ" W-asymmetric MLP (center-dominated regime)
-KAPPA_LARGE = 1.0
+_KAPPA_LARGE = 1.0
 #: fixed-offset scale of the syre MLP (dense offsets on all 784 inputs)
-KAPPA_SYRE = 0.1
+_KAPPA_SYRE = 0.1
 METHODS = ("naive", "activation_matching", "weight_matching")
 
 
@@ -107,8 +107,8 @@ def asym_lmc(ctx: ExperimentContext) -> ExperimentResult:
     variants = {
         "mlp": {"mode": "plain"},
         "wasym k=0": {"mode": "wasym", "kappa": 0.0, "num_fixed": nf},
-        f"wasym k={KAPPA_LARGE:g}": {"mode": "wasym", "kappa": KAPPA_LARGE, "num_fixed": nf},
-        f"syre k={KAPPA_SYRE:g}": {"mode": "syre", "kappa": KAPPA_SYRE},
+        f"wasym k={_KAPPA_LARGE:g}": {"mode": "wasym", "kappa": _KAPPA_LARGE, "num_fixed": nf},
+        f"syre k={_KAPPA_SYRE:g}": {"mode": "syre", "kappa": _KAPPA_SYRE},
     }
     run = Runner(ctx, {"setup": setup, "variants": variants})
     data = mnist_subset(ctx, setup.train_size)
