@@ -190,6 +190,24 @@ def test_save_writes_a_hugging_face_folder_that_transformers_loads(
         aligned.save(folder_b / "inside")
 
 
+def test_the_command_line_writes_what_the_one_call_saves(
+    hf_folder_pair: Callable[[str], tuple[Path, Path]], tmp_path: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from lmckit.cli import main
+
+    folder_a, folder_b = hf_folder_pair("llama")
+    args = ["align", folder_a, folder_b, "--symmetry", "orthogonal", "--out", tmp_path / "cli"]
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    lmckit.align(folder_a, folder_b, symmetry="orthogonal").save(tmp_path / "call")
+    for inside in ("", "reference"):
+        cli = lmckit.load_model(tmp_path / "cli" / inside)
+        call = lmckit.load_model(tmp_path / "call" / inside)
+        _same(call.params, cli.params)
+
+
 def test_save_and_merge_of_a_users_module(
     trained_modules: tuple[nn.Module, nn.Module], digits: Dataset, tmp_path: Path
 ) -> None:

@@ -125,8 +125,8 @@ class Aligned:
         form: what was done to both models before aligning (e.g. ``"norm scales
             folded"``), empty when nothing was.
         metadata: method, options and diagnostics, JSON-ready (written by :meth:`save`).
-        timings: wall seconds: ``load`` (reading saved models), ``align`` (form, method
-            and moving B) and ``method`` (the aligner alone).
+        timings: wall seconds: ``load`` (reading saved models and data), ``align``
+            (form, method and moving B) and ``method`` (the aligner alone).
         a, b: the two models as given (loaded, or the modules as held; never changed).
         architecture: the form's module (A's own module when the form is the models'
             own, so it holds A's weights): evaluate parameters with it, do not change it.
