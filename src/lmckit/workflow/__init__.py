@@ -4,9 +4,9 @@ Each function takes loaded models and data and returns results; none reads or wr
 files. The command line is a thin layer over them (parse, validate, call one of these,
 write), and the experiments and library users get the same behaviour. One module per
 task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (a pair, a comparison
-of methods, the whole recipe on loaded models), :mod:`~lmckit.workflow.merge` (a merged
-point), :mod:`~lmckit.workflow.barrier` (a pair's barrier, a simplex),
-:mod:`~lmckit.workflow.symmetries` (what a model would be aligned under).
+of methods, the whole recipe on loaded models), :mod:`~lmckit.workflow.paths` (a merged
+point, a pair's barrier, a simplex), :mod:`~lmckit.workflow.symmetries` (what a model
+would be aligned under).
 """
 
 from lmckit.workflow.align import (
@@ -19,8 +19,7 @@ from lmckit.workflow.align import (
     compare_alignments,
     pair_form,
 )
-from lmckit.workflow.barrier import pair_barrier, simplex_barrier
-from lmckit.workflow.merge import MERGE_FIXES, merge_pair
+from lmckit.workflow.paths import MERGE_FIXES, merge_pair, pair_barrier, simplex_barrier
 from lmckit.workflow.symmetries import SpaceSummary, SymmetryReport, describe_symmetries
 from lmckit.workflow.train import TrainedModel, train_model
 

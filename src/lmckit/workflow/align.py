@@ -193,32 +193,6 @@ def align_output_kind(path_b: str, symmetry: str | None) -> OutputKind:
     return "hf"
 
 
-def check_align_request(
-    method: str,
-    *,
-    symmetry: str | None = None,
-    circuits: bool = False,
-    head_bases: bool = False,
-    has_data: bool = False,
-) -> AlignerInfo:
-    """The registry entry of :func:`align_models`' ``method``, after refusing options
-    that cannot go together; cheap, so callers check before loading anything.
-
-    Raises:
-        ValueError: an unknown method or symmetry, ``circuits`` with ``head_bases``, or
-            a method that needs data without it.
-    """
-    if method not in ALIGN_METHODS:
-        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
-    check_symmetry(symmetry)
-    if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
-    info = aligner_info(ALIGN_METHODS[method])
-    if info.needs_data and not has_data:
-        raise ValueError(f"{info.name} needs data (--data)")
-    return info
-
-
 def align_models(
     a: LoadedModel,
     b: LoadedModel,
@@ -259,14 +233,14 @@ def align_models(
     """
     from lmckit.aligners import head_bases_matching
 
-    info = check_align_request(
-        method,
-        symmetry=symmetry,
-        circuits=circuits,
-        head_bases=head_bases,
-        has_data=data is not None,
-    )
-    full = info.name
+    if method not in ALIGN_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
+    if circuits and head_bases:
+        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    full = ALIGN_METHODS[method]
+    info = aligner_info(full)
+    if info.needs_data and data is None:
+        raise ValueError(f"{full} needs data (--data)")
     if data is not None:
         check_data_fits(a.module, data)
     form = pair_form(a, b, symmetry, circuits, example_inputs)
@@ -297,3 +271,29 @@ def align_models(
     same = form.module is a.module
     reference = pa if (form.rewritten or form.folded or not same) else None
     return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata)
+
+
+def check_align_request(
+    method: str,
+    *,
+    symmetry: str | None = None,
+    circuits: bool = False,
+    head_bases: bool = False,
+    has_data: bool = False,
+) -> AlignerInfo:
+    """The registry entry of :func:`align_models`' ``method``, after refusing options
+    that cannot go together; cheap, so callers check before loading anything.
+
+    Raises:
+        ValueError: an unknown method or symmetry, ``circuits`` with ``head_bases``, or
+            a method that needs data without it.
+    """
+    if method not in ALIGN_METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
+    check_symmetry(symmetry)
+    if circuits and head_bases:
+        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    info = aligner_info(ALIGN_METHODS[method])
+    if info.needs_data and not has_data:
+        raise ValueError(f"{info.name} needs data (--data)")
+    return info

@@ -1,4 +1,5 @@
-"""Barriers between loaded models: the linear path of a pair, the simplex of several."""
+"""Points and paths between models: a merged point, the barrier of a pair, the
+multi-model barrier over a simplex."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
+
+from torch import nn
 
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
@@ -18,12 +21,47 @@ from lmckit.measure import (
     resolve_fix,
     train_inputs,
 )
-from lmckit.merge_methods import path_prepare
+from lmckit.merge import has_batchnorm
+from lmckit.merge_methods import merge, merge_info, path_prepare
 from lmckit.params import Params
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
 from lmckit.recipe import aligned_form, spec_of
 
-__all__ = ["pair_barrier", "simplex_barrier"]
+__all__ = ["MERGE_FIXES", "merge_pair", "pair_barrier", "simplex_barrier"]
+
+#: What :func:`merge_pair` does after interpolating.
+MERGE_FIXES = ("none", "reset_bn", "repair")
+
+
+def merge_pair(
+    model: nn.Module,
+    params_a: Params,
+    params_b: Params,
+    *,
+    t: float = 0.5,
+    fix: str = "none",
+    data: Dataset | None = None,
+    settings: EvalSettings | None = None,
+) -> Params:
+    """The point ``(1 - t) a + t b``, optionally with BatchNorm reset or REPAIR on ``data``.
+
+    Raises:
+        ValueError: ``t`` outside ``[0, 1]``, an unknown fix, a fix without data, or
+            ``reset_bn`` for a network without BatchNorm.
+    """
+    if not 0.0 <= t <= 1.0:
+        raise ValueError(f"--t must lie in [0, 1], got {t}")
+    if fix not in MERGE_FIXES:
+        raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
+    info = merge_info(MERGE_METHOD_OF_FIX[fix])
+    if info.needs_data and data is None:
+        raise ValueError(f"{fix} needs data (--data)")
+    if fix == "reset_bn" and not has_batchnorm(model):
+        raise ValueError("--reset-bn: the model has no BatchNorm layers")
+    if data is not None:
+        check_data_fits(model, data)
+    inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
+    return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
 
 
 def pair_barrier(
