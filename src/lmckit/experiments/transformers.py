@@ -127,32 +127,68 @@ def compare_transformer_alignments(
     result = weight_matching(circ_spec, circ_a, circ_b, config, seed=seed, row_masks=rms_masks)
     moved = apply(circ_spec, circ_b, result.transform)
     out["WM orthogonal (circuit form)"] = measure_path(circuits, circ_a, moved, data, settings)
+    forms = {
+        "layer": (module, spec, params_a, params_b),
+        "rms": (rms, rms_spec, rms_a, rms_b),
+        "circuits": (circuits, circ_spec, circ_a, circ_b),
+    }
     if activations:
-        # the first stat_batches training batches; Pearson correlation, or each
-        # space's natural statistic (covariance for an orthogonal residual stream)
-        am = ActivationMatchingConfig(
-            batch_size=settings.batch_for(data), batches=settings.stat_batches
-        )
-        natural = replace(am, statistic="natural")
-        ln_pair = (module, params_a, params_b)
-        for label, (form, pa, pb), use_spec, use in (
-            ("AM permutation", ln_pair, spec, am),
-            ("AM permutation (units in heads)", ln_pair, units_in_heads(spec), am),
-            ("AM orthogonal", (rms, rms_a, rms_b), rms_spec, natural),
-            # circuit heads are matched by their attention patterns
-            ("AM orthogonal (circuit form)", (circuits, circ_a, circ_b), circ_spec, natural),
-        ):
-            res = activation_matching(use_spec, pa, pb, use, model=form, data=data)
-            out[label] = measure_path(form, pa, res.apply(pb), data, settings)
+        out |= _activation_rows(forms, data, settings)
     if learned is not None:
-        for label, form, use_spec, pa, pb in (
-            ("learned orthogonal", rms, rms_spec, rms_a, rms_b),
-            ("learned orthogonal (circuit form)", circuits, circ_spec, circ_a, circ_b),
-        ):
-            res = learned_matching(
-                use_spec, pa, pb, learned, model=form, data=data, seed=seed, row_masks=rms_masks
-            )
-            out[label] = measure_path(form, pa, apply(use_spec, pb, res.transform), data, settings)
+        out |= _learned_rows(forms, data, settings, learned, seed=seed, row_masks=rms_masks)
+    return out
+
+
+#: A form of the pair: its module, spec and both models' parameters.
+_Form = tuple[torch.nn.Module, SymmetrySpec, Params, Params]
+
+
+def _activation_rows(
+    forms: dict[str, _Form], data: Dataset, settings: EvalSettings
+) -> dict[str, PathResult]:
+    """The ``AM ...`` rows: activation matching on the first ``stat_batches`` training
+    batches; Pearson correlation, or each space's natural statistic (covariance for an
+    orthogonal residual stream)."""
+    am = ActivationMatchingConfig(
+        batch_size=settings.batch_for(data), batches=settings.stat_batches
+    )
+    natural = replace(am, statistic="natural")
+    module, spec, pa, pb = forms["layer"]
+    rows = {
+        "AM permutation": (forms["layer"], am),
+        "AM permutation (units in heads)": ((module, units_in_heads(spec), pa, pb), am),
+        "AM orthogonal": (forms["rms"], natural),
+        # circuit heads are matched by their attention patterns
+        "AM orthogonal (circuit form)": (forms["circuits"], natural),
+    }
+    out = {}
+    for label, ((form, use_spec, a, b), config) in rows.items():
+        res = activation_matching(use_spec, a, b, config, model=form, data=data)
+        out[label] = measure_path(form, a, res.apply(b), data, settings)
+    return out
+
+
+def _learned_rows(
+    forms: dict[str, _Form],
+    data: Dataset,
+    settings: EvalSettings,
+    config: LearnedMatchingConfig,
+    *,
+    seed: int,
+    row_masks: dict[str, torch.Tensor] | None,
+) -> dict[str, PathResult]:
+    """The ``learned ...`` rows: orthogonal learned matching in the RMSNorm and the
+    circuit form, on ``data``'s training split."""
+    out = {}
+    for label, key in (
+        ("learned orthogonal", "rms"),
+        ("learned orthogonal (circuit form)", "circuits"),
+    ):
+        form, use_spec, a, b = forms[key]
+        res = learned_matching(
+            use_spec, a, b, config, model=form, data=data, seed=seed, row_masks=row_masks
+        )
+        out[label] = measure_path(form, a, apply(use_spec, b, res.transform), data, settings)
     return out
 
 
