@@ -143,29 +143,40 @@ def _learn(
     return res, apply(spec, pb, res.transform)
 
 
+#: A form of the pair: its module and both models' parameters.
+_Form = tuple[ZooModel, Params, Params]
+
+
 def pair_stages(
     bench: Bench, ln: ZooModel, a: Params, b: Params, *, learned: bool
 ) -> dict[str, dict[str, Any]]:
     """Every two-model row: vanilla, activation, weight and (with ``learned``) learned
     matching."""
-    run, cfg, data = bench.run, bench.config, bench.data
+    run = bench.run
     rms, rms_a = transformer_form(ln, a)
     _, rms_b = transformer_form(ln, b)
-    orth_spec = rms.symmetry_spec()  # residual: Orthogonal (RMSNorm commutes with it)
-    perm_spec = orth_spec.with_groups(residual=Permutation())  # the ablation
+    circuits, circ_a = transformer_form(rms, rms_a, circuits=True)
+    _, circ_b = transformer_form(rms, rms_b, circuits=True)
     out: dict[str, dict[str, Any]] = {}
-
     out["vanilla"] = run.stage("vanilla", lambda: _path_entry(bench.path(ln, a, b)))
     out["vanilla (RMS form)"] = run.stage(
         "vanilla-rms", lambda: _path_entry(bench.path(rms, rms_a, rms_b))
     )
+    rms_form, circuit_form = (rms, rms_a, rms_b), (circuits, circ_a, circ_b)
+    out |= _activation_stages(bench, rms_form, circuit_form)
+    out |= _weight_matching_stages(bench, rms_form, circuit_form)
+    if bench.config.learned is not None and learned:
+        out |= _learned_stages(bench, rms_form)
+    return out
 
-    circuits, circ_a = transformer_form(rms, rms_a, circuits=True)
-    _, circ_b = transformer_form(rms, rms_b, circuits=True)
+
+def _activation_stages(bench: Bench, rms_form: _Form, circuit_form: _Form) -> dict[str, Any]:
+    """Activation matching on the first ``stat_batches`` training batches (Pearson
+    correlation), permutations in the RMSNorm form and orthogonal in the circuit form."""
+    cfg, data = bench.config, bench.data
+    (rms, rms_a, rms_b), (circuits, circ_a, circ_b) = rms_form, circuit_form
+    perm_spec = rms.symmetry_spec().with_groups(residual=Permutation())
     circ_spec = circuits.symmetry_spec()
-    circ_perm_spec = circ_spec.with_groups(residual=Permutation())
-
-    # the first stat_batches training batches (Pearson correlation by default)
     am = ActivationMatchingConfig(batch_size=cfg.eval_batch_size, batches=cfg.stat_batches)
 
     def activation() -> dict[str, Any]:
@@ -181,14 +192,29 @@ def pair_stages(
         moved = res.apply(circ_b)
         return _path_entry(bench.path(circuits, circ_a, moved), align_seconds=res.seconds)
 
-    out["activation matching"] = run.stage("activation", activation)
-    out["activation matching (orthogonal), circuit form"] = run.stage(
-        "activation-orth-circuits", activation_circuits
-    )
+    return {
+        "activation matching": bench.run.stage("activation", activation),
+        "activation matching (orthogonal), circuit form": bench.run.stage(
+            "activation-orth-circuits", activation_circuits
+        ),
+    }
+
+
+def _weight_matching_stages(bench: Bench, rms_form: _Form, circuit_form: _Form) -> dict[str, Any]:
+    """Weight matching: permutations only (the ablation) and orthogonal in the RMSNorm
+    form, with head bases and with raw head weights; both in the circuit form, tokens
+    weighted by frequency (as the reference code's token_freqs) and not."""
+    run, cfg = bench.run, bench.config
+    (rms, rms_a, rms_b), (circuits, circ_a, circ_b) = rms_form, circuit_form
+    orth_spec = rms.symmetry_spec()  # residual: Orthogonal (RMSNorm commutes with it)
+    perm_spec = orth_spec.with_groups(residual=Permutation())
+    circ_spec = circuits.symmetry_spec()
+    circ_perm_spec = circ_spec.with_groups(residual=Permutation())
 
     def wm(spec: SymmetrySpec, **options: Any) -> dict[str, Any]:
         return _wm_entry(bench, spec, rms, rms_a, rms_b, **options)
 
+    out: dict[str, Any] = {}
     out["WM (permutations only)"] = run.stage("wm-perm", lambda: wm(perm_spec))
     out["WM (orthogonal)"] = run.stage("wm-orth", lambda: wm(orth_spec))
     out["WM (orthogonal) + head bases"] = run.stage(
@@ -199,8 +225,6 @@ def pair_stages(
     out["WM (orthogonal, raw head weights)"] = run.stage(
         "wm-orth-raw", lambda: wm(orth_spec, config=raw)
     )
-    # token rows weighted by frequency, as the reference code's token_freqs; and the
-    # ablation without
     weights = bench.weights
     for label, stage, spec, use in (
         ("permutations only", "wm-perm-circuits-freq", circ_perm_spec, weights),
@@ -210,35 +234,44 @@ def pair_stages(
         name = f"WM ({label}), circuit form" + ("" if use else ", unweighted tokens")
         compute = partial(_wm_entry, bench, spec, circuits, circ_a, circ_b, weights=use)
         out[name] = run.stage(stage, compute)
+    return out
 
-    if cfg.learned is not None and learned:
 
-        def learn(spec: SymmetrySpec, module: ZooModel, pa: Params, pb: Params) -> dict:
-            res, moved = _learn(bench, spec, module, pa, pb)
-            # the heads' inner bases are outside the spec, so learning cannot move them:
-            # aligned afterwards, the same path with them matched is a second row
-            based = head_bases_matching(spec, pa, moved).apply(moved)
-            return _path_entry(
-                bench.path(module, pa, moved),
-                align_seconds=res.seconds,
-                steps=res.iterations,
-                val_mid_loss=[res.history[0], min(res.history)],
-                head_bases_path=bench.path(module, pa, based).to_dict(),
-            )
+def _learned_stages(bench: Bench, rms_form: _Form) -> dict[str, Any]:
+    """Learned matching in the RMSNorm form, permutations only and orthogonal; the
+    orthogonal solution with the heads' inner bases matched afterwards is a row too."""
+    run = bench.run
+    rms, rms_a, rms_b = rms_form
+    orth_spec = rms.symmetry_spec()
+    perm_spec = orth_spec.with_groups(residual=Permutation())
 
-        out["learned (permutations only)"] = run.stage(
-            "learned-perm", lambda: learn(perm_spec, rms, rms_a, rms_b)
+    def learn(spec: SymmetrySpec, module: ZooModel, pa: Params, pb: Params) -> dict:
+        res, moved = _learn(bench, spec, module, pa, pb)
+        # the heads' inner bases are outside the spec, so learning cannot move them:
+        # aligned afterwards, the same path with them matched is a second row
+        based = head_bases_matching(spec, pa, moved).apply(moved)
+        return _path_entry(
+            bench.path(module, pa, moved),
+            align_seconds=res.seconds,
+            steps=res.iterations,
+            val_mid_loss=[res.history[0], min(res.history)],
+            head_bases_path=bench.path(module, pa, based).to_dict(),
         )
-        out["learned (orthogonal)"] = run.stage(
-            "learned-orth", lambda: learn(orth_spec, rms, rms_a, rms_b)
-        )
-        if "head_bases_path" in out["learned (orthogonal)"]:  # absent from older caches
-            entry = out["learned (orthogonal)"]
-            out["learned (orthogonal) + head bases"] = {
-                "path": entry["head_bases_path"],
-                "align_seconds": entry["align_seconds"],
-                "stage_seconds": entry["stage_seconds"],
-            }
+
+    out: dict[str, Any] = {}
+    out["learned (permutations only)"] = run.stage(
+        "learned-perm", lambda: learn(perm_spec, rms, rms_a, rms_b)
+    )
+    out["learned (orthogonal)"] = run.stage(
+        "learned-orth", lambda: learn(orth_spec, rms, rms_a, rms_b)
+    )
+    if "head_bases_path" in out["learned (orthogonal)"]:  # absent from older caches
+        entry = out["learned (orthogonal)"]
+        out["learned (orthogonal) + head bases"] = {
+            "path": entry["head_bases_path"],
+            "align_seconds": entry["align_seconds"],
+            "stage_seconds": entry["stage_seconds"],
+        }
     return out
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -120,11 +122,15 @@ def _whole(x: Tensor, y: Tensor) -> list[tuple[Tensor, Tensor]]:
     return [(x, y)]
 
 
+#: Ambient dimension of the embeddings and hidden width of the students.
+AMBIENT, WIDTH = 32, 16
+
+
 @register_experiment("coherence", paper=PAPER)
 def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
     """Teacher relu(z1 + z2) on c-copy embeddings: midpoint barrier vs coherence 1/c."""
     quick = ctx.quick
-    ambient, width = 32, 16
+    ambient, width = AMBIENT, WIDTH
     copies_list = (1, 16) if quick else (1, 2, 4, 8, 16)
     outer = 1 if quick else 2
     pairs = 1 if quick else 3
@@ -160,18 +166,8 @@ def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
                 )
                 measured.append(coherence(input_subspace(data.x_train, explained=0.999)))
                 for p in range(pairs):
-                    trained = []
-                    for s in (10_000 * o + 2 * p + ctx.seed, 10_000 * o + 2 * p + 1 + ctx.seed):
-                        student, params = run.train(
-                            f"{family}-c{copies}-o{o}-seed{s}",
-                            partial(_student, ambient, width, mask_seed=o, seed=s),
-                            data,
-                            config,
-                            seed=s,
-                            task=mse(),
-                        )
-                        trained.append(params)
-                    pa, pb = trained
+                    seeds = (10_000 * o + 2 * p + ctx.seed, 10_000 * o + 2 * p + 1 + ctx.seed)
+                    student, pa, pb = _student_pair(run, family, copies, o, seeds, data, config)
                     test = partial(_whole, *data.split("test"))
                     path = evaluate_path(student, pa, pb, test, ts=[0.0, 0.5, 1.0], task=mse())
                     ends = (path.loss[0] + path.loss[-1]) / 2
@@ -194,6 +190,36 @@ def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
                 }
             )
             ctx.log(f"coherence: {family} c={copies}: barrier {float(bt.mean()):.4f}")
+    figure = _coherence_figure(run, rows)
+    return run.result(format_table(rows, COLUMNS), rows, [figure])
+
+
+def _student_pair(
+    run: Runner,
+    family: str,
+    copies: int,
+    frame: int,
+    seeds: tuple[int, int],
+    data: RegressionData,
+    config: TrainConfig,
+) -> tuple[Any, Params, Params]:
+    """Two students of one frame (mask seed) trained from ``seeds`` (cached by the run)."""
+    trained = []
+    for s in seeds:
+        student, params = run.train(
+            f"{family}-c{copies}-o{frame}-seed{s}",
+            partial(_student, AMBIENT, WIDTH, mask_seed=frame, seed=s),
+            data,
+            config,
+            seed=s,
+            task=mse(),
+        )
+        trained.append(params)
+    return student, trained[0], trained[1]
+
+
+def _coherence_figure(run: Runner, rows: list[dict[str, Any]]) -> Path:
+    """Midpoint barrier against coherence, one line per embedding family."""
     fig, ax = run.subplots(figsize=(6, 4), constrained_layout=True)
     for family in FAMILIES:
         fam = [r for r in rows if r["family"] == family]
@@ -209,5 +235,4 @@ def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
     ax.set_xlabel("subspace coherence 1/c")
     ax.set_ylabel("midpoint MSE barrier (test)")
     ax.legend()
-    figure = run.save_figure(fig, "coherence.png")
-    return run.result(format_table(rows, COLUMNS), rows, [figure])
+    return run.save_figure(fig, "coherence.png")

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from lmckit.data import make_gmm
+from lmckit.data import Dataset, make_gmm
 from lmckit.diagnostics.identifiability import (
     coherence,
     input_subspace,
@@ -28,6 +29,7 @@ from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.models.asymmetric import create_asym_model, to_plain
+from lmckit.params import Params
 from lmckit.train import TrainConfig
 
 __all__ = ["swap_cost_summary"]
@@ -123,33 +125,53 @@ def swap_costs_experiment(ctx: ExperimentContext) -> ExperimentResult:
                 data,
                 config,
             )
-            basis = input_subspace(data.x_train, explained=0.9)
-            mask, offset = a["layers.0.mask"], a["layers.0.offset"]
-            weights = mask * a["layers.0.weight"] + offset
-            costs = realization_cost_matrix(basis, mask, offset, weights)
-            delta = swap_costs(costs)
-            ridge = ridge_cost_matrix(data.x_train, mask, offset, weights, ridge=1e-3)
-            deltas[(k, kappa)] = delta
-            plain, pa = to_plain(module, a)
-            _, pb = to_plain(module, b)
-            path = measure_path(plain, pa, pb, data, EvalSettings(split="train"))
-            ends = (path.acc[0] + path.acc[-1]) / 2
-            ridge_summary = swap_cost_summary(swap_costs(ridge), ridge.diagonal())
-            rows.append(
-                {
-                    "intrinsic_dim": k,
-                    "kappa": kappa,
-                    "pca_dim": basis.shape[1],
-                    "coherence": coherence(basis),
-                    "min_center_gap": min_center_gap(basis, offset),
-                    "mean_self_cost": float(costs.diagonal().mean()),
-                    **swap_cost_summary(delta, costs.diagonal()),
-                    **{f"ridge_{key}": v for key, v in ridge_summary.items()},
-                    "train_acc_ends": ends,
-                    "train_acc_mid": path.midpoint_acc,
-                    "unaligned_mid_drop": ends - path.midpoint_acc,
-                }
-            )
+            row, deltas[(k, kappa)] = _swap_cost_row(module, a, b, data)
+            rows.append({"intrinsic_dim": k, "kappa": kappa, **row})
+    figure = _swap_cost_figure(run, deltas, dims, kappas)
+    notes = (
+        "relative swap cost Δ_ij/(d_ii+d_jj) over neuron pairs of layer 0 (Mahalanobis, PCA at "
+        "90%); cheap: < 0.1; ridge: λ=1e-3 surrogate; mid drop: unaligned train-accuracy drop."
+    )
+    return run.result(format_table(rows, COLUMNS), rows, [figure], notes)
+
+
+def _swap_cost_row(
+    module: Any, a: Params, b: Params, data: Dataset
+) -> tuple[dict[str, Any], Tensor]:
+    """One pair's figures (layer 0's realization and swap costs, the unaligned path's
+    accuracy drop) and its swap-cost matrix."""
+    basis = input_subspace(data.x_train, explained=0.9)
+    mask, offset = a["layers.0.mask"], a["layers.0.offset"]
+    weights = mask * a["layers.0.weight"] + offset
+    costs = realization_cost_matrix(basis, mask, offset, weights)
+    delta = swap_costs(costs)
+    ridge = ridge_cost_matrix(data.x_train, mask, offset, weights, ridge=1e-3)
+    plain, pa = to_plain(module, a)
+    _, pb = to_plain(module, b)
+    path = measure_path(plain, pa, pb, data, EvalSettings(split="train"))
+    ends = (path.acc[0] + path.acc[-1]) / 2
+    ridge_summary = swap_cost_summary(swap_costs(ridge), ridge.diagonal())
+    row = {
+        "pca_dim": basis.shape[1],
+        "coherence": coherence(basis),
+        "min_center_gap": min_center_gap(basis, offset),
+        "mean_self_cost": float(costs.diagonal().mean()),
+        **swap_cost_summary(delta, costs.diagonal()),
+        **{f"ridge_{key}": v for key, v in ridge_summary.items()},
+        "train_acc_ends": ends,
+        "train_acc_mid": path.midpoint_acc,
+        "unaligned_mid_drop": ends - path.midpoint_acc,
+    }
+    return row, delta
+
+
+def _swap_cost_figure(
+    run: Runner,
+    deltas: dict[tuple[int, float], Tensor],
+    dims: tuple[int, ...],
+    kappas: tuple[float, ...],
+) -> Path:
+    """The swap-cost matrices, one panel per intrinsic dimension and kappa."""
     fig, axes = run.subplots(
         len(kappas), len(dims), figsize=(4 * len(dims), 3.6 * len(kappas)), squeeze=False
     )
@@ -163,9 +185,4 @@ def swap_costs_experiment(ctx: ExperimentContext) -> ExperimentResult:
         ax.set_title(f"intrinsic dim {k}, κ={kappa:g}")
         fig.colorbar(image, ax=ax, fraction=0.046)
     fig.tight_layout()
-    figure = run.save_figure(fig, "swap_costs.png")
-    notes = (
-        "relative swap cost Δ_ij/(d_ii+d_jj) over neuron pairs of layer 0 (Mahalanobis, PCA at "
-        "90%); cheap: < 0.1; ridge: λ=1e-3 surrogate; mid drop: unaligned train-accuracy drop."
-    )
-    return run.result(format_table(rows, COLUMNS), rows, [figure], notes)
+    return run.save_figure(fig, "swap_costs.png")
