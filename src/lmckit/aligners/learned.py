@@ -34,27 +34,32 @@ throughout (no dropout), so the objective is deterministic given the batches.
 from __future__ import annotations
 
 import copy
+import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.aligners.dense import apply_dense, straight_through
+from lmckit.aligners.dense import apply_dense
+from lmckit.aligners.learned_objective import (
+    Descent,
+    Loss,
+    midpoint_loss,
+    validation_split,
+)
 from lmckit.aligners.registry import register_aligner
 from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
 from lmckit.aligners.weight import GIT_REBASIN, space_objective, weight_matching
 from lmckit.aligners.width import GENERALIZED_LMC
 from lmckit.data import Dataset, batches
-from lmckit.distributed import any_rank, rank_rows, shard, sum_gradients, sum_over_ranks
+from lmckit.distributed import any_rank
 from lmckit.groups import sinkhorn
-from lmckit.merge import has_batchnorm, reset_batchnorm
-from lmckit.params import Params, check_compatible, check_finite, interpolate
-from lmckit.symmetry import SymmetrySpec, Transform, apply
+from lmckit.params import Params, check_compatible, check_finite
+from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import cross_entropy
 
 __all__ = [
@@ -67,8 +72,6 @@ __all__ = [
 ]
 
 PermutationMode = Literal["straight_through", "sinkhorn"]
-#: ``loss(outputs, targets)``: a scalar to minimise, differentiable in ``outputs``.
-Loss = Callable[[Tensor, Tensor], Tensor]
 
 
 @dataclass(frozen=True)
@@ -133,67 +136,6 @@ class LearnedMatchingConfig:
             raise ValueError(f"val_fraction must lie in (0, 1) and val_batches >= 1 in {self}")
 
 
-def validation_split(
-    data: Dataset, fraction: float
-) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
-    """``((x_train, y_train), (x_val, y_val))`` for early stopping.
-
-    Uses the dataset's own validation split where it has one; otherwise the last
-    ``fraction`` of the training split is held out (and not trained on).
-    """
-    if data.x_val is not None and data.y_val is not None and len(data.x_val) > 0:
-        return (data.x_train, data.y_train), (data.x_val, data.y_val)
-    n = data.x_train.shape[0]
-    held = max(1, int(round(fraction * n)))
-    if held >= n:
-        raise ValueError(f"cannot hold out {held} of {n} training examples for validation")
-    cut = n - held
-    return (data.x_train[:cut], data.y_train[:cut]), (data.x_train[cut:], data.y_train[cut:])
-
-
-# --------------------------------------------------------------------------- learning
-
-
-def _midpoint_loss(
-    model: nn.Module,
-    spec: SymmetrySpec,
-    a: Params,
-    b: Params,
-    transform: Transform,
-    val: tuple[Tensor, Tensor],
-    train_x: Tensor,
-    config: LearnedMatchingConfig,
-    device: torch.device,
-    loss: Loss,
-) -> float:
-    # the transform's elements live on the CPU (the solvers' side): apply there, then move
-    mid = _to(interpolate(a, apply(spec, b, transform), 0.5), device)
-    if has_batchnorm(model):
-        stop = min(train_x.shape[0], 20 * config.batch_size)
-        inputs = [
-            train_x[i : i + config.batch_size].to(device) for i in range(0, stop, config.batch_size)
-        ]
-        mid = reset_batchnorm(model, mid, inputs)
-    total, count = 0.0, 0
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            # training-sized batches: a language model's logits are (batch, time, vocab)
-            for x, y in shard(batches(val[0], val[1], config.batch_size, limit=config.val_batches)):
-                x, y = x.to(device), y.to(device)
-                total += float(loss(functional_call(model, mid, (x,)), y)) * len(x)
-                count += len(x)
-    finally:
-        model.train(was_training)
-    (sums,) = sum_over_ranks([torch.tensor([total, count], dtype=torch.float64)])
-    return float(sums[0]) / float(sums[1])
-
-
-def _to(params: Params, device: torch.device) -> Params:
-    return {k: v.to(device) for k, v in params.items()}
-
-
 @register_aligner(
     "learned_matching",
     paper=GIT_REBASIN + " (Sec. 3.3); " + GENERALIZED_LMC,
@@ -256,9 +198,109 @@ def learned_matching(
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")
     spec.validate(params_b)
-    # by default every space whose group can be learned (the others, e.g. scalings of
-    # gated units, come from weight matching and stay as it left them)
-    names = list([n for n in spec.names if spec[n].group.self_dual] if spaces is None else spaces)
+    names = _spaces_to_learn(spec, spaces)
+    start = time.perf_counter()
+    device = torch.device(device or "cpu")
+    base = _start(spec, params_a, params_b, names, config, init, spaces, seed, row_masks)
+    fixed = _fixed_part(spec, base, names)
+    # buffers outside ``params`` (masks, say) must be on the device too
+    if device.type != "cpu":
+        model = copy.deepcopy(model).to(device)
+    descent = Descent(spec, model, params_a, params_b, base, fixed, names, config, device, loss)
+    (train_x, train_y), val = validation_split(data, config.val_fraction)
+    if not len(train_x):
+        raise ValueError("learned matching needs training examples, the training split is empty")
+    generator = torch.Generator().manual_seed(seed)
+
+    def midpoint(transform: Transform) -> float:
+        return midpoint_loss(
+            model, spec, params_a, params_b, transform, val, train_x,
+            batch_size=config.batch_size, max_batches=config.val_batches, device=device,
+            loss=loss,
+        )  # fmt: skip
+
+    best, best_loss = base, midpoint(base)
+    history = [best_loss]
+    stale = step = 0
+    stream = _batch_stream(train_x, train_y, config.batch_size, generator)
+    bar = tqdm(total=config.steps, desc="learned matching", disable=not progress, leave=False)
+    was_training = model.training
+    model.train(descent.batchnorm)
+    try:
+        while step < config.steps and stale < config.patience:
+            xb, yb = next(stream)
+            value = descent.step(xb, yb, _draw_lambda(config, generator))
+            if not math.isfinite(value):
+                raise FloatingPointError(f"learned matching diverged at step {step}")
+            step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{value:.4f}", best=f"{best_loss:.4f}")
+            out_of_time = config.max_seconds is not None and any_rank(
+                time.perf_counter() - start > config.max_seconds
+            )
+            if step % config.eval_every == 0 or step == config.steps or out_of_time:
+                candidate = descent.hard_transform()
+                history.append(midpoint(candidate))
+                if history[-1] < best_loss:
+                    best, best_loss, stale = candidate, history[-1], 0
+                else:
+                    stale += 1
+            if out_of_time:
+                break
+    finally:
+        bar.close()
+        model.train(was_training)
+    return AlignmentResult(
+        transform=best,
+        spaces=_diagnostics(spec, names, params_a, params_b, best),
+        iterations=step,
+        iteration_unit="steps",
+        converged=stale >= config.patience,
+        seconds=time.perf_counter() - start,
+        history=history,
+    )
+
+
+def _start(
+    spec: SymmetrySpec,
+    params_a: Params,
+    params_b: Params,
+    names: Sequence[str],
+    config: LearnedMatchingConfig,
+    init: Transform | None,
+    spaces: Sequence[str] | None,
+    seed: int,
+    row_masks: Mapping[str, Tensor] | None,
+) -> Transform:
+    """Where learning starts: weight matching's solution (from ``init`` if given, else its
+    own anchored start), or ``init`` / the identity."""
+    if not config.weight_matching_init:
+        return init or Transform.identity(spec)
+    solved = None if spaces is None else list(names)
+    return weight_matching(
+        spec, params_a, params_b, init=init, spaces=solved, seed=seed, row_masks=row_masks
+    ).transform
+
+
+def _batch_stream(
+    x: Tensor, y: Tensor, batch_size: int, generator: torch.Generator
+) -> Iterator[tuple[Tensor, Tensor]]:
+    """Shuffled training batches, epoch after epoch."""
+    while True:
+        yield from batches(x, y, batch_size, shuffle=True, generator=generator)
+
+
+def _draw_lambda(config: LearnedMatchingConfig, generator: torch.Generator) -> float:
+    """A step's interpolation weight, uniform in ``[lam_low, lam_high]``."""
+    return config.lam_low + (config.lam_high - config.lam_low) * float(
+        torch.rand((), generator=generator)
+    )
+
+
+def _spaces_to_learn(spec: SymmetrySpec, spaces: Sequence[str] | None) -> list[str]:
+    """The spaces given, or every space whose group can be learned (the others, e.g.
+    scalings of gated units, come from weight matching and stay as it left them)."""
+    names = [n for n in spec.names if spec[n].group.self_dual] if spaces is None else list(spaces)
     if not names:
         raise ValueError("learned matching needs at least one space to learn")
     for name in names:
@@ -269,140 +311,34 @@ def learned_matching(
                 "(its readers do not move by the element itself); pass spaces=... to "
                 "leave it out"
             )
-    start = time.perf_counter()
-    device = torch.device(device or "cpu")
-    if config.weight_matching_init:
-        # without ``init`` weight matching takes its own (anchored) start
-        solved = None if spaces is None else names
-        base = weight_matching(
-            spec, params_a, params_b, init=init, spaces=solved, seed=seed, row_masks=row_masks
-        ).transform
-    else:
-        base = init or Transform.identity(spec)
-    a = {k: v.detach().to(device) for k, v in params_a.items()}
-    # the spaces not learned are applied once, non-differentiably, in the input frame of
-    # the learned spaces they are nested in: they stay with the units they act on
+    return names
+
+
+def _fixed_part(spec: SymmetrySpec, base: Transform, names: Sequence[str]) -> Transform:
+    """``base`` without the learned spaces: applied once, non-differentiably, to B.
+
+    Spaces not learned are expressed in the input frame of the learned spaces they are
+    nested in, so that they stay with the units they act on whatever is learned.
+    """
     home = base
     for name in names:
         if any(s.name not in names for s in spec.nested_in(name)):
             undo = Transform(spec, {name: spec[name].group.inverse(base[name])})
             home = undo.compose(home)
-    fixed = home.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
-    b = _to(apply(spec, {k: v.detach() for k, v in params_b.items()}, fixed), device)
-    conts = {
-        n: torch.nn.Parameter(spec[n].group.matrix(base[n]).float().to(device, copy=True))
-        for n in names
-    }
-    opt = torch.optim.AdamW(conts.values(), lr=config.lr, weight_decay=config.weight_decay)
-    (train_x, train_y), val = validation_split(data, config.val_fraction)
-    generator = torch.Generator().manual_seed(seed)
-    buffers = {k for k, _ in model.named_buffers()}
-    batchnorm = has_batchnorm(model)
-    # buffers outside ``params`` (masks, say) must be on the device too
-    if device.type != "cpu":
-        model = copy.deepcopy(model).to(device)
-    relax = config.permutations == "sinkhorn"
+    return home.replace(**{n: spec[n].group.identity(spec[n].n) for n in names})
 
-    def hard_transform() -> Transform:
-        learned = {n: spec[n].group.project(conts[n].detach().cpu()) for n in names}
-        return Transform(spec, learned).compose(fixed)
 
-    def midpoint(transform: Transform) -> float:
-        return _midpoint_loss(
-            model, spec, params_a, params_b, transform, val, train_x, config, device, loss
-        )
-
-    best = base
-    best_loss = midpoint(best)
-    history = [best_loss]
-    stale = 0
-    step = 0
-    bar = tqdm(total=config.steps, desc="learned matching", disable=not progress, leave=False)
-    was_training = model.training
-    model.train(batchnorm)
-    try:
-        out_of_time = False
-        while step < config.steps and stale < config.patience:
-            for xb, yb in batches(
-                train_x, train_y, config.batch_size, shuffle=True, generator=generator
-            ):
-                # processes take their rows and sum gradients; with BatchNorm (whole-batch
-                # statistics) each runs the whole batch and the gradients are averaged
-                share = slice(None) if batchnorm else rank_rows(len(xb))
-                xs, ys = xb[share].to(device), yb[share].to(device)
-                lam = config.lam_low + (config.lam_high - config.lam_low) * float(
-                    torch.rand((), generator=generator)
-                )
-                mats = {
-                    n: straight_through(
-                        spec[n].group,
-                        conts[n],
-                        relax=relax,
-                        temperature=config.temperature,
-                        iters=config.sinkhorn_iters,
-                    )
-                    for n in names
-                }
-                moved = apply_dense(spec, b, mats)
-                theta = {}
-                for k, va in a.items():
-                    if not va.is_floating_point():
-                        theta[k] = va.clone()  # BatchNorm counts batches in place
-                    elif k in buffers:
-                        # running statistics: unused in train mode, and BatchNorm updates
-                        # them in place, so they must not be part of the graph
-                        theta[k] = ((1 - lam) * va + lam * moved[k]).detach().clone()
-                    else:
-                        theta[k] = (1 - lam) * va + lam * moved[k]
-                opt.zero_grad(set_to_none=True)
-                value = torch.zeros((), device=device)
-                if len(xs):
-                    value = loss(functional_call(model, theta, (xs,)), ys)
-                    if len(xs) < len(xb):  # this process's part of the batch mean
-                        value = value * (len(xs) / len(xb))
-                    value.backward()
-                (value,) = sum_gradients(list(conts.values()), [value], mean=batchnorm)
-                if not torch.isfinite(value):
-                    raise FloatingPointError(f"learned matching diverged at step {step}")
-                opt.step()
-                step += 1
-                bar.update(1)
-                bar.set_postfix(loss=f"{value.item():.4f}", best=f"{best_loss:.4f}")
-                out_of_time = config.max_seconds is not None and any_rank(
-                    time.perf_counter() - start > config.max_seconds
-                )
-                if step % config.eval_every == 0 or step == config.steps or out_of_time:
-                    candidate = hard_transform()
-                    val_loss = midpoint(candidate)
-                    history.append(val_loss)
-                    if val_loss < best_loss:
-                        best, best_loss, stale = candidate, val_loss, 0
-                    else:
-                        stale += 1
-                if step >= config.steps or stale >= config.patience or out_of_time:
-                    break
-            if out_of_time:
-                break
-    finally:
-        bar.close()
-        model.train(was_training)
-
+def _diagnostics(
+    spec: SymmetrySpec, names: Sequence[str], params_a: Params, params_b: Params, best: Transform
+) -> dict[str, SpaceDiagnostics]:
+    """Each learned space's weight-matching objective before and after."""
     ref = {k: v.float() for k, v in params_a.items() if v.is_floating_point()}
     other = {k: v.float() for k, v in params_b.items() if v.is_floating_point()}
     identity = Transform.identity(spec)
-    diagnostics = {
+    return {
         name: SpaceDiagnostics(
             space_objective(spec, spec[name], ref, other, identity),
             space_objective(spec, spec[name], ref, other, best),
         )
         for name in names
     }
-    return AlignmentResult(
-        transform=best,
-        spaces=diagnostics,
-        iterations=step,
-        iteration_unit="steps",
-        converged=stale >= config.patience,
-        seconds=time.perf_counter() - start,
-        history=history,
-    )
