@@ -159,27 +159,8 @@ def universe_matching(
     try:
         for _ in range(config.max_iter):
             sweeps += 1
-            changed = False
-            for k in torch.randperm(len(models), generator=generator).tolist():
-                rest = [images[j] for j in range(len(models)) if j != k]
-                # the sum of the others' images: maximising <T_k theta_k, sum> is the
-                # exact coordinate step of the pairwise objective
-                target = weighted_average(rest, [1.0] * len(rest))
-                result = weight_matching(
-                    spec,
-                    target,
-                    floats[k],
-                    config.inner,
-                    init=transforms[k],
-                    seed=int(torch.randint(0, 2**31 - 1, (), generator=generator)),
-                    device=device,
-                    row_masks=row_masks,
-                    row_weights=row_weights,
-                )
-                if not _same(spec, result.transform, transforms[k]):
-                    changed = True
-                    transforms[k] = result.transform
-                    images[k] = apply(spec, floats[k], transforms[k])
+            changed = _sweep(spec, floats, images, transforms, config, generator, device,
+                             row_masks, row_weights)  # fmt: skip
             history.append(_pairwise_objective(images))
             bar.update(1)
             if not changed:
@@ -190,20 +171,63 @@ def universe_matching(
     # gauge: express the universe in model 0's frame
     to_first = transforms[0].inverse()
     transforms = [to_first.compose(t) for t in transforms]
-    identity = Transform.identity(spec)
-    diagnostics = {  # of the pair (model 0, model 1)
-        s.name: SpaceDiagnostics(
-            space_objective(spec, s, floats[0], floats[1], identity),
-            space_objective(spec, s, floats[0], floats[1], transforms[1]),
-        )
-        for s in spec
-    }
     return UniverseResult(
         transform=transforms[1],
-        spaces=diagnostics,
+        spaces=_pair_diagnostics(spec, floats[0], floats[1], transforms[1]),
         iterations=sweeps,
         converged=converged,
         seconds=time.perf_counter() - start,
         history=history,
         transforms=tuple(transforms),
     )
+
+
+def _sweep(
+    spec: SymmetrySpec,
+    floats: Sequence[Params],
+    images: list[Params],
+    transforms: list[Transform],
+    config: UniverseConfig,
+    generator: torch.Generator,
+    device: str | torch.device | None,
+    row_masks: Mapping[str, Tensor] | None,
+    row_weights: Mapping[str, Tensor] | None,
+) -> bool:
+    """Match every model, in random order, to the sum of the others' images; update
+    ``transforms`` and ``images`` in place. Whether any transform changed."""
+    changed = False
+    for k in torch.randperm(len(floats), generator=generator).tolist():
+        rest = [images[j] for j in range(len(floats)) if j != k]
+        # the sum of the others' images: maximising <T_k theta_k, sum> is the exact
+        # coordinate step of the pairwise objective
+        target = weighted_average(rest, [1.0] * len(rest))
+        result = weight_matching(
+            spec,
+            target,
+            floats[k],
+            config.inner,
+            init=transforms[k],
+            seed=int(torch.randint(0, 2**31 - 1, (), generator=generator)),
+            device=device,
+            row_masks=row_masks,
+            row_weights=row_weights,
+        )
+        if not _same(spec, result.transform, transforms[k]):
+            changed = True
+            transforms[k] = result.transform
+            images[k] = apply(spec, floats[k], transforms[k])
+    return changed
+
+
+def _pair_diagnostics(
+    spec: SymmetrySpec, first: Params, second: Params, transform: Transform
+) -> dict[str, SpaceDiagnostics]:
+    """Each space's weight-matching objective between models 0 and 1, before and after."""
+    identity = Transform.identity(spec)
+    return {
+        s.name: SpaceDiagnostics(
+            space_objective(spec, s, first, second, identity),
+            space_objective(spec, s, first, second, transform),
+        )
+        for s in spec
+    }
