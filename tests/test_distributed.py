@@ -4,8 +4,8 @@ The same computation (:func:`_compute`) runs once in this process without a proc
 group and once in each of two processes started with ``torch.multiprocessing.spawn``
 and joined into a gloo group through :func:`lmckit.distributed.init_from_env` (what
 ``torchrun`` sets up). Path evaluation (batched and point by point), a single
-evaluation, a simplex, activation statistics, activation matching and learned matching
-(with and without BatchNorm) must agree.
+evaluation, a simplex, activation statistics, activation matching, learned matching
+(with and without BatchNorm) and weight matching (both schedules) must agree.
 """
 
 from __future__ import annotations
@@ -19,13 +19,16 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.tiny_models import FOUR_HEADS
 
 from lmckit.aligners import (
     ActivationMatchingConfig,
     LearnedMatchingConfig,
+    WeightMatchingConfig,
     activation_matching,
     collect_cross_statistics,
     learned_matching,
+    weight_matching,
 )
 from lmckit.batched import Batching
 from lmckit.data import batches, load_digits
@@ -93,6 +96,15 @@ def _compute() -> dict[str, Any]:
         net_spec = net.symmetry_spec()
         lm = learned_matching(net_spec, pa, pb, LEARNED, model=net, data=data, seed=3)
         out[f"learned_{norm}"] = (_matrices(net_spec, lm.transform), lm.history, lm.iterations)
+    # weight matching: each step's spaces solved on different processes (heads with a
+    # basis nested in each, MLP units, the residual stream; both schedules)
+    gpt, ga = create_model("gpt2", seed=0, **FOUR_HEADS["gpt2"])
+    _, gb = create_model("gpt2", seed=1, **FOUR_HEADS["gpt2"])
+    gpt_spec = gpt.symmetry_spec()
+    for schedule in ("sequential", "coloured"):
+        config = WeightMatchingConfig(start="identity", schedule=schedule)
+        wm = weight_matching(gpt_spec, ga, gb, config, seed=4)
+        out[f"weight_{schedule}"] = (_matrices(gpt_spec, wm.transform), wm.history)
     if is_distributed():
         try:  # fewer input batches than processes: every process stops with the same error
             collect_cross_statistics(model, spec, a, b, inputs[:1])
@@ -163,7 +175,16 @@ def test_two_processes_measure_what_one_does(results, key: str) -> None:
         _close(got[key], one[key], 1e-9)
 
 
-@pytest.mark.parametrize("key", ["activation_matching", "learned_none", "learned_batch"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "activation_matching",
+        "learned_none",
+        "learned_batch",
+        "weight_sequential",
+        "weight_coloured",
+    ],
+)
 def test_two_processes_learn_the_same_transform(results, key: str) -> None:
     one, ranks = results
     for got in ranks:

@@ -11,7 +11,10 @@ while the default process group is initialised and has more than one process,
   matching) stream every ``W``-th input batch and sum the cross-statistics;
 * learned matching splits each step's batch into ``W`` row slices and sums the
   gradients, so every process takes the same optimiser step and returns the same
-  transform; its validation batches are sharded like path evaluation.
+  transform; its validation batches are sharded like path evaluation;
+* weight matching solves the spaces of each step of a sweep (spaces that share no
+  parameter, :mod:`lmckit.aligners.weight.schedule`) on different processes and
+  exchanges the elements, so every process returns the same transform.
 
 Sums, not averages, travel between processes, so the results are those of one process
 up to floating-point summation order. Without an initialised process group (or inside
@@ -33,6 +36,7 @@ from torch import Tensor
 
 __all__ = [
     "any_rank",
+    "gather_from_ranks",
     "init_from_env",
     "is_distributed",
     "local",
@@ -170,3 +174,14 @@ def sum_gradients(
     for p, g in zip(params, summed, strict=False):
         p.grad = g * scale if mean else g
     return [v * scale if mean else v for v in summed[len(grads) :]]
+
+
+def gather_from_ranks(value: T) -> list[T]:
+    """Every process's ``value`` (any picklable object), in rank order, on every process;
+    ``[value]`` when not distributed."""
+    _, size = world()
+    if size == 1:
+        return [value]
+    out: list[T] = [value] * size
+    dist.all_gather_object(out, value)
+    return out
