@@ -35,6 +35,8 @@ class AlignmentResult:
         seconds: wall time.
         history: the method's objective (or validation loss) after each iteration.
         iteration_unit: what ``iterations`` counts.
+        stop: why the method stopped before meeting its rule, e.g. weight matching at
+            its sweep limit with the objective still rising; empty when it met it.
     """
 
     transform: Transform
@@ -44,6 +46,7 @@ class AlignmentResult:
     seconds: float = 0.0
     history: list[float] = field(default_factory=list)
     iteration_unit: str = "sweeps"
+    stop: str = ""
 
     def apply(self, params: Params) -> Params:
         """``params`` (the second model, or one of its architecture) aligned to the first."""
@@ -52,7 +55,7 @@ class AlignmentResult:
     def summary(self) -> str:
         before = sum(d.objective_before for d in self.spaces.values())
         after = sum(d.objective_after for d in self.spaces.values())
-        state = "converged" if self.converged else "stopped"
+        state = "converged" if self.converged else (self.stop or "stopped")
         return (
             f"{len(self.spaces)} spaces, objective {before:.4g} -> {after:.4g}, "
             f"{self.iterations} {self.iteration_unit} ({state}), {self.seconds:.2f} s"

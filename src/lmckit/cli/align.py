@@ -23,13 +23,12 @@ from lmckit.cli.common import (
     seed_option,
     set_threads,
     threads_option,
-    validate_data_spec,
 )
-from lmckit.io import LoadedModel, save_model
+from lmckit.io import LoadedModel, model_format, save_model
 from lmckit.models import ZooModel
-from lmckit.outputs import REFERENCE_DIR
+from lmckit.outputs import REFERENCE_DIR, OutputKind
 from lmckit.recipe import SYMMETRIES
-from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind
+from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind, choose_pair_form
 
 __all__ = ["command"]
 
@@ -52,16 +51,24 @@ __all__ = ["command"]
 )
 @choice_option(
     "--start",
-    ["anchored", "identity", "best"],
-    "anchored",
+    ["auto", "anchored", "identity", "best"],
+    "auto",
     "Weight matching: anchored solves each space outward from what the models share "
     "(inputs, tokens, classes) first; identity starts from the identity (lmckit 0.1); "
     "best runs both and keeps the one whose midpoint has the lower loss on --data's "
-    "training split (up to 32,768 labels or tokens).",
+    "training split (up to 32,768 labels or tokens); auto: best with --data, else anchored.",
 )
+@count_option("--max-sweeps", 100, "Weight matching: sweep limit of its coordinate descent.")
 @count_option("--steps", 500, "Learned matching: max steps.")
 @click.option(
     "--lr", type=float, default=0.01, show_default=True, help="Learned matching: AdamW rate."
+)
+@count_option("--batch-size", 128, "Learned matching: training blocks or examples per step.")
+@click.option(
+    "--max-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Learned matching: stop after this much wall time (the best transform so far).",
 )
 @click.option(
     "--device",
@@ -73,13 +80,23 @@ __all__ = ["command"]
     "--head-bases",
     is_flag=True,
     help="Transformers: after the transform, align each matched head's query/key and "
-    "value/output bases by orthogonal maps (data-free; the function is unchanged).",
+    "value/output bases by orthogonal maps (data-free; the function is unchanged; "
+    "projected form).",
 )
 @click.option(
-    "--circuits",
-    is_flag=True,
+    "--circuits/--no-circuits",
+    default=None,
     help="Transformers: rewrite both models' heads as QK/OV circuits first (exact) and "
-    "align in that form, the form in which heads have no inner bases; writes both.",
+    "align and interpolate in that form (written as lmckit checkpoints), or keep heads "
+    "as projections. Default: the form measured best for the method and symmetry, "
+    "said in one line.",
+)
+@click.option(
+    "--mask-unseen/--no-mask-unseen",
+    default=True,
+    show_default=True,
+    help="With token --data: leave the embedding and output rows of tokens that never "
+    "occur in the training split out of weight matching.",
 )
 @data_option
 @click.option(
@@ -95,11 +112,15 @@ def command(
     method: str,
     symmetry: str | None,
     start: str,
+    max_sweeps: int,
     steps: int,
     lr: float,
+    batch_size: int,
+    max_seconds: float | None,
     device: str,
     head_bases: bool,
-    circuits: bool,
+    circuits: bool | None,
+    mask_unseen: bool,
     data_spec: str | None,
     out: str,
     seed: int,
@@ -107,41 +128,54 @@ def command(
     threads: int | None,
     quiet: bool,
 ) -> None:
-    """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result."""
+    """Align MODEL_B to MODEL_A under the architecture's symmetries; write the result.
+
+    With --data, weight matching also uses it: the start whose midpoint has the lower
+    training loss, and masks of the tokens that never occur.
+    """
     from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig
 
-    kind = align_output_kind(model_b, symmetry)
-    check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)
+    inputs = input_paths(model_a, model_b, data_spec=data_spec)
+    check_out_dir(out, output_kind(model_b), inputs, force)
     set_threads(threads)
     if circuits and head_bases:
         raise click.ClickException("--head-bases aligns bases inside heads; --circuits leaves none")
+    if start == "best" and data_spec is None:
+        raise click.ClickException("--start best compares the starts on training data: give --data")
     config: LearnedMatchingConfig | WeightMatchingConfig | None = None
     if method == "learned":
-        config = LearnedMatchingConfig(steps=steps, lr=lr)
+        config = LearnedMatchingConfig(
+            steps=steps, lr=lr, batch_size=batch_size, max_seconds=max_seconds
+        )
     elif method == "weight":
-        config = WeightMatchingConfig(start=start)
+        chosen = start if start != "auto" else "best" if data_spec else "anchored"
+        config = WeightMatchingConfig(start=chosen, max_iter=max_sweeps)
     torch_device = parse_device(device)
-    reads_data = method != "weight" or start == "best"
-    if not reads_data:
-        validate_data_spec(data_spec)  # weight matching reads no data, but a bad spec is an error
-    elif data_spec is None and method == "weight":
-        raise click.ClickException("--start best compares the starts on training data: give --data")
     a, b = load_models([model_a, model_b])
-    data = load_dataset(data_spec) if reads_data else None
+    choice = choose_pair_form(
+        a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases
+    )
+    kind = align_output_kind(b, choice)
+    if kind != output_kind(model_b):
+        check_out_dir(out, kind, inputs, force)  # the form is written as lmckit's model
+    click.echo(choice.describe())
+    data = load_dataset(data_spec) if data_spec else None
     aligned = align_models(
         a,
         b,
         method=method,
         symmetry=symmetry,
-        circuits=circuits,
+        circuits=choice.circuits,
         head_bases=head_bases,
         data=data,
+        mask_unseen=mask_unseen,
         seed=seed,
         config=config,
         device=torch_device,
         progress=not quiet,
     )
     metadata = {"aligned_to": str(model_a), "source": str(model_b), **aligned.metadata}
+    metadata["form_choice"] = choice.to_dict()  # chosen here or asked for, as said above
     metadata["data"] = data_spec
     reference = str(Path(out) / REFERENCE_DIR) if aligned.reference is not None else None
     if reference is not None:
@@ -149,10 +183,20 @@ def command(
         metadata["reference"] = reference
     _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata, force)
     if reference is not None and aligned.reference is not None:
-        meta = {"rewritten_from": str(model_a), "form": aligned.form}
+        meta = {"rewritten_from": str(model_a), "form": aligned.form,
+                "form_choice": choice.to_dict()}  # fmt: skip
         # inside the folder just written, so new: nothing to force
         _write(reference, a, aligned.module, aligned.reference, aligned.same_architecture, meta)
-    click.echo(aligned.result.summary())
+    result = aligned.result
+    click.echo(result.summary())
+    if "masked_rows" in aligned.metadata:
+        rows = max(aligned.metadata["masked_rows"].values())
+        click.echo(f"masked {rows} token rows that never occur in the training split")
+    if isinstance(aligned.metadata.get("start"), dict) and "chosen" in aligned.metadata["start"]:
+        click.echo(f"start: {aligned.metadata['start']['chosen']} (lower midpoint training loss)")
+    if result.stop and result.iteration_unit == "sweeps":
+        click.echo(f"warning: weight matching stopped early: {result.stop}; raise --max-sweeps",
+                   err=True)  # fmt: skip
     click.echo(f"wrote {out}")
     if not aligned.same_architecture and b.format == "hf":
         click.echo(
@@ -161,6 +205,11 @@ def command(
         )
     if reference is not None:
         click.echo(f"wrote {reference} (MODEL_A in {aligned.form}: measure barriers against it)")
+
+
+def output_kind(path: str) -> OutputKind:
+    """The output kind of a model like the one at ``path`` in its own format."""
+    return "hf" if model_format(path) == "hf" else "checkpoint"
 
 
 def _write(

@@ -75,10 +75,11 @@ __all__ = ["command"]
     "to the first model's.",
 )
 @click.option(
-    "--circuits",
-    is_flag=True,
+    "--circuits/--no-circuits",
+    default=None,
     help="Transformers: interpolate (and align) the models with every head rewritten as its "
-    "QK/OV circuit (exact at the ends; the path is the paper's).",
+    "QK/OV circuit (exact at the ends; the path is the paper's), or not. Default: as "
+    "`lmckit align` recorded in the aligned model (its form), else not.",
 )
 @click.option("--json", "json_path", type=click.Path(dir_okay=False))
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
@@ -95,7 +96,7 @@ def command(
     align_method: str,
     seed: int,
     head_bases: bool,
-    circuits: bool,
+    circuits: bool | None,
     json_path: str | None,
     plot_path: str | None,
     threads: int | None,
@@ -125,13 +126,15 @@ def command(
     if simplex:
         check_simplex_size(len(models), resolution)
         _simplex(models, data_spec, settings, resolution=resolution, align=align_method,
-                 seed=seed, head_bases=head_bases, circuits=circuits, json_path=json_path,
+                 seed=seed, head_bases=head_bases, circuits=bool(circuits), json_path=json_path,
                  plot_path=plot_path, quiet=quiet)  # fmt: skip
         return
     data = load_dataset(data_spec)
-    a, b = load_models(models)
+    a, b = load_models(models, forms=True)
     meta = {"a": models[0], "b": models[1], "data": data_spec, "circuits": circuits}
     result = pair_barrier(a, b, data, settings, circuits=circuits, meta=meta, progress=not quiet)
+    if result.meta.get("form"):
+        click.echo(f"form (as `lmckit align` recorded): {result.meta['form']}")
     click.echo(format_table({"linear": result}))
     if json_path:
         write_json(json_path, result.to_dict())

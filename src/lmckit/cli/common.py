@@ -125,8 +125,18 @@ def seed_option(help: str | None = None) -> Callable[[FC], FC]:
 # --------------------------------------------------------------------------- models
 
 
-def load_models(paths: Sequence[str]) -> list[LoadedModel]:
-    """Load models that must share one architecture; mismatches name both paths."""
+def load_models(paths: Sequence[str], *, forms: bool = False) -> list[LoadedModel]:
+    """Load models that must share one architecture; mismatches name both paths.
+
+    ``forms``: when a model records the form ``lmckit align`` wrote it in, the others
+    may be in their own form (the path is measured after putting them in that form,
+    :func:`lmckit.workflow.path_form`, which checks the architectures then).
+    """
+    if forms:
+        from lmckit.workflow import recorded_form
+
+        if any(recorded_form(p) is not None for p in paths):
+            return [load_model(p) for p in paths]
     first = load_model(paths[0])
     loaded = [first]
     for path in paths[1:]:

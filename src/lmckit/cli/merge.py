@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from lmckit.checkpoint import save
 from lmckit.cli.common import (
     check_out_dir,
     data_option,
@@ -20,8 +21,9 @@ from lmckit.cli.common import (
 )
 from lmckit.io import model_format, save_model
 from lmckit.measure import evaluate_split
+from lmckit.models import ZooModel
 from lmckit.outputs import OutputKind
-from lmckit.workflow import merge_pair
+from lmckit.workflow import merge_pair, path_form, recorded_form
 
 __all__ = ["command"]
 
@@ -38,6 +40,12 @@ __all__ = ["command"]
     is_flag=True,
     help="REPAIR: match channel statistics to the interpolated endpoints'.",
 )
+@click.option(
+    "--circuits/--no-circuits",
+    default=None,
+    help="Transformers: interpolate heads as QK/OV circuits (written as an lmckit "
+    "checkpoint), or not. Default: as `lmckit align` recorded in the aligned model.",
+)
 @data_option
 @click.option("--out", type=click.Path(file_okay=False), required=True)
 @force_option
@@ -48,23 +56,30 @@ def command(
     t: float,
     reset_bn: bool,
     do_repair: bool,
+    circuits: bool | None,
     data_spec: str | None,
     out: str,
     force: bool,
     threads: int | None,
 ) -> None:
     """Interpolate MODEL_A and MODEL_B (align B first with `lmckit align`), in their format."""
-    kind: OutputKind = "hf" if model_format(model_a) == "hf" else "checkpoint"
-    check_out_dir(out, kind, input_paths(model_a, model_b, data_spec=data_spec), force)
+    kind = merge_output_kind(model_a, model_b, circuits)
+    inputs = input_paths(model_a, model_b, data_spec=data_spec)
+    check_out_dir(out, kind, inputs, force)
     set_threads(threads)
     if reset_bn and do_repair:
         raise fail("choose one of --reset-bn and --repair (REPAIR resets BatchNorm itself)")
     if not 0.0 <= t <= 1.0:
         raise fail(f"--t must lie in [0, 1], got {t}")
     fix = "repair" if do_repair else "reset_bn" if reset_bn else "none"
-    a, b = load_models([model_a, model_b])
+    a, b = load_models([model_a, model_b], forms=True)
+    form = path_form(a, b, circuits=circuits)
+    if (kind == "hf") != form.same_as_a:
+        check_out_dir(out, "hf" if form.same_as_a else "checkpoint", inputs, force)
+    if form.note:
+        click.echo(f"form (as `lmckit align` recorded): {form.note}")
     data = load_dataset(data_spec) if (fix != "none" or data_spec) else None
-    merged = merge_pair(a.module, a.params, b.params, t=t, fix=fix, data=data)
+    merged = merge_pair(form.module, form.a, form.b, t=t, fix=fix, data=data)
     meta: dict[str, Any] = {
         "a": model_a,
         "b": model_b,
@@ -72,10 +87,27 @@ def command(
         "reset_bn": reset_bn,
         "repair": do_repair,
         "data": data_spec,
+        "circuits": form.circuits,
     }
+    if form.choice is not None:
+        meta["form_choice"] = form.choice.to_dict()
     if data is not None:
-        m = evaluate_split(a.module, merged, data)
+        m = evaluate_split(form.module, merged, data)
         meta.update(test_loss=m.loss, test_acc=m.acc)
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
-    save_model(out, a, merged, metadata=meta, overwrite=force)
+    if form.same_as_a:
+        save_model(out, a, merged, metadata=meta)
+    else:
+        assert isinstance(form.module, ZooModel)  # a form of lmckit's own model
+        save(out, form.module, merged, metadata=meta)
     click.echo(f"wrote {out}")
+
+
+def merge_output_kind(model_a: str, model_b: str, circuits: bool | None) -> OutputKind:
+    """What ``merge`` writes, read before loading: A's format, unless the recorded form
+    (or ``--circuits``) is lmckit's own model."""
+    choice = recorded_form(model_b) or recorded_form(model_a)
+    zoo = circuits or (
+        circuits is None and choice is not None and (choice.to_zoo or choice.path_circuits)
+    )
+    return "hf" if model_format(model_a) == "hf" and not zoo else "checkpoint"

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ __all__ = [
     "seen_tokens",
     "text_prefix",
     "token_counts",
+    "token_row_masks",
     "token_row_weights",
 ]
 
@@ -96,6 +98,52 @@ def seen_token_masks(
     """``row_masks``: embedding and LM-head rows of the tokens in the training split."""
     seen = seen_tokens(data)
     return {embedding: seen, head: seen}
+
+
+def token_row_masks(
+    module: torch.nn.Module, params: Mapping[str, Tensor], data: Dataset
+) -> dict[str, Tensor]:
+    """``row_masks`` of a language model: the rows of its token embedding and of its
+    output layer for the tokens that occur in ``data``'s training split.
+
+    The tables are the module's ``get_input_embeddings()`` and ``get_output_embeddings()``
+    (``transformers``' API, which lmckit's GPT-2 has too); a module without them: every
+    ``nn.Embedding`` and ``nn.Linear`` with one row per token of ``data``. Rows past the
+    tokenizer's (a vocabulary padded beyond it) never occur. Only parameters in
+    ``params`` count (a tied head is its embedding). Empty when ``data`` is not token
+    data or every row's token occurs: nothing to mask.
+    """
+    if not data.is_language:
+        return {}
+    seen = seen_tokens(data)
+    tables: list[torch.nn.Module] = []
+    for getter in ("get_input_embeddings", "get_output_embeddings"):
+        table = getattr(module, getter, None)
+        found = table() if callable(table) else None
+        if isinstance(found, torch.nn.Module):
+            tables.append(found)
+    if not tables:
+        tables = [
+            m
+            for m in module.modules()
+            if (isinstance(m, torch.nn.Embedding) and m.num_embeddings == data.num_classes)
+            or (isinstance(m, torch.nn.Linear) and m.out_features == data.num_classes)
+        ]
+    names = {id(m): name for name, m in module.named_modules()}
+    out = {}
+    for table in tables:
+        prefix = names.get(id(table))
+        key = f"{prefix}.weight" if prefix else "weight"
+        if prefix is None or key not in params:
+            continue
+        rows = params[key].shape[0]
+        if rows < data.num_classes:
+            continue  # not a table of these tokens
+        mask = torch.zeros(rows, dtype=torch.bool)
+        mask[: data.num_classes] = seen
+        if not bool(mask.all()):
+            out[key] = mask
+    return out
 
 
 def token_row_weights(

@@ -207,6 +207,15 @@ class GPT2(ZooModel):
             return x @ self.transformer.wte.weight.T
         return self.lm_head(x)
 
+    def get_input_embeddings(self) -> nn.Embedding:
+        """The token embedding (``transformers``' name for it)."""
+        return self.transformer.wte
+
+    def get_output_embeddings(self) -> nn.Module:
+        """The layer whose rows are the tokens' logits: the LM head, or the token
+        embedding when they are tied."""
+        return self.transformer.wte if self.lm_head is None else self.lm_head
+
     # ------------------------------------------------------------------ symmetry
 
     def example_inputs(self) -> tuple[Tensor, ...]:

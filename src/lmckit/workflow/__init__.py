@@ -16,10 +16,21 @@ from lmckit.workflow.align import (
     align_models,
     align_output_kind,
     align_pair,
+    choose_pair_form,
     compare_alignments,
+    convertible,
+    model_in_form,
     pair_form,
 )
-from lmckit.workflow.paths import MERGE_FIXES, merge_pair, pair_barrier, simplex_barrier
+from lmckit.workflow.paths import (
+    MERGE_FIXES,
+    PathForm,
+    merge_pair,
+    pair_barrier,
+    path_form,
+    recorded_form,
+    simplex_barrier,
+)
 from lmckit.workflow.symmetries import SpaceSummary, SymmetryReport, describe_symmetries
 from lmckit.workflow.train import TrainedModel, train_model
 
@@ -28,17 +39,23 @@ __all__ = [
     "METHODS",
     "MERGE_FIXES",
     "AlignedPair",
+    "PathForm",
     "SpaceSummary",
     "SymmetryReport",
     "TrainedModel",
     "align_models",
     "align_output_kind",
     "align_pair",
+    "choose_pair_form",
     "compare_alignments",
+    "convertible",
     "describe_symmetries",
     "merge_pair",
+    "model_in_form",
     "pair_form",
     "pair_barrier",
+    "path_form",
+    "recorded_form",
     "simplex_barrier",
     "train_model",
 ]

@@ -3,25 +3,27 @@ whole recipe (form, method, head bases) on two loaded models."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lmckit.aligners.registry import AlignerInfo, aligner_info
 from lmckit.aligners.result import AlignmentResult
 from lmckit.aligners.weight.start_choice import StartChoice
 from lmckit.data import Dataset
+from lmckit.data.token_stats import token_row_masks
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
 from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
-from lmckit.io import LoadedModel, model_format
+from lmckit.io import LoadedModel
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.outputs import OutputKind
 from lmckit.params import Params
-from lmckit.recipe import AlignForm, aligned_form, check_symmetry
+from lmckit.recipe import AlignForm, FormChoice, aligned_form, check_symmetry, choose_form
 from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import SymmetrySpec, apply
 
@@ -33,7 +35,10 @@ __all__ = [
     "align_output_kind",
     "align_pair",
     "check_align_request",
+    "choose_pair_form",
     "compare_alignments",
+    "convertible",
+    "model_in_form",
     "pair_form",
 ]
 
@@ -135,6 +140,8 @@ class AlignedPair:
             written in their format); ``False`` after a rewrite to a new zoo
             configuration (written as an lmckit checkpoint).
         metadata: method, options and diagnostics, JSON-ready.
+        choice: the form chosen (:func:`lmckit.recipe.choose_form`), also in
+            ``metadata["form_choice"]``: what :func:`~lmckit.workflow.pair_barrier` reads.
     """
 
     module: nn.Module
@@ -144,53 +151,66 @@ class AlignedPair:
     form: str
     same_architecture: bool
     metadata: dict[str, Any] = field(default_factory=dict)
+    choice: FormChoice | None = None
+
+
+def convertible(model: LoadedModel) -> bool:
+    """Whether ``model`` is a Hugging Face folder lmckit converts into one of its own
+    models (:data:`lmckit.hf.ZOO_CONVERSIONS`), whose rewrites (RMSNorm, circuits) it has."""
+    source = model.source
+    return isinstance(source, HFModel) and source.config.get("model_type") in ZOO_CONVERSIONS
+
+
+def choose_pair_form(
+    a: LoadedModel,
+    *,
+    method: str = "weight",
+    symmetry: str | None = None,
+    circuits: bool | None = None,
+    head_bases: bool = False,
+    example_inputs: ExampleInputs | None = None,
+) -> FormChoice:
+    """:func:`lmckit.recipe.choose_form` for a loaded model (Hugging Face GPT-2 and ViT
+    folders may take the zoo's forms)."""
+    return choose_form(a.module, a.params, method=method, symmetry=symmetry, circuits=circuits,
+                       head_bases=head_bases, convertible=convertible(a),
+                       example_inputs=example_inputs)  # fmt: skip
 
 
 def pair_form(
     a: LoadedModel,
     b: LoadedModel,
-    symmetry: str | None,
-    circuits: bool,
+    choice: FormChoice,
     example_inputs: ExampleInputs | None = None,
 ) -> AlignForm:
-    """The pair's alignment form; a LayerNorm Hugging Face GPT-2 or ViT folder under
-    ``symmetry="orthogonal"`` is converted to lmckit's zoo model first (the rotation
-    needs the RMSNorm form, which its own class cannot hold)."""
-    try:
-        return aligned_form(
-            a.module,
-            a.params,
-            b.params,
-            symmetry=symmetry,
-            circuits=circuits,
-            example_inputs=example_inputs,
-        )
-    except ValueError as err:
-        source = a.source
-        convertible = (
-            isinstance(source, HFModel)
-            and source.config.get("model_type") in ZOO_CONVERSIONS
-            and a.path is not None
-            and b.path is not None
-        )
-        if symmetry != "orthogonal" or "LayerNorm" not in str(err) or not convertible:
-            raise
-    assert a.path is not None and b.path is not None
-    (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)
-    return aligned_form(module, pa, pb, symmetry=symmetry, circuits=circuits)
+    """The pair in the form ``choice`` names (converted to lmckit's own model first when
+    the form needs its rewrites; ``example_inputs`` trace the model otherwise)."""
+    if choice.to_zoo and convertible(a):
+        assert a.path is not None and b.path is not None
+        (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)
+        return aligned_form(module, pa, pb, symmetry=choice.symmetry, circuits=choice.circuits)
+    return aligned_form(a.module, a.params, b.params, symmetry=choice.symmetry,
+                        circuits=choice.circuits, example_inputs=example_inputs)  # fmt: skip
 
 
-def align_output_kind(path_b: str, symmetry: str | None) -> OutputKind:
-    """What :func:`align_models` will write for B at ``path_b`` (checked before loading):
-    a Hugging Face folder stays one, except a LayerNorm GPT-2 or ViT aligned with
-    rotations, which becomes lmckit's RMSNorm form (a checkpoint)."""
-    if model_format(path_b) != "hf":
-        return "checkpoint"
-    from lmckit.hf.files import read_hf_config
+def model_in_form(model: LoadedModel, choice: FormChoice) -> AlignForm:
+    """One model in the form ``choice`` names (as :func:`pair_form` puts it)."""
+    return pair_form(model, model, choice)
 
-    if symmetry == "orthogonal" and read_hf_config(path_b).get("model_type") in ZOO_CONVERSIONS:
-        return "checkpoint"
-    return "hf"
+
+def align_output_kind(b: LoadedModel, choice: FormChoice) -> OutputKind:
+    """What :func:`align_models` writes for B in the form ``choice``: a Hugging Face
+    folder stays one unless the form needs lmckit's own model (then a checkpoint)."""
+    return "hf" if b.format == "hf" and not choice.to_zoo else "checkpoint"
+
+
+def _row_masks(form: AlignForm, data: Dataset | None) -> dict[str, Tensor]:
+    """Unseen-token masks of the form's embedding and output rows (none in a space)."""
+    if data is None:
+        return {}
+    masks = token_row_masks(form.module, form.a, data)
+    return {k: m for k, m in masks.items() if not any(u.axis % form.a[k].ndim == 0
+                                                     for _, u in form.spec.uses_of(k))}  # fmt: skip
 
 
 def align_models(
@@ -199,28 +219,38 @@ def align_models(
     *,
     method: str = "weight",
     symmetry: str | None = None,
-    circuits: bool = False,
+    circuits: bool | None = None,
     head_bases: bool = False,
     data: Dataset | None = None,
+    mask_unseen: bool = True,
     seed: int = 0,
     config: Any = None,
     device: str | torch.device | None = None,
     progress: bool = False,
     example_inputs: ExampleInputs | None = None,
 ) -> AlignedPair:
-    """Align model ``b`` to ``a``: prepare the pair's form, run the method, move B.
+    """Align model ``b`` to ``a``: choose and prepare the pair's form, run the method, move B.
 
     Args:
         a, b: two models of one architecture (lmckit checkpoints or Hugging Face folders,
             :func:`lmckit.load_model`).
         method: ``weight`` (data-free), ``activation`` or ``learned`` (need ``data``).
-        symmetry, circuits: the form (see :func:`lmckit.recipe.aligned_form`).
+        symmetry: as :func:`lmckit.recipe.aligned_form`.
+        circuits: ``None``: the form measured best for the method and symmetry
+            (:func:`lmckit.recipe.choose_form`); ``True`` / ``False``: the circuit /
+            projected form.
         head_bases: afterwards align the bases inside matched attention heads.
         data: training data for activation statistics or learned matching; checked to
-            fit the model whenever given.
+            fit the model whenever given. Weight matching uses it too when given: its
+            default start becomes ``"best"`` (the start whose midpoint has the lower
+            training loss) and tokens that never occur are masked.
+        mask_unseen: with token data, leave the embedding and output rows of tokens that
+            never occur in the training split out of weight matching (they stay at their
+            random initialisation and only add noise).
         seed: the method's randomness.
         config: the method's config (:attr:`lmckit.aligners.registry.AlignerInfo.config`,
-            e.g. a :class:`lmckit.aligners.LearnedMatchingConfig`); ``None``: its defaults.
+            e.g. a :class:`lmckit.aligners.LearnedMatchingConfig`); ``None``: its defaults
+            (weight matching with data: ``start="best"``).
         device: where the method runs its tensor work (results come back on the CPU).
         progress: progress bars.
         example_inputs: inputs to trace the architecture with (see
@@ -231,22 +261,30 @@ def align_models(
         ValueError: a user mistake (unknown method, missing data, incompatible options, a
             symmetry the architecture cannot have).
     """
-    from lmckit.aligners import head_bases_matching
+    from lmckit.aligners import WeightMatchingConfig, head_bases_matching
 
     if method not in ALIGN_METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
-    if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
     full = ALIGN_METHODS[method]
     info = aligner_info(full)
     if info.needs_data and data is None:
         raise ValueError(f"{full} needs data (--data)")
     if data is not None:
         check_data_fits(a.module, data)
-    form = pair_form(a, b, symmetry, circuits, example_inputs)
+    choice = choose_pair_form(
+        a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases,
+        example_inputs=example_inputs,
+    )  # fmt: skip
+    form = pair_form(a, b, choice, example_inputs)
     spec, pa, pb = form.spec, form.a, form.b
+    if method == "weight" and config is None and data is not None:
+        config = WeightMatchingConfig(start="best")
+    options: dict[str, Any] = {}
+    masks = _row_masks(form, data) if mask_unseen else {}
+    if masks and "row_masks" in inspect.signature(info.fn).parameters:
+        options["row_masks"] = masks
     result = info.fn(spec, pa, pb, config, model=form.module, data=data, seed=seed,
-                     progress=progress, device=device)  # fmt: skip
+                     progress=progress, device=device, **options)  # fmt: skip
     aligned = apply(spec, pb, result.transform)
     if head_bases:
         aligned = head_bases_matching(spec, pa, aligned).apply(aligned)
@@ -255,11 +293,21 @@ def align_models(
         "symmetry": symmetry,
         "seed": seed,
         "head_bases": head_bases,
-        "circuits": circuits,
+        "circuits": choice.circuits,
         "form": form.form,
+        "form_choice": choice.to_dict(),
         "folded_norm_scales": sorted(form.folded),
         "spaces": {k: vars(v) for k, v in result.spaces.items()},
+        "sweeps": result.iterations,
+        "converged": result.converged,
     }
+    if result.stop:
+        metadata["stop"] = result.stop
+    if "row_masks" in options:
+        unseen = {k: int((~m).sum()) for k, m in masks.items()}
+        metadata["masked_rows"] = unseen
+    if method == "weight":
+        metadata["start"] = {"start": (config or WeightMatchingConfig()).start}
     if isinstance(result, StartChoice):
         metadata["start"] = {"chosen": result.start, "midpoint_losses": result.midpoint_losses}
     if method == "learned" and config is not None:
@@ -270,14 +318,14 @@ def align_models(
         }
     same = form.module is a.module
     reference = pa if (form.rewritten or form.folded or not same) else None
-    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata)
+    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
 
 
 def check_align_request(
     method: str,
     *,
     symmetry: str | None = None,
-    circuits: bool = False,
+    circuits: bool | None = None,
     head_bases: bool = False,
     has_data: bool = False,
 ) -> AlignerInfo:

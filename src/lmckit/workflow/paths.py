@@ -4,16 +4,21 @@ multi-model barrier over a simplex."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from lmckit.checkpoint import CheckpointError, load_metadata
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
-from lmckit.io import LoadedModel
+from lmckit.hf.files import MAX_CONFIG_BYTES, read_json_file
+from lmckit.io import LoadedModel, model_format
 from lmckit.measure import (
     MERGE_METHOD_OF_FIX,
     EvalSettings,
@@ -23,11 +28,22 @@ from lmckit.measure import (
 )
 from lmckit.merge import has_batchnorm
 from lmckit.merge_methods import merge, merge_info, path_prepare
-from lmckit.params import Params
+from lmckit.models import ZooModel
+from lmckit.outputs import HF_MARKER
+from lmckit.params import IncompatibleModelsError, Params, check_compatible
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
-from lmckit.recipe import aligned_form, spec_of
+from lmckit.recipe import FormChoice, aligned_form, spec_of
+from lmckit.workflow.align import model_in_form
 
-__all__ = ["MERGE_FIXES", "merge_pair", "pair_barrier", "simplex_barrier"]
+__all__ = [
+    "MERGE_FIXES",
+    "PathForm",
+    "merge_pair",
+    "pair_barrier",
+    "path_form",
+    "recorded_form",
+    "simplex_barrier",
+]
 
 #: What :func:`merge_pair` does after interpolating.
 MERGE_FIXES = ("none", "reset_bn", "repair")
@@ -64,27 +80,117 @@ def merge_pair(
     return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
 
 
+def recorded_form(path: str | os.PathLike[str]) -> FormChoice | None:
+    """The form an lmckit output at ``path`` says it is in (``lmckit align`` records it),
+    or ``None`` (no record, or not an lmckit output). Reads the metadata only."""
+    folder = Path(path)
+    try:
+        if model_format(folder) == "hf":
+            marker = folder / HF_MARKER
+            if not marker.is_file():
+                return None
+            meta = read_json_file(marker, max_bytes=MAX_CONFIG_BYTES, what="lmckit.json")
+            meta = meta.get("metadata", {}) if isinstance(meta, dict) else {}
+        else:
+            meta = load_metadata(folder)
+    except (CheckpointError, OSError):
+        return None  # loading the model reports the problem in its own words
+    return FormChoice.from_dict(meta.get("form_choice")) if isinstance(meta, dict) else None
+
+
+@dataclass(frozen=True)
+class PathForm:
+    """Two models in the form their path is measured in (:func:`path_form`).
+
+    Attributes:
+        module: the form's architecture.
+        a, b: both models' parameters in it.
+        choice: the form recorded by ``lmckit align`` (``None``: none recorded).
+        circuits: heads are interpolated as QK/OV circuits.
+        same_as_a: ``module`` is the first model's own architecture (a merge is written
+            in its format); ``False``: lmckit's own model (a checkpoint).
+        note: what was done, for the user (empty when nothing was).
+    """
+
+    module: nn.Module
+    a: Params
+    b: Params
+    choice: FormChoice | None
+    circuits: bool
+    same_as_a: bool
+    note: str = ""
+
+
+def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -> PathForm:
+    """Both models in the form their path is measured in, as ``lmckit align`` recorded it.
+
+    A model written by ``lmckit align`` records its form (:class:`FormChoice`); the other
+    model, when it carries no record (the original A beside the aligned B), is put in
+    the same form (exact: the same function), and the path interpolates heads as
+    circuits when the form says so. ``circuits`` (``True`` / ``False``) overrides that.
+    """
+    choice = recorded_form(b.path) or recorded_form(a.path)
+    module, pa, pb = a.module, a.params, b.params
+    notes = []
+    if choice is not None:
+        formed = []
+        for model in (a, b):
+            changes = choice.to_zoo or choice.circuits or choice.symmetry == "orthogonal"
+            if changes and recorded_form(model.path) is None:
+                form = model_in_form(model, choice)
+                formed.append((form.module, form.a))
+                if form.form:
+                    notes.append(f"{model.path.name} put in {form.form}")
+            else:
+                formed.append((model.module, model.params))
+        (module, pa), (module_b, pb) = formed
+        try:
+            if module is not module_b and _config(module) != _config(module_b):
+                raise IncompatibleModelsError(f"{_config(module)} vs {_config(module_b)}")
+            check_compatible(pa, pb)
+        except IncompatibleModelsError as err:
+            raise IncompatibleModelsError(
+                f"{a.path} and {b.path} are different architectures even in the form "
+                f"`lmckit align` recorded ({choice.name}): {err}"
+            ) from None
+    use_circuits = circuits if circuits is not None else bool(choice and choice.path_circuits)
+    if use_circuits:
+        form = aligned_form(module, pa, pb, circuits=True)
+        if form.module is not module:
+            notes.append("heads interpolated as circuits")
+        module, pa, pb = form.module, form.a, form.b
+    same = module is a.module
+    return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
+
+
+def _config(module: nn.Module) -> Any:
+    return module.config if isinstance(module, ZooModel) else type(module)
+
+
 def pair_barrier(
     a: LoadedModel,
     b: LoadedModel,
     data: Dataset,
     settings: EvalSettings | None = None,
     *,
-    circuits: bool = False,
+    circuits: bool | None = None,
     meta: dict[str, Any] | None = None,
     progress: bool = False,
 ) -> PathResult:
     """Loss and accuracy along the linear path from ``a`` to ``b`` on ``data``.
 
-    With ``circuits`` lmckit's transformers are interpolated with heads as QK/OV
-    circuits (the ends are the same functions; the path between them differs).
+    The path is measured in the form ``lmckit align`` recorded in either model
+    (:func:`path_form`); ``circuits`` overrides whether heads are interpolated as
+    QK/OV circuits (the ends are the same functions; the path between them differs).
     """
-    module, pa, pb = a.module, a.params, b.params
-    if circuits:
-        form = aligned_form(module, pa, pb, circuits=True)
-        module, pa, pb = form.module, form.a, form.b
-    check_data_fits(module, data)
-    return measure_path(module, pa, pb, data, settings, meta=meta, progress=progress)
+    form = path_form(a, b, circuits=circuits)
+    check_data_fits(form.module, data)
+    info = {**(meta or {}), "circuits": form.circuits}
+    if form.choice is not None:
+        info["form_choice"] = form.choice.to_dict()
+    if form.note:
+        info["form"] = form.note
+    return measure_path(form.module, form.a, form.b, data, settings, meta=info, progress=progress)
 
 
 def _at_simplex_point(

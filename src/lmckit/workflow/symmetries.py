@@ -19,7 +19,7 @@ from lmckit.io import LoadedModel
 from lmckit.models import ZooModel
 from lmckit.spec import analyze_symmetries
 from lmckit.symmetry import Space, SymmetrySpec
-from lmckit.workflow.align import pair_form
+from lmckit.workflow.align import choose_pair_form, pair_form
 
 __all__ = ["SpaceSummary", "SymmetryReport", "describe_symmetries"]
 
@@ -167,7 +167,7 @@ def describe_symmetries(
     Raises:
         ValueError: a symmetry the architecture cannot have, saying why (as ``align``).
     """
-    form = pair_form(model, model, symmetry, circuits)
+    form = pair_form(model, model, choose_pair_form(model, symmetry=symmetry, circuits=circuits))
     moved = {u.param for s in form.spec for u in s.uses} | form.folded
     names = form.module.space_names if isinstance(form.module, ZooModel) else None
     analysis = analyze_symmetries(

@@ -29,7 +29,12 @@ from lmckit.aligners.registry import register_aligner
 from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
 from lmckit.aligners.weight.anchored import anchored_start
 from lmckit.aligners.weight.incremental import SimilarityCache
-from lmckit.aligners.weight.objective import space_objective, space_objectives, total_objective
+from lmckit.aligners.weight.objective import (
+    space_objective,
+    space_objectives,
+    sweep_limit_note,
+    total_objective,
+)
 from lmckit.aligners.weight.schedule import SCHEDULES, Schedule, sweep_steps
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
 from lmckit.aligners.weight.start_choice import STARTS, best_start
@@ -462,4 +467,5 @@ def weight_matching(
         converged=converged,
         seconds=time.perf_counter() - begin,
         history=history,
+        stop="" if converged else sweep_limit_note(history, config.max_iter),
     )

@@ -18,7 +18,37 @@ from lmckit.params import Params
 from lmckit.spaces import Part, region
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param
 
-__all__ = ["inner", "space_objective", "space_objectives", "total_objective"]
+__all__ = [
+    "inner",
+    "space_objective",
+    "space_objectives",
+    "sweep_limit_note",
+    "total_objective",
+]
+
+#: Sweeps :func:`sweep_limit_note` looks back over.
+LOOK_BACK = 10
+
+
+def sweep_limit_note(history: Sequence[float], limit: int) -> str:
+    """What a coordinate descent stopped by its sweep ``limit`` was doing: its objective
+    still rising over the last sweeps (more sweeps would improve it) or oscillating
+    (moving both ways: more sweeps may not settle it). ``history``: the objective after
+    each sweep."""
+    tail = list(history[-(LOOK_BACK + 1) :])
+    steps = [b - a for a, b in zip(tail, tail[1:], strict=False)]
+    scale = max(abs(tail[-1]), 1e-12) if tail else 1.0
+    if not steps or all(d >= 0 for d in steps):
+        gain = (tail[-1] - tail[0]) / scale if tail else 0.0
+        return (
+            f"sweep limit {limit} reached, objective still rising "
+            f"(+{100 * gain:.3g}% over the last {len(steps)} sweeps)"
+        )
+    spread = (max(tail) - min(tail)) / scale
+    return (
+        f"sweep limit {limit} reached, objective oscillating "
+        f"(range {100 * spread:.3g}% over the last {len(steps)} sweeps)"
+    )
 
 
 def space_objective(
