@@ -209,12 +209,14 @@ class GPT2(ZooModel):
 
     def get_input_embeddings(self) -> nn.Embedding:
         """The token embedding (``transformers``' name for it)."""
-        return self.transformer.wte
+        wte = self.transformer.wte
+        assert isinstance(wte, nn.Embedding)
+        return wte
 
     def get_output_embeddings(self) -> nn.Module:
         """The layer whose rows are the tokens' logits: the LM head, or the token
         embedding when they are tied."""
-        return self.transformer.wte if self.lm_head is None else self.lm_head
+        return self.get_input_embeddings() if self.lm_head is None else self.lm_head
 
     # ------------------------------------------------------------------ symmetry
 
