@@ -63,3 +63,42 @@ def test_text_prefix_renumbers_without_changing_the_stream() -> None:
         text_prefix(TEXT, TOKENIZER, block=16, tokens=0)
     with pytest.raises(ValueError, match="in every split"):
         text_prefix(TEXT, TOKENIZER, block=16, tokens=100)
+
+
+def test_token_row_masks_find_the_token_tables_by_structure() -> None:
+    from lmckit.data.token_stats import token_row_masks
+    from lmckit.models import create_model
+
+    data = _tokens()  # id 5 never occurs in training
+    tied, tp = create_model("gpt2", vocab_size=6, n_layer=1, n_head=1, n_embd=4, context=3)
+    masks = token_row_masks(tied, tp, data)
+    assert set(masks) == {"transformer.wte.weight"}  # the tied head is the embedding
+    assert masks["transformer.wte.weight"].tolist() == [True] * 5 + [False]
+    untied, up = create_model(
+        "gpt2", vocab_size=8, n_layer=1, n_head=1, n_embd=4, context=3, tie_embeddings=False
+    )
+    masks = token_row_masks(untied, up, data)
+    # rows past the tokenizer's 6 never occur either
+    want = [True] * 5 + [False] * 3
+    assert {k: m.tolist() for k, m in masks.items()} == {
+        "transformer.wte.weight": want,
+        "lm_head.weight": want,
+    }
+    # the position embedding (3 rows) and every other layer are not token tables
+    labels = Dataset("cls", torch.randn(4, 3), torch.tensor([0, 1, 0, 1]),
+                     torch.randn(2, 3), torch.tensor([0, 1]), num_classes=2)  # fmt: skip
+    assert token_row_masks(untied, up, labels) == {}
+
+
+def test_token_row_masks_without_token_tables_use_the_vocabulary_size() -> None:
+    from torch import nn
+
+    from lmckit.data.token_stats import token_row_masks
+
+    module = nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 5), nn.Linear(5, 6))
+    params = {k: v.detach() for k, v in module.state_dict().items()}
+    masks = token_row_masks(module, params, _tokens())
+    assert set(masks) == {"0.weight", "2.weight"}
+    all_seen = Dataset("all", torch.arange(6)[None], torch.arange(6)[None],
+                       torch.arange(6)[None], torch.arange(6)[None], num_classes=6)  # fmt: skip
+    assert token_row_masks(module, params, all_seen) == {}

@@ -352,3 +352,20 @@ def test_batchnorm_statistics_do_not_steer_the_matching() -> None:
     again = weight_matching(spec, a, loud)
     for name in spec.names:
         assert torch.equal(base.transform[name], again.transform[name])
+
+
+def test_the_sweep_limit_is_reported_not_a_silent_stop() -> None:
+    from lmckit.aligners.weight.objective import sweep_limit_note
+
+    module, a = create_model("mlp", in_features=12, hidden=[16, 16, 16], out_features=3, seed=0)
+    _, b = create_model("mlp", in_features=12, hidden=[16, 16, 16], out_features=3, seed=1)
+    spec = module.symmetry_spec()
+    full = weight_matching(spec, a, b)
+    assert full.converged and full.stop == "" and full.iterations > 1
+    cut = weight_matching(spec, a, b, WeightMatchingConfig(max_iter=1, start="identity"))
+    assert not cut.converged
+    assert cut.stop.startswith("sweep limit 1 reached, objective still rising")
+    assert cut.stop in cut.summary()
+    # the history tells rising from oscillating
+    assert "still rising" in sweep_limit_note([1.0, 2.0, 2.5, 2.5], 3)
+    assert "oscillating" in sweep_limit_note([1.0, 2.0, 1.5, 2.0], 3)

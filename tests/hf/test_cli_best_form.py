@@ -1,0 +1,110 @@
+"""`lmckit align` then `lmckit barrier` on Hugging Face GPT-2 folders gives the library's
+result: the same form (``PREFERRED_FORMS``), the same unseen-token masks, the same start,
+the same path, point for point, for permutations, orthogonal maps and learned matching.
+
+The library side is written out step by step, as ``benchmarks/reference_comparison.py``
+does it: the folders converted to lmckit's GPT-2, :func:`lmckit.recipe.aligned_form`,
+the aligner with ``row_masks`` of the tokens never seen, the path measured in that form.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from lmckit.aligners import (
+    LearnedMatchingConfig,
+    WeightMatchingConfig,
+    learned_matching,
+    weight_matching,
+)
+from lmckit.cli import main
+from lmckit.data import load_data
+from lmckit.data.token_stats import seen_token_masks
+from lmckit.hf import load_hf, zoo_from_hf
+from lmckit.io import load_model
+from lmckit.measure import EvalSettings, measure_path
+from lmckit.recipe import FORMS, PREFERRED_FORMS, aligned_form
+from lmckit.symmetry import apply
+
+WORDS = "the quick brown fox jumps over a lazy dog and a cat sat on the mat".split()
+UNSEEN = 61 - len(set(WORDS))  # the tiny folders' vocabulary less the words of the text
+
+
+def _invoke(*args: object):
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, make_hf_folder):
+    """Two tiny GPT-2 folders and a text whose word tokenizer fills their 61 ids, of
+    which only the text's 14 words occur: 47 rows to mask."""
+    root = tmp_path_factory.mktemp("best")
+    a = make_hf_folder("gpt2", root / "a", seed=0)
+    b = make_hf_folder("gpt2", root / "b", seed=1)
+    gen = torch.Generator().manual_seed(0)
+    text = root / "text.txt"
+    picks = torch.randint(0, len(WORDS), (3000,), generator=gen).tolist()
+    text.write_text(" ".join(WORDS[i] for i in picks))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted(set(WORDS))
+    vocab = ["[UNK]", *words, *(f"unused{i}" for i in range(60 - len(words)))]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(vocab)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(root / "tokenizer.json"))
+    spec = f"text:{text},tokenizer={root / 'tokenizer.json'},block=8"
+    return a, b, spec
+
+
+def _library(a: Path, b: Path, spec: str, method: str, symmetry: str) -> list[float]:
+    """The library's aligned-and-measured path, step by step (module docstring)."""
+    circuits = FORMS[PREFERRED_FORMS[(method, symmetry)][0]].circuits
+    data = load_data(spec)
+    if circuits or symmetry == "orthogonal":  # forms of lmckit's own GPT-2
+        (module, pa), (_, pb) = zoo_from_hf(a), zoo_from_hf(b)
+    else:
+        la, lb = load_hf(a), load_hf(b)
+        module, pa, pb = la.module, la.params, lb.params
+    form = aligned_form(module, pa, pb, symmetry=symmetry, circuits=circuits)
+    masks = {k: m for k, m in seen_token_masks(data).items() if k in form.a}
+    assert masks and all(int((~m).sum()) == UNSEEN for m in masks.values())
+    if method == "weight":
+        result = weight_matching(form.spec, form.a, form.b, WeightMatchingConfig(start="best"),
+                                 model=form.module, data=data, row_masks=masks)  # fmt: skip
+    else:
+        config = LearnedMatchingConfig(steps=30, batch_size=8)  # one validation, at step 25
+        result = learned_matching(form.spec, form.a, form.b, config, model=form.module,
+                                  data=data, row_masks=masks)  # fmt: skip
+    aligned = apply(form.spec, form.b, result.transform)
+    path = measure_path(form.module, form.a, aligned, data, EvalSettings(points=5))
+    return path.loss
+
+
+@pytest.mark.parametrize(
+    "method, symmetry",
+    [("weight", "permutation"), ("weight", "orthogonal"), ("learned", "orthogonal")],
+)
+def test_command_line_barrier_equals_the_library_call(pair, tmp_path, method, symmetry) -> None:
+    a, b, spec = pair
+    out = tmp_path / "out"
+    extra = ["--steps", 30, "--batch-size", 8] if method == "learned" else []
+    cmd = ["align", a, b, "--method", method, "--symmetry", symmetry, "--data", spec,
+           "--out", out, "--quiet", *extra]  # fmt: skip
+    aligned = _invoke(*cmd)
+    name = PREFERRED_FORMS[(method, symmetry)][0]
+    assert aligned.output.splitlines()[0].startswith(f"form: {name} (")
+    assert f"masked {UNSEEN} token rows" in aligned.output
+    # measured against the original folder A: the recorded form puts A in it
+    _invoke("barrier", a, out, "--data", spec, "--points", 5, "--json", tmp_path / "p.json",
+            "--quiet")  # fmt: skip
+    cli = json.loads((tmp_path / "p.json").read_text())["loss"]
+    lib = _library(a, b, spec, method, symmetry)
+    assert cli == pytest.approx(lib, abs=1e-5)
+    assert max(lib) - min(lib) > 1e-3  # a path that is not flat: the comparison means something
