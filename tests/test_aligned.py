@@ -126,12 +126,18 @@ def _same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
 def test_one_call_equals_the_explicit_steps_on_zoo_models(name: str) -> None:
     ma, pa = create_model(name, seed=0, **TINY[name])
     mb, pb = create_model(name, seed=1, **TINY[name])
-    spec = ma.symmetry_spec()
-    want = lmckit.apply(spec, pb, weight_matching(spec, pa, pb).transform)
     aligned = lmckit.align(ma, mb)
+    # transformers are aligned with their heads as QK/OV circuits by default (the form
+    # measured best), said in the form's name; other models as they are
+    circuits = name in ("gpt2", "vit")
+    assert aligned.metadata["form_choice"]["name"] == ("circuits" if circuits else "projected")
+    form = lmckit.aligned_form(ma, pa, pb, circuits=circuits)
+    want = lmckit.apply(form.spec, form.b, weight_matching(form.spec, form.a, form.b).transform)
     _same(aligned.params, want)
-    assert aligned.reference is not None and _same(aligned.reference, pa) is None
-    assert aligned.transform.spec == spec and not aligned.form
+    assert aligned.reference is not None and _same(aligned.reference, form.a) is None
+    assert aligned.transform.spec == form.spec and aligned.form == form.form
+    if circuits:
+        return  # the circuit form is lmckit's own architecture, not B's class
     # the aligned module is B's class and computes B's function
     x = ma.example_inputs()
     assert type(aligned.module) is type(mb) and not aligned.module.training
@@ -147,21 +153,30 @@ def test_one_call_equals_the_explicit_steps_on_hugging_face_models(
 ) -> None:
     folder_a, folder_b = hf_folder_pair(family)
     a, b = lmckit.load_model(folder_a), lmckit.load_model(folder_b)
-    if family == "gpt2" and symmetry == "orthogonal":
-        # a LayerNorm stream takes rotations only in lmckit's RMSNorm form of the model
+    # a GPT-2 folder is converted to lmckit's GPT-2 and aligned in the circuit form by
+    # default; a Llama has no circuit form and is aligned as it is
+    circuits = family == "gpt2"
+    if circuits:
         from lmckit.hf import zoo_from_hf
 
         (module, pa), (_, pb) = zoo_from_hf(folder_a), zoo_from_hf(folder_b)
-        form = lmckit.aligned_form(module, pa, pb, symmetry=symmetry)
+        form = lmckit.aligned_form(module, pa, pb, symmetry=symmetry, circuits=True)
     else:
         form = lmckit.aligned_form(a.module, a.params, b.params, symmetry=symmetry)
     want = lmckit.apply(form.spec, form.b, weight_matching(form.spec, form.a, form.b).transform)
     from_folders = lmckit.align(folder_a, folder_b, symmetry=symmetry)
+    assert from_folders.metadata["form_choice"]["circuits"] is circuits
     _same(from_folders.params, want)
     _same(from_folders.reference, form.a)
     assert from_folders.form == form.form
-    if family == "gpt2" and symmetry == "orthogonal":
-        return  # the conversion to lmckit's form reads folders: modules have none
+    if family == "gpt2":
+        # the same call with the projected form asked for, from the folders and from the
+        # modules (a module in memory has no folder to convert: always projected)
+        if symmetry == "orthogonal":
+            return  # a LayerNorm stream takes rotations only in lmckit's RMSNorm form
+        form = lmckit.aligned_form(a.module, a.params, b.params, symmetry=symmetry)
+        want = lmckit.apply(form.spec, form.b, weight_matching(form.spec, form.a, form.b).transform)
+        _same(lmckit.align(folder_a, folder_b, symmetry=symmetry, circuits=False).params, want)
     from_modules = lmckit.align(a.module, b.module, symmetry=symmetry)
     _same(from_modules.params, want)
 

@@ -369,3 +369,25 @@ def test_reproduce_device_is_checked_before_any_work(tmp_path) -> None:
         assert result.exit_code == 1
         assert "Error: --device cuda: no CUDA device is available" in result.output
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--lr", "0.1"], "--lr is an option of --method learned; --method weight does not use it"),
+        (
+            ["--method", "learned", "--data", "digits", "--start", "identity"],
+            "--start is an option of --method weight; --method learned does not use it",
+        ),
+        (
+            ["--method", "activation", "--data", "digits", "--max-sweeps", "3"],
+            "--max-sweeps is an option of --method weight; --method activation does not use it",
+        ),
+    ],
+)
+def test_align_refuses_an_option_its_method_does_not_use(ckpts, tmp_path, args, message) -> None:
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["align", str(ckpts / "a"), str(ckpts / "b"), *args,
+                                       "--out", str(out)])  # fmt: skip
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert not out.exists()

@@ -215,7 +215,8 @@ def test_align_learned_on_cuda(checkpoints, tmp_path: Path) -> None:
 def test_head_bases_flag_keeps_the_function_and_is_recorded(tmp_path: Path) -> None:
     paths = _gpt2s(tmp_path, 2)
     plain, based = tmp_path / "plain", tmp_path / "based"
-    _invoke("align", *paths, "--symmetry", "orthogonal", "--out", str(plain), "--quiet")
+    args = ["--symmetry", "orthogonal", "--no-circuits", "--out", str(plain), "--quiet"]
+    _invoke("align", *paths, *args)
     args = ["--symmetry", "orthogonal", "--head-bases", "--out", str(based), "--quiet"]
     _invoke("align", *paths, *args)
     x = torch.randint(0, 50, (2, 8), generator=torch.Generator().manual_seed(0))

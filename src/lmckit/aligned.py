@@ -216,6 +216,8 @@ class Aligned:
         target = save_model(path, out, self.params, metadata=metadata, overwrite=overwrite)
         if reference is not None:
             meta = {"rewritten_from": _name(self.a), "form": self.form}
+            if "form_choice" in self.metadata:
+                meta["form_choice"] = self.metadata["form_choice"]
             # inside (or beside) what was just written, so new: nothing to force
             save_model(reference, self._written(self.reference), self.reference, metadata=meta)
         return target
@@ -327,8 +329,9 @@ def align(
     data: Dataset | str | None = None,
     example_inputs: ExampleInputs | None = None,
     config: Any = None,
-    circuits: bool = False,
+    circuits: bool | None = None,
     head_bases: bool = False,
+    mask_unseen: bool = True,
     seed: int = 0,
     device: str | torch.device | None = None,
     progress: bool = False,
@@ -350,8 +353,13 @@ def align(
             of keyword inputs); zoo and ``transformers`` models take theirs from config.
         config: the method's config, e.g. ``WeightMatchingConfig(start="best")``;
             ``None``: its defaults.
-        circuits: lmckit's transformers: align with heads rewritten as QK/OV circuits.
+        circuits: ``None``: the form measured best for the method and symmetry
+            (:func:`lmckit.recipe.choose_form`, said in ``form``); ``True``: heads
+            rewritten as QK/OV circuits (lmckit's transformers, Hugging Face GPT-2 and
+            ViT folders); ``False``: heads as the model has them.
         head_bases: transformers: afterwards align the bases inside matched heads.
+        mask_unseen: with token data, leave the embedding and output rows of tokens
+            that never occur in the training split out of weight matching.
         seed: the method's randomness.
         device: where the method runs its tensor work (results come back on the CPU).
         progress: progress bars.
@@ -388,6 +396,7 @@ def align(
         circuits=circuits,
         head_bases=head_bases,
         data=dataset,
+        mask_unseen=mask_unseen,
         seed=seed,
         config=config,
         device=device,

@@ -404,6 +404,8 @@ def choose_form(
     if circuits and head_bases:
         raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
     zoo = isinstance(module, ZooModel)
+    if circuits and zoo and not _circuits_possible(module, convertible):
+        raise ValueError(f"--circuits: {type(module).__name__} has no attention heads")
     if circuits and not _circuits_possible(module, convertible):
         raise ValueError(
             f"--circuits rewrites lmckit's own transformers (and Hugging Face GPT-2 and ViT "

@@ -26,7 +26,6 @@ from lmckit.cli import main
 from lmckit.data import load_data
 from lmckit.data.token_stats import seen_token_masks
 from lmckit.hf import load_hf, zoo_from_hf
-from lmckit.io import load_model
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.recipe import FORMS, PREFERRED_FORMS, aligned_form
 from lmckit.symmetry import apply

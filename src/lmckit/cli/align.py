@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 from torch import nn
 
+from lmckit.aligners.weight import START_OPTIONS
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
     check_out_dir,
@@ -23,6 +24,7 @@ from lmckit.cli.common import (
     seed_option,
     set_threads,
     threads_option,
+    validate_data_spec,
 )
 from lmckit.io import LoadedModel, model_format, save_model
 from lmckit.models import ZooModel
@@ -51,10 +53,10 @@ __all__ = ["command"]
 )
 @choice_option(
     "--start",
-    ["auto", "anchored", "identity", "best"],
+    ["auto", *START_OPTIONS],
     "auto",
     "Weight matching: anchored solves each space outward from what the models share "
-    "(inputs, tokens, classes) first; identity starts from the identity (lmckit 0.1); "
+    "(inputs, tokens, classes) first; identity starts from the identity; "
     "best runs both and keeps the one whose midpoint has the lower loss on --data's "
     "training split (up to 32,768 labels or tokens); auto: best with --data, else anchored.",
 )
@@ -142,6 +144,8 @@ def command(
         raise click.ClickException("--head-bases aligns bases inside heads; --circuits leaves none")
     if start == "best" and data_spec is None:
         raise click.ClickException("--start best compares the starts on training data: give --data")
+    _refuse_unused_options(method)
+    validate_data_spec(data_spec)  # cheap: before any model is loaded
     config: LearnedMatchingConfig | WeightMatchingConfig | None = None
     if method == "learned":
         config = LearnedMatchingConfig(
@@ -175,7 +179,6 @@ def command(
         progress=not quiet,
     )
     metadata = {"aligned_to": str(model_a), "source": str(model_b), **aligned.metadata}
-    metadata["form_choice"] = choice.to_dict()  # chosen here or asked for, as said above
     metadata["data"] = data_spec
     reference = str(Path(out) / REFERENCE_DIR) if aligned.reference is not None else None
     if reference is not None:
@@ -184,7 +187,7 @@ def command(
     _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata, force)
     if reference is not None and aligned.reference is not None:
         meta = {"rewritten_from": str(model_a), "form": aligned.form,
-                "form_choice": choice.to_dict()}  # fmt: skip
+                "form_choice": aligned.metadata["form_choice"]}  # fmt: skip
         # inside the folder just written, so new: nothing to force
         _write(reference, a, aligned.module, aligned.reference, aligned.same_architecture, meta)
     result = aligned.result
@@ -205,6 +208,27 @@ def command(
         )
     if reference is not None:
         click.echo(f"wrote {reference} (MODEL_A in {aligned.form}: measure barriers against it)")
+
+
+#: Options only one method reads (the others are refused when given with another method).
+METHOD_OPTIONS = {
+    "weight": ("start", "max_sweeps"),
+    "learned": ("steps", "lr", "batch_size", "max_seconds"),
+}
+
+
+def _refuse_unused_options(method: str) -> None:
+    """One line for an option given on the command line that ``method`` does not read."""
+    ctx = click.get_current_context()
+    for owner, names in METHOD_OPTIONS.items():
+        if owner == method:
+            continue
+        for name in names:
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE:
+                flag = "--" + name.replace("_", "-")
+                raise click.ClickException(
+                    f"{flag} is an option of --method {owner}; --method {method} does not use it"
+                )
 
 
 def output_kind(path: str) -> OutputKind:

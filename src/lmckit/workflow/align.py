@@ -158,7 +158,12 @@ def convertible(model: LoadedModel) -> bool:
     """Whether ``model`` is a Hugging Face folder lmckit converts into one of its own
     models (:data:`lmckit.hf.ZOO_CONVERSIONS`), whose rewrites (RMSNorm, circuits) it has."""
     source = model.source
-    return isinstance(source, HFModel) and source.config.get("model_type") in ZOO_CONVERSIONS
+    # the conversion reads the folder: a module held in memory is not convertible
+    return (
+        model.path is not None
+        and isinstance(source, HFModel)
+        and source.config.get("model_type") in ZOO_CONVERSIONS
+    )
 
 
 def choose_pair_form(
@@ -318,6 +323,8 @@ def align_models(
         }
     same = form.module is a.module
     reference = pa if (form.rewritten or form.folded or not same) else None
+    # what barrier and merge read to measure the path in this form
+    metadata["form_choice"] = choice.to_dict()
     return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
 
 

@@ -80,9 +80,12 @@ def merge_pair(
     return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
 
 
-def recorded_form(path: str | os.PathLike[str]) -> FormChoice | None:
+def recorded_form(path: str | os.PathLike[str] | None) -> FormChoice | None:
     """The form an lmckit output at ``path`` says it is in (``lmckit align`` records it),
-    or ``None`` (no record, or not an lmckit output). Reads the metadata only."""
+    or ``None`` (no record, not an lmckit output, or a model held in memory: no path).
+    Reads the metadata only."""
+    if path is None:
+        return None
     folder = Path(path)
     try:
         if model_format(folder) == "hf":
@@ -140,7 +143,8 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
                 form = model_in_form(model, choice)
                 formed.append((form.module, form.a))
                 if form.form:
-                    notes.append(f"{model.path.name} put in {form.form}")
+                    name = model.path.name if model.path is not None else "the model"
+                    notes.append(f"{name} put in {form.form}")
             else:
                 formed.append((model.module, model.params))
         (module, pa), (module_b, pb) = formed
