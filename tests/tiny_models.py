@@ -141,9 +141,11 @@ def build_hf_folder(
     *,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    shard_size: int | None = None,
     **overrides: Any,
 ) -> Path:
-    """Write a tiny random ``family`` model to ``path`` (``save_pretrained``); return ``path``."""
+    """Write a tiny random ``family`` model to ``path`` (``save_pretrained``, in shards of
+    at most ``shard_size`` bytes when given); return ``path``."""
     import transformers
 
     fam = FAMILIES[family]
@@ -154,7 +156,10 @@ def build_hf_folder(
         with torch.no_grad():
             for p in model.parameters():  # tied weights are one parameter: they stay tied
                 p.add_(0.1 * torch.randn_like(p))
-    model.to(dtype).save_pretrained(path)
+    if shard_size is None:
+        model.to(dtype).save_pretrained(path)
+    else:
+        model.to(dtype).save_pretrained(path, max_shard_size=shard_size)
     return path
 
 

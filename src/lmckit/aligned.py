@@ -181,7 +181,13 @@ class Aligned:
         assert isinstance(arch, ZooModel)  # a rewrite's new form is a zoo configuration
         return LoadedModel(arch, params, "lmckit", None, Checkpoint(arch, params, arch.config))
 
-    def save(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> Path:
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        overwrite: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> Path:
         """Write B aligned in its input's format, with what was done in its metadata.
 
         An lmckit checkpoint or a Hugging Face folder stays one (a folder keeps its
@@ -192,12 +198,16 @@ class Aligned:
         form differs from A as given, it is written too: ``path/reference`` (a file:
         ``NAME.reference.safetensors``), the model to measure barriers against.
         ``path`` follows lmckit's output policy (:mod:`lmckit.outputs`): never one of
-        the inputs, nor a folder lmckit did not write unless ``overwrite``.
+        the inputs, nor a folder lmckit did not write unless ``overwrite``. A Hugging
+        Face folder is stored as B's was: its floating dtype (or ``dtype``) and its
+        shards, with a model card.
 
         Returns:
             ``path``.
         """
         out = self._written(self.params)
+        if dtype is not None and out.format != "hf":
+            raise ValueError(f"dtype= is for Hugging Face folders; this is written as {out.format}")
         inputs = [*self.a.inputs, *self.b.inputs]
         if out.format == "module":
             check_output_file(path, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX])
@@ -213,13 +223,16 @@ class Aligned:
                 else where / REFERENCE_DIR
             )
             metadata["reference"] = str(reference)
-        target = save_model(path, out, self.params, metadata=metadata, overwrite=overwrite)
+        target = save_model(
+            path, out, self.params, metadata=metadata, overwrite=overwrite, dtype=dtype
+        )
         if reference is not None:
             meta = {"rewritten_from": _name(self.a), "form": self.form}
             if "form_choice" in self.metadata:
                 meta["form_choice"] = self.metadata["form_choice"]
             # inside (or beside) what was just written, so new: nothing to force
-            save_model(reference, self._written(self.reference), self.reference, metadata=meta)
+            save_model(reference, self._written(self.reference), self.reference, metadata=meta,
+                       dtype=dtype)  # fmt: skip
         return target
 
     # ---------------------------------------------------------------------- measuring

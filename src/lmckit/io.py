@@ -215,6 +215,7 @@ def save_model(
     module: ZooModel | None = None,
     config_changes: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
     """Write ``params`` in the format ``like`` came in.
 
@@ -234,6 +235,8 @@ def save_model(
         config_changes: Hugging Face format only: ``config.json`` entries to change.
         overwrite: also replace a non-empty folder lmckit did not write (the command
             line's ``--force``).
+        dtype: Hugging Face format only: the floating dtype to store the weights in;
+            ``None``: the source folder's (a bfloat16 folder stays bfloat16).
 
     Raises:
         ValueError: an option of the other format.
@@ -252,6 +255,8 @@ def save_model(
         if module is not None or config_changes is not None:
             raise ValueError("module= and config_changes= are for checkpoints and folders")
         return _save_module_file(path, like, params, metadata=metadata)
+    if dtype is not None and like.format != "hf":
+        raise ValueError("dtype= is for Hugging Face folders")
     check_output_dir(path, kind=like.output_kind, inputs=like.inputs, force=overwrite)
     if like.format == "hf":
         if module is not None:
@@ -266,6 +271,7 @@ def save_model(
             config_changes=config_changes,
             metadata=metadata,
             overwrite=overwrite,
+            dtype=dtype,
         )
     if config_changes is not None:
         raise ValueError("config_changes= is for Hugging Face folders; pass module= instead")

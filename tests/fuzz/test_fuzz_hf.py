@@ -91,7 +91,8 @@ def test_folders_are_compared_by_config_not_class_name(world: Path, tmp_path: Pa
 def test_links_out_of_the_source_folder_are_not_followed(world: Path, tmp_path: Path) -> None:
     source = lmckit.load_model(world / "hf" / "gpt_links")
     out = lmckit.save_model(tmp_path / "out", source, source.params)
-    assert not (out / "README.md").exists()  # -> the secret, outside the folder
+    # README.md -> the secret, outside the folder: lmckit's model card only
+    assert (out / "README.md").read_text().startswith("# out\n")
     assert "private key" not in "".join(
         p.read_text(errors="replace") for p in out.iterdir() if p.is_file()
     )
@@ -111,7 +112,8 @@ def test_hub_cache_links_into_blobs_are_followed(world: Path, tmp_path: Path) ->
     (snapshot / "README.md").symlink_to("../../blobs/f00d")
     source = lmckit.load_model(snapshot)
     out = lmckit.save_model(tmp_path / "out", source, source.params)
-    assert (out / "README.md").read_text() == "a model card"
+    # the source's card, kept below lmckit's
+    assert (out / "README.md").read_text().endswith("## The source's model card\n\na model card\n")
 
 
 def test_extra_files_are_size_capped(

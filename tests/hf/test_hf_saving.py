@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from lmckit.hf import HFError, example_inputs, load_hf, save_hf
+from lmckit.hf.layout import stored_layout
 from lmckit.outputs import OutputError, check_output_dir, is_lmckit_output
 
 
@@ -134,6 +135,7 @@ def test_files_config_changes_and_marker(hf_folder, tmp_path: Path) -> None:
     )
     names = sorted(p.name for p in out.iterdir())
     assert names == [
+        "README.md",  # the model card lmckit writes
         "config.json",
         "generation_config.json",
         "lmckit.json",
@@ -211,9 +213,12 @@ def test_bad_params_write_nothing(hf_folder, tmp_path: Path) -> None:
         "unexpected extra.weight": {**params, "extra.weight": torch.zeros(2)},
         f"{key} has shape \\(36, 32\\)": {**params, key: params[key][:-1]},
         "contains NaN": {**params, key: torch.full_like(params[key], float("nan"))},
-        "mix floating dtypes": {**params, key: params[key].double()},
     }
     existing = save_hf(tmp_path / "out", model, params)
+    # params of several floating dtypes are all stored in the folder's own
+    mixed = save_hf(tmp_path / "mixed", model, {**params, key: params[key].double()})
+    assert stored_layout(mixed).dtype == stored_layout(existing).dtype == torch.float32
+    shutil.rmtree(mixed)
     before = _listing(tmp_path)
     for message, wrong in bad.items():
         for target in (tmp_path / "new", existing):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import torch
 from torch import nn
 
 from lmckit.aligners.weight import START_OPTIONS
@@ -14,11 +15,13 @@ from lmckit.cli.common import (
     choice_option,
     count_option,
     data_option,
+    dtype_option,
     force_option,
     input_paths,
     load_dataset,
     load_models,
     model_pair_arguments,
+    output_dtype,
     parse_device,
     quiet_option,
     seed_option,
@@ -104,6 +107,7 @@ __all__ = ["command"]
 @click.option(
     "--out", type=click.Path(file_okay=False), required=True, help="Directory for B aligned to A."
 )
+@dtype_option
 @seed_option()
 @force_option
 @threads_option
@@ -125,6 +129,7 @@ def command(
     mask_unseen: bool,
     data_spec: str | None,
     out: str,
+    dtype: str,
     seed: int,
     force: bool,
     threads: int | None,
@@ -162,6 +167,7 @@ def command(
     kind = align_output_kind(b, choice)
     if kind != output_kind(model_b):
         check_out_dir(out, kind, inputs, force)  # the form is written as lmckit's model
+    stored = output_dtype(dtype, kind)
     click.echo(choice.describe())
     data = load_dataset(data_spec) if data_spec else None
     aligned = align_models(
@@ -184,7 +190,8 @@ def command(
     if reference is not None:
         # B is written in the form it was aligned in: A's same form is the reference
         metadata["reference"] = reference
-    _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata, force)
+    _write(out, b, aligned.module, aligned.params, aligned.same_architecture, metadata, force,
+           dtype=stored)  # fmt: skip
     if reference is not None and aligned.reference is not None:
         meta = {"rewritten_from": str(model_a), "form": aligned.form,
                 "form_choice": aligned.metadata["form_choice"]}  # fmt: skip
@@ -244,10 +251,12 @@ def _write(
     same_architecture: bool,
     metadata: dict,
     force: bool = False,
+    *,
+    dtype: torch.dtype | None = None,
 ) -> None:
     """``params`` in ``like``'s format, or as an lmckit checkpoint of a rewritten form."""
     if same_architecture:
-        save_model(path, like, params, metadata=metadata, overwrite=force)
+        save_model(path, like, params, metadata=metadata, overwrite=force, dtype=dtype)
     else:
         assert isinstance(module, ZooModel)  # a rewrite's new form is a zoo configuration
         save(path, module, params, metadata=metadata, overwrite=force)

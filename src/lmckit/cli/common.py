@@ -37,7 +37,10 @@ __all__ = [
     "force_option",
     "input_paths",
     "load_dataset",
+    "DTYPES",
+    "dtype_option",
     "load_models",
+    "output_dtype",
     "model_pair_arguments",
     "parse_device",
     "quiet_option",
@@ -115,6 +118,31 @@ def choice_option(
         show_default=default is not None,
         help=help,
     )
+
+
+#: ``--dtype`` values: the stored floating dtype of a Hugging Face output.
+DTYPES = {
+    "auto": None,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+dtype_option = choice_option(
+    "--dtype",
+    list(DTYPES),
+    "auto",
+    "Hugging Face output: the floating dtype its weights are stored in; auto: the input "
+    "folder's (computation runs in float32 either way, values are rounded once on writing).",
+)
+
+
+def output_dtype(name: str, kind: str) -> torch.dtype | None:
+    """The dtype ``--dtype`` names (``None``: the input's), refused for an output that is
+    not a Hugging Face folder."""
+    if name != "auto" and kind != "hf":
+        raise fail(f"--dtype {name} is for Hugging Face outputs; this one is an lmckit checkpoint")
+    return DTYPES[name]
 
 
 def seed_option(help: str | None = None) -> Callable[[FC], FC]:

@@ -10,12 +10,14 @@ from lmckit.checkpoint import save
 from lmckit.cli.common import (
     check_out_dir,
     data_option,
+    dtype_option,
     fail,
     force_option,
     input_paths,
     load_dataset,
     load_models,
     model_pair_arguments,
+    output_dtype,
     set_threads,
     threads_option,
 )
@@ -48,6 +50,7 @@ __all__ = ["command"]
 )
 @data_option
 @click.option("--out", type=click.Path(file_okay=False), required=True)
+@dtype_option
 @force_option
 @threads_option
 def command(
@@ -59,6 +62,7 @@ def command(
     circuits: bool | None,
     data_spec: str | None,
     out: str,
+    dtype: str,
     force: bool,
     threads: int | None,
 ) -> None:
@@ -76,6 +80,8 @@ def command(
     form = path_form(a, b, circuits=circuits)
     if (kind == "hf") != form.same_as_a:
         check_out_dir(out, "hf" if form.same_as_a else "checkpoint", inputs, force)
+    # written in A's format when the form is A's own architecture
+    stored = output_dtype(dtype, a.format if form.same_as_a else "checkpoint")
     if form.note:
         click.echo(f"form (as `lmckit align` recorded): {form.note}")
     data = load_dataset(data_spec) if (fix != "none" or data_spec) else None
@@ -96,7 +102,7 @@ def command(
         meta.update(test_loss=m.loss, test_acc=m.acc)
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
     if form.same_as_a:
-        save_model(out, a, merged, metadata=meta)
+        save_model(out, a, merged, metadata=meta, dtype=stored)
     else:
         assert isinstance(form.module, ZooModel)  # a form of lmckit's own model
         save(out, form.module, merged, metadata=meta)

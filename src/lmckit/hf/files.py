@@ -39,6 +39,7 @@ __all__ = [
     "read_hf_header",
     "read_hf_weights",
     "read_json_file",
+    "shard_map",
     "weights_path",
 ]
 
@@ -165,7 +166,7 @@ def weights_path(path: str | os.PathLike[str]) -> Path:
     raise HFError(f"{root} holds no weights: expected one of {', '.join(WEIGHT_FILES)}")
 
 
-def _shard_map(index: Path) -> dict[str, set[str]]:
+def shard_map(index: Path) -> dict[str, set[str]]:
     """``{shard file name: weights it holds}`` from a shard index, names checked."""
     doc = read_json_file(index, max_bytes=MAX_INDEX_BYTES, what="shard index")
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
@@ -185,7 +186,7 @@ def _shard_map(index: Path) -> dict[str, set[str]]:
 
 def _read_sharded(index: Path) -> Params:
     """The union of the shards an index file names; every listed weight must be found."""
-    shards = _shard_map(index)
+    shards = shard_map(index)
     params: Params = {}
     for shard in sorted(shards):
         part = load_params_file(index.parent / shard)
@@ -219,7 +220,7 @@ def read_hf_header(path: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[i
         if not file.name.startswith("model.safetensors"):
             return None
         out: dict[str, tuple[str, tuple[int, ...]]] = {}
-        for shard, keys in sorted(_shard_map(file).items()):
+        for shard, keys in sorted(shard_map(file).items()):
             header = safetensors_header(file.parent / shard)
             _check_shard(file, shard, keys, header.keys(), out.keys())
             out.update(header)

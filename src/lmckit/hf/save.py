@@ -25,12 +25,17 @@ from torch import Tensor
 
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
+from lmckit.hf.card import model_card
 from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
+from lmckit.hf.layout import reshard, stored_layout
 from lmckit.hf.model import HFModel
 from lmckit.outputs import HF_MARKER, check_output_dir
 from lmckit.params import Params, check_finite
 
-__all__ = ["WEIGHT_SUFFIXES", "save_hf"]
+__all__ = ["CARD_FILE", "WEIGHT_SUFFIXES", "save_hf"]
+
+#: The model card a written folder holds (the source's, if any, is kept inside it).
+CARD_FILE = "README.md"
 
 #: Files of the source that are never copied: weights in any format (they would hold
 #: the source's values), and what :func:`save_hf` writes itself.
@@ -120,14 +125,19 @@ def save_hf(
     config_changes: Mapping[str, Any] | None = None,
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> Path:
-    """Write ``params`` as a Hugging Face folder of ``like``'s class.
+    """Write ``params`` as a Hugging Face folder of ``like``'s class, stored as ``like``'s.
 
     ``AutoModel*.from_pretrained(path)`` (the class of ``like``) then computes the
     function of ``like.module`` holding ``params``. Tied weights (an LM head equal to the
     embeddings) are written once while they are still equal; when they differ the
-    config gets ``tie_word_embeddings: false`` and both are written. Check ``path`` first
-    with :func:`lmckit.outputs.check_output_dir` (``kind="hf"``).
+    config gets ``tie_word_embeddings: false`` and both are written. The weights are
+    stored as the source folder stores its own (:mod:`lmckit.hf.layout`): in its
+    floating dtype (values rounded once, here) and, when it is sharded, in the same
+    shard files with a ``model.safetensors.index.json``. A model card ``README.md`` says
+    what was done (:mod:`lmckit.hf.card`). Check ``path`` first with
+    :func:`lmckit.outputs.check_output_dir` (``kind="hf"``).
 
     Args:
         path: the folder to write; an existing one is replaced as a whole.
@@ -137,6 +147,8 @@ def save_hf(
         config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
         metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
         overwrite: also replace a non-empty folder lmckit did not write (``--force``).
+        dtype: the floating dtype to store; ``None``: the source folder's (for a module
+            held in memory, the params' own).
 
     Returns:
         ``path``.
@@ -159,6 +171,12 @@ def save_hf(
             f"cannot write {target}: config changes or metadata not JSON: {err}"
         ) from None
     state = _checked_params(params, target)
+    layout = stored_layout(like.path)
+    if dtype is not None and not dtype.is_floating_point:
+        raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
+    dtype = dtype or layout.dtype
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
     dtype = _float_dtype(state, target)
 
     transformers = import_transformers()
@@ -188,12 +206,21 @@ def save_hf(
             raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
 
     copies, not_copied = _files_to_copy(like.path)
+    source_card = next((f for f in copies if f.name == CARD_FILE), None)
+    copies = [f for f in copies if f.name != CARD_FILE]
     with atomic_dir(target) as tmp:
         with quiet(transformers):
             module.save_pretrained(tmp)
+        del module
+        if layout.shards is not None:
+            reshard(tmp, layout.shards)
         for file in copies:
             # The source's generation config (and tokenizer files) win over defaults.
             shutil.copyfile(file, tmp / file.name)
+        card = source_card.read_text(errors="replace") if source_card is not None else ""
+        stored = str(dtype).removeprefix("torch.") if dtype is not None else None
+        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card)
+        (tmp / CARD_FILE).write_text(text)
         # safetensors creates its files 0600; give them the config's (umask) permissions
         mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777
         for weights in tmp.glob("*.safetensors"):

@@ -1,0 +1,115 @@
+"""How a Hugging Face folder stores its weights: their floating dtype and their shards.
+
+An output keeps its input's storage: the same floating dtype (bfloat16 in, bfloat16 out)
+and, for a sharded input, the same shard files holding the same weights, with a
+``model.safetensors.index.json``. :func:`stored_layout` reads it from the safetensors
+headers and the index (no weights are read); :func:`reshard` splits a folder written as
+one file (or in other shards) into that layout, tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from lmckit.hf.files import read_hf_header, shard_map, weights_path
+
+__all__ = ["INDEX_FILE", "StoredLayout", "reshard", "stored_layout"]
+
+#: The shard index ``transformers`` writes and reads beside safetensors shards.
+INDEX_FILE = "model.safetensors.index.json"
+
+#: safetensors dtype names of the floating dtypes a folder may store.
+_FLOAT_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class StoredLayout:
+    """A folder's weight storage.
+
+    Attributes:
+        dtype: the floating dtype most of its floating weights are stored in (``None``:
+            pickled weights, or no floating weight).
+        shards: ``{weight name: shard file}`` of a sharded safetensors folder; ``None``
+            for one file.
+    """
+
+    dtype: torch.dtype | None
+    shards: dict[str, str] | None
+
+
+def stored_layout(path: str | os.PathLike[str] | None) -> StoredLayout:
+    """The weight storage of the Hugging Face folder at ``path`` (headers only); an
+    empty layout for ``None`` (a model held in memory)."""
+    if path is None:
+        return StoredLayout(None, None)
+    header = read_hf_header(path)
+    if header is None:
+        return StoredLayout(None, None)
+    counts = Counter(_FLOAT_DTYPES[d] for d, _ in header.values() if d in _FLOAT_DTYPES)
+    dtype = counts.most_common(1)[0][0] if counts else None
+    file = weights_path(path)
+    if not file.name.endswith(".index.json"):
+        return StoredLayout(dtype, None)
+    shards = {key: shard for shard, keys in shard_map(file).items() for key in keys}
+    return StoredLayout(dtype, shards)
+
+
+def _written_tensors(folder: Path) -> dict[str, Path]:
+    """``{weight name: file}`` of the safetensors weights ``folder`` holds."""
+    file = weights_path(folder)
+    if file.name.endswith(".index.json"):
+        return {k: folder / shard for shard, keys in shard_map(file).items() for k in keys}
+    return dict.fromkeys(read_hf_header(folder) or {}, file)
+
+
+def reshard(folder: Path, shards: dict[str, str]) -> None:
+    """Rewrite the safetensors weights in ``folder`` as the shards ``shards`` names.
+
+    A weight the layout does not name (e.g. an LM head written apart after untying) goes
+    to the shard of the last weight named. Tensors are moved one shard at a time (the
+    files are memory-mapped), and the old files are removed once the new ones exist.
+    """
+    where = _written_tensors(folder)
+    old_files = set(where.values())
+    order = list(dict.fromkeys(shards.values()))
+    plan: dict[str, list[str]] = {shard: [] for shard in order}
+    for name in where:
+        plan[shards.get(name, order[-1])].append(name)
+    total = 0
+    weight_map: dict[str, str] = {}
+    written = []
+    for shard, names in plan.items():
+        if not names:
+            continue
+        tensors = {}
+        for name in names:
+            with safe_open(where[name], framework="pt") as f:
+                tensors[name] = f.get_tensor(name)
+        total += sum(t.numel() * t.element_size() for t in tensors.values())
+        staging = folder / (shard + ".partial")
+        save_file(tensors, staging, metadata={"format": "pt"})
+        written.append((staging, folder / shard))
+        weight_map.update(dict.fromkeys(names, shard))
+        del tensors
+    for file in old_files:
+        file.unlink()
+    index = folder / INDEX_FILE
+    if index.exists():
+        index.unlink()
+    for staging, final in written:
+        staging.rename(final)
+    doc = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    index.write_text(json.dumps(doc, indent=2) + "\n")
