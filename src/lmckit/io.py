@@ -25,6 +25,7 @@ from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
 from lmckit.checkpoint import load as load_checkpoint
 from lmckit.checkpoint import save as save_checkpoint
 from lmckit.hf.files import MAX_CONFIG_BYTES, HFError, is_hf_folder, read_json_file
+from lmckit.hf.layout import stored_layout
 from lmckit.hf.model import HFModel, config_differences, load_hf
 from lmckit.hf.save import save_hf
 from lmckit.models import ZooModel
@@ -187,6 +188,8 @@ def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
     can still differ (``activation_function: relu``, ``n_head: 4``): B's weights would
     then be evaluated with A's config.
 
+    Two Hugging Face folders must also store their weights in one floating dtype.
+
     Raises:
         IncompatibleModelsError: naming the first difference.
     """
@@ -198,6 +201,14 @@ def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
         if differences:
             more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
             raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
+        # the output is stored as B is: two storages would leave one of them unsaid
+        stored = stored_layout(a.source.path).dtype, stored_layout(b.source.path).dtype
+        if None not in stored and stored[0] != stored[1]:
+            dtypes = [str(d).removeprefix("torch.") for d in stored]
+            raise IncompatibleModelsError(
+                f"their weights are stored in different dtypes ({dtypes[0]} and {dtypes[1]}); "
+                "save one in the other's dtype first"
+            )
     elif isinstance(a.source, Checkpoint) and isinstance(b.source, Checkpoint):
         if a.source.config != b.source.config:
             raise IncompatibleModelsError(f"{a.source.config} vs {b.source.config}")

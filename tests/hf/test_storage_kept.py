@@ -136,3 +136,12 @@ def test_dtype_for_a_checkpoint_output_is_refused(tmp_path) -> None:
     assert result.exit_code == 1
     assert "--dtype bfloat16 is for Hugging Face outputs" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_a_pair_stored_in_two_dtypes_is_refused(sharded_pair, tmp_path) -> None:
+    a, _ = sharded_pair
+    b = _folder(tmp_path / "b32", 1, torch.float32, None)
+    result = CliRunner().invoke(main, ["align", str(a), str(b), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "stored in different dtypes (bfloat16 and float32)" in result.output
+    assert not (tmp_path / "o").exists()
