@@ -46,6 +46,7 @@ __all__ = [
     "check_symmetry",
     "choose_form",
     "default_inputs",
+    "possible_forms",
     "spec_of",
 ]
 
@@ -285,6 +286,8 @@ class Form:
 FORMS: dict[str, Form] = {
     "projected": Form(circuits=False, path_circuits=False),
     "circuits": Form(circuits=True, path_circuits=True),
+    # heads aligned as their projections, interpolated as circuits (as the paper's code)
+    "projected, circuit path": Form(circuits=False, path_circuits=True),
 }
 
 #: Default forms, best first, by ``(method, symmetry)``: the first form a model can take
@@ -293,9 +296,9 @@ FORMS: dict[str, Form] = {
 #: barrier on CPU-trained GPT-2 pairs (``docs/experiments/reference_comparison.md``);
 #: a new form or a new measurement is a change of this table only.
 PREFERRED_FORMS: dict[tuple[str, str | None], tuple[str, ...]] = {
-    ("weight", "orthogonal"): ("circuits", "projected"),
-    ("weight", "permutation"): ("circuits", "projected"),
-    ("weight", None): ("circuits", "projected"),
+    ("weight", "orthogonal"): ("circuits", "projected, circuit path", "projected"),
+    ("weight", "permutation"): ("circuits", "projected, circuit path", "projected"),
+    ("weight", None): ("circuits", "projected, circuit path", "projected"),
     ("learned", "orthogonal"): ("circuits", "projected"),
     ("learned", "permutation"): ("circuits", "projected"),
     ("learned", None): ("circuits", "projected"),
@@ -327,6 +330,8 @@ class FormChoice:
         what = {
             "circuits": "attention heads as QK/OV circuits, aligned and interpolated in that form",
             "projected": "attention heads as their projections",
+            "projected, circuit path": "attention heads aligned as their projections and "
+            "interpolated as QK/OV circuits",
         }.get(self.name, self.name)
         how = "the best measured for this method and symmetry" if self.chosen else "as asked"
         other = " (--no-circuits for the projected form)" if self.circuits and self.chosen else ""
@@ -367,6 +372,22 @@ def _circuits_possible(module: nn.Module, convertible: bool) -> bool:
             for s in module.symmetry_spec()
         )
     return convertible
+
+
+def possible_forms(
+    module: nn.Module,
+    method: str,
+    symmetry: str | None,
+    head_bases: bool = False,
+    convertible: bool = False,
+) -> list[str]:
+    """The names of the forms of :data:`PREFERRED_FORMS` ``module`` can take, best first
+    (forms with circuits need an architecture lmckit can rewrite as circuits; aligning
+    bases inside heads leaves the heads as projections)."""
+    order = PREFERRED_FORMS.get((method, symmetry), ("projected",))
+    possible = _circuits_possible(module, convertible) and not head_bases
+    names = [n for n in order if possible or not (FORMS[n].circuits or FORMS[n].path_circuits)]
+    return names or ["projected"]
 
 
 def choose_form(
@@ -412,14 +433,11 @@ def choose_form(
             f"folders, converted first); {type(module).__name__} is not one"
         )
     if circuits is None:
-        order = PREFERRED_FORMS.get((method, symmetry), ("projected",))
-        possible = _circuits_possible(module, convertible) and not head_bases
-        names = [n for n in order if possible or not FORMS[n].circuits]
-        name, chosen = (names or ["projected"])[0], True
+        name, chosen = possible_forms(module, method, symmetry, head_bases, convertible)[0], True
     else:
         name, chosen = ("circuits" if circuits else "projected"), False
     form = FORMS[name]
-    to_zoo = not zoo and form.circuits
+    to_zoo = not zoo and (form.circuits or form.path_circuits)
     if symmetry == "orthogonal" and not zoo and not to_zoo:
         # the stream's route to rotations decides whether a zoo rewrite is needed anyway
         spec = spec_of(module, example_inputs)

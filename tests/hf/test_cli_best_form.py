@@ -62,11 +62,12 @@ def pair(tmp_path_factory, make_hf_folder):
     return a, b, spec
 
 
-def _library(a: Path, b: Path, spec: str, method: str, symmetry: str) -> list[float]:
-    """The library's aligned-and-measured path, step by step (module docstring)."""
-    circuits = FORMS[PREFERRED_FORMS[(method, symmetry)][0]].circuits
+def _library(a: Path, b: Path, spec: str, method: str, symmetry: str, name: str) -> list[float]:
+    """The library's aligned-and-measured path in the form ``name``, step by step (module
+    docstring)."""
+    circuits, path_circuits = FORMS[name].circuits, FORMS[name].path_circuits
     data = load_data(spec)
-    if circuits or symmetry == "orthogonal":  # forms of lmckit's own GPT-2
+    if path_circuits or symmetry == "orthogonal":  # forms of lmckit's own GPT-2
         (module, pa), (_, pb) = zoo_from_hf(a), zoo_from_hf(b)
     else:
         la, lb = load_hf(a), load_hf(b)
@@ -82,7 +83,11 @@ def _library(a: Path, b: Path, spec: str, method: str, symmetry: str) -> list[fl
         result = learned_matching(form.spec, form.a, form.b, config, model=form.module,
                                   data=data, row_masks=masks)  # fmt: skip
     aligned = apply(form.spec, form.b, result.transform)
-    path = measure_path(form.module, form.a, aligned, data, EvalSettings(points=5))
+    module, pa = form.module, form.a
+    if path_circuits and not circuits:  # aligned as projections, interpolated as circuits
+        on_path = aligned_form(module, pa, aligned, circuits=True)
+        module, pa, aligned = on_path.module, on_path.a, on_path.b
+    path = measure_path(module, pa, aligned, data, EvalSettings(points=5))
     return path.loss
 
 
@@ -97,13 +102,21 @@ def test_command_line_barrier_equals_the_library_call(pair, tmp_path, method, sy
     cmd = ["align", a, b, "--method", method, "--symmetry", symmetry, "--data", spec,
            "--out", out, "--quiet", *extra]  # fmt: skip
     aligned = _invoke(*cmd)
-    name = PREFERRED_FORMS[(method, symmetry)][0]
-    assert aligned.output.splitlines()[0].startswith(f"form: {name} (")
+    # weight matching with data chooses among the forms by midpoint training loss (and
+    # says so); learned matching takes the first preferred form
+    meta = json.loads((out / "config.json").read_text())["metadata"]
+    name = meta["form_choice"]["name"]
+    assert any(line.startswith(f"form: {name} (") for line in aligned.output.splitlines())
+    if method == "weight":
+        losses = meta["form_midpoint_losses"]
+        assert len(losses) == 2 and name == min(losses, key=losses.get)
+    else:
+        assert name == PREFERRED_FORMS[(method, symmetry)][0]
     assert f"masked {UNSEEN} token rows" in aligned.output
     # measured against the original folder A: the recorded form puts A in it
     _invoke("barrier", a, out, "--data", spec, "--points", 5, "--json", tmp_path / "p.json",
             "--quiet")  # fmt: skip
     cli = json.loads((tmp_path / "p.json").read_text())["loss"]
-    lib = _library(a, b, spec, method, symmetry)
+    lib = _library(a, b, spec, method, symmetry, name)
     assert cli == pytest.approx(lib, abs=1e-5)
     assert max(lib) - min(lib) > 1e-3  # a path that is not flat: the comparison means something

@@ -168,14 +168,15 @@ def command(
     if kind != output_kind(model_b):
         check_out_dir(out, kind, inputs, force)  # the form is written as lmckit's model
     stored = output_dtype(dtype, kind)
-    click.echo(choice.describe())
+    if circuits is not None or data_spec is None or method != "weight":
+        click.echo(choice.describe())
     data = load_dataset(data_spec) if data_spec else None
     aligned = align_models(
         a,
         b,
         method=method,
         symmetry=symmetry,
-        circuits=choice.circuits,
+        circuits=circuits,
         head_bases=head_bases,
         data=data,
         mask_unseen=mask_unseen,
@@ -198,6 +199,14 @@ def command(
         # inside the folder just written, so new: nothing to force
         _write(reference, a, aligned.module, aligned.reference, aligned.same_architecture, meta)
     result = aligned.result
+    assert aligned.choice is not None  # align_models always says which form it took
+    if "form_midpoint_losses" in aligned.metadata:  # the form was chosen on --data
+        losses = ", ".join(
+            f"{k} {v:.4g}" for k, v in aligned.metadata["form_midpoint_losses"].items()
+        )
+        click.echo(f"form: {aligned.choice.name} (lower midpoint training loss: {losses})")
+    elif circuits is None and data_spec is not None and method == "weight":
+        click.echo(aligned.choice.describe())
     click.echo(result.summary())
     if "masked_rows" in aligned.metadata:
         rows = max(aligned.metadata["masked_rows"].values())

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from lmckit.aligners.registry import AlignerInfo, aligner_info
 from lmckit.aligners.result import AlignmentResult
-from lmckit.aligners.weight.start_choice import StartChoice
+from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset
 from lmckit.data.token_stats import token_row_masks
 from lmckit.datafit import check_data_fits
@@ -23,7 +23,15 @@ from lmckit.io import LoadedModel
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.outputs import OutputKind
 from lmckit.params import Params
-from lmckit.recipe import AlignForm, FormChoice, aligned_form, check_symmetry, choose_form
+from lmckit.recipe import (
+    FORMS,
+    AlignForm,
+    FormChoice,
+    aligned_form,
+    check_symmetry,
+    choose_form,
+    possible_forms,
+)
 from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import SymmetrySpec, apply
 
@@ -280,16 +288,39 @@ def align_models(
         a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases,
         example_inputs=example_inputs,
     )  # fmt: skip
-    form = pair_form(a, b, choice, example_inputs)
-    spec, pa, pb = form.spec, form.a, form.b
     if method == "weight" and config is None and data is not None:
         config = WeightMatchingConfig(start="best")
-    options: dict[str, Any] = {}
-    masks = _row_masks(form, data) if mask_unseen else {}
-    if masks and "row_masks" in inspect.signature(info.fn).parameters:
-        options["row_masks"] = masks
-    result = info.fn(spec, pa, pb, config, model=form.module, data=data, seed=seed,
-                     progress=progress, device=device, **options)  # fmt: skip
+    candidates = [choice]
+    if circuits is None and data is not None and method == "weight":
+        # with training data the form is chosen as the start is: every form the model
+        # can take that is written the same way, the lower midpoint training loss wins
+        names = possible_forms(a.module, method, symmetry, head_bases, convertible(a))
+        others = [n for n in names if n != choice.name and _written_alike(n, choice)]
+        candidates += [
+            replace(
+                choice, name=n, circuits=FORMS[n].circuits, path_circuits=FORMS[n].path_circuits
+            )
+            for n in others
+        ]
+    runs = []
+    for candidate in candidates:
+        form = pair_form(a, b, candidate, example_inputs)
+        masks = _row_masks(form, data) if mask_unseen else {}
+        options: dict[str, Any] = {}
+        if masks and "row_masks" in inspect.signature(info.fn).parameters:
+            options["row_masks"] = masks
+        result = info.fn(form.spec, form.a, form.b, config, model=form.module, data=data,
+                         seed=seed, progress=progress, device=device, **options)  # fmt: skip
+        runs.append((candidate, form, masks, options, result))
+    form_losses: dict[str, float] = {}
+    if len(runs) > 1:
+        assert data is not None
+        for candidate, form, _, _, result in runs:
+            form_losses[candidate.name] = _path_midpoint_loss(form, candidate, result, data)
+        best = min(range(len(runs)), key=lambda k: form_losses[runs[k][0].name])
+        runs = [runs[best]]
+    choice, form, masks, options, result = runs[0]
+    spec, pa, pb = form.spec, form.a, form.b
     aligned = apply(spec, pb, result.transform)
     if head_bases:
         aligned = head_bases_matching(spec, pa, aligned).apply(aligned)
@@ -325,7 +356,29 @@ def align_models(
     reference = pa if (form.rewritten or form.folded or not same) else None
     # what barrier and merge read to measure the path in this form
     metadata["form_choice"] = choice.to_dict()
+    if form_losses:
+        metadata["form_midpoint_losses"] = form_losses
     return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
+
+
+def _written_alike(name: str, choice: FormChoice) -> bool:
+    """Whether the form ``name`` is written as ``choice`` is (both in lmckit's own model
+    or both in the input's class), so that the output's kind does not depend on data."""
+    needs_zoo = FORMS[name].circuits or FORMS[name].path_circuits
+    return needs_zoo == (choice.circuits or choice.path_circuits)
+
+
+def _path_midpoint_loss(
+    form: AlignForm, choice: FormChoice, result: AlignmentResult, data: Dataset
+) -> float:
+    """Training loss of the midpoint of A and B aligned, on the path ``choice`` measures
+    (heads interpolated as circuits when its path says so)."""
+    aligned = apply(form.spec, form.b, result.transform)
+    module, pa, pb = form.module, form.a, aligned
+    if choice.path_circuits and not choice.circuits:
+        circuit = aligned_form(module, pa, pb, circuits=True)
+        module, pa, pb = circuit.module, circuit.a, circuit.b
+    return midpoint_loss(module, pa, pb, data)
 
 
 def check_align_request(
