@@ -201,6 +201,7 @@ def aligned_form(
     symmetry: str | None = None,
     circuits: bool = False,
     example_inputs: ExampleInputs | None = None,
+    rms: bool = False,
 ) -> AlignForm:
     """Two models of ``module``'s architecture in the form they are aligned in.
 
@@ -209,6 +210,9 @@ def aligned_form(
         params_a, params_b: the two models; not modified.
         symmetry: ``None`` (the inferred groups), ``"permutation"`` or ``"orthogonal"``.
         circuits: zoo transformers: rewrite attention heads as QK/OV circuits first.
+        rms: with ``symmetry="permutation"``, rewrite a LayerNorm stream to the RMSNorm
+            form first, as ``"orthogonal"`` does (the stream centred, the norms' scales
+            and biases folded into their readers), and permute it there.
         example_inputs: inputs for tracing: a tensor, a tuple of positional inputs or a
             dict of keyword inputs (default: :func:`default_inputs`).
 
@@ -229,6 +233,8 @@ def aligned_form(
     parts: list[str] = []
     folded: frozenset[str] = frozenset()
     if symmetry == "permutation":
+        if rms and not _has_rotations(spec):
+            module, a, b, spec, parts, folded = _orthogonal(module, a, b, inputs)
         spec = _permutations_only(spec)
     elif symmetry == "orthogonal" and not _has_rotations(spec):
         module, a, b, spec, parts, folded = _orthogonal(module, a, b, inputs)
@@ -276,10 +282,13 @@ class Form:
         circuits: attention heads are rewritten as QK/OV circuits before aligning.
         path_circuits: paths and merges interpolate heads as circuits (the ends are the
             same functions either way; the points between them differ).
+        rms: permutations of a LayerNorm stream act on its RMSNorm form (see
+            :func:`aligned_form`'s ``rms``), where it is also interpolated.
     """
 
     circuits: bool
     path_circuits: bool
+    rms: bool = False
 
 
 #: The forms :func:`choose_form` picks from, by name.
@@ -288,6 +297,7 @@ FORMS: dict[str, Form] = {
     "circuits": Form(circuits=True, path_circuits=True),
     # heads aligned as their projections, interpolated as circuits (as the paper's code)
     "projected, circuit path": Form(circuits=False, path_circuits=True),
+    "circuits, RMSNorm form": Form(circuits=True, path_circuits=True, rms=True),
 }
 
 #: Default forms, best first, by ``(method, symmetry)``: the first form a model can take
@@ -297,7 +307,12 @@ FORMS: dict[str, Form] = {
 #: a new form or a new measurement is a change of this table only.
 PREFERRED_FORMS: dict[tuple[str, str | None], tuple[str, ...]] = {
     ("weight", "orthogonal"): ("circuits", "projected, circuit path", "projected"),
-    ("weight", "permutation"): ("circuits", "projected, circuit path", "projected"),
+    ("weight", "permutation"): (
+        "circuits",
+        "projected, circuit path",
+        "circuits, RMSNorm form",
+        "projected",
+    ),
     ("weight", None): ("circuits", "projected, circuit path", "projected"),
     ("learned", "orthogonal"): ("circuits", "projected"),
     ("learned", "permutation"): ("circuits", "projected"),
@@ -332,6 +347,8 @@ class FormChoice:
             "projected": "attention heads as their projections",
             "projected, circuit path": "attention heads aligned as their projections and "
             "interpolated as QK/OV circuits",
+            "circuits, RMSNorm form": "attention heads as QK/OV circuits, the residual stream "
+            "permuted and interpolated in its RMSNorm form",
         }.get(self.name, self.name)
         how = "the best measured for this method and symmetry" if self.chosen else "as asked"
         other = " (--no-circuits for the projected form)" if self.circuits and self.chosen else ""
@@ -374,6 +391,11 @@ def _circuits_possible(module: nn.Module, convertible: bool) -> bool:
     return convertible
 
 
+def _needs_rewrites(form: Form) -> bool:
+    """Whether ``form`` needs rewrites only lmckit's own transformers have."""
+    return form.circuits or form.path_circuits or form.rms
+
+
 def possible_forms(
     module: nn.Module,
     method: str,
@@ -386,7 +408,7 @@ def possible_forms(
     bases inside heads leaves the heads as projections)."""
     order = PREFERRED_FORMS.get((method, symmetry), ("projected",))
     possible = _circuits_possible(module, convertible) and not head_bases
-    names = [n for n in order if possible or not (FORMS[n].circuits or FORMS[n].path_circuits)]
+    names = [n for n in order if possible or not _needs_rewrites(FORMS[n])]
     return names or ["projected"]
 
 
@@ -437,7 +459,7 @@ def choose_form(
     else:
         name, chosen = ("circuits" if circuits else "projected"), False
     form = FORMS[name]
-    to_zoo = not zoo and (form.circuits or form.path_circuits)
+    to_zoo = not zoo and _needs_rewrites(form)
     if symmetry == "orthogonal" and not zoo and not to_zoo:
         # the stream's route to rotations decides whether a zoo rewrite is needed anyway
         spec = spec_of(module, example_inputs)

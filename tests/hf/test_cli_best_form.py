@@ -65,14 +65,14 @@ def pair(tmp_path_factory, make_hf_folder):
 def _library(a: Path, b: Path, spec: str, method: str, symmetry: str, name: str) -> list[float]:
     """The library's aligned-and-measured path in the form ``name``, step by step (module
     docstring)."""
-    circuits, path_circuits = FORMS[name].circuits, FORMS[name].path_circuits
+    circuits, path_circuits, rms = FORMS[name].circuits, FORMS[name].path_circuits, FORMS[name].rms
     data = load_data(spec)
-    if path_circuits or symmetry == "orthogonal":  # forms of lmckit's own GPT-2
+    if path_circuits or rms or symmetry == "orthogonal":  # forms of lmckit's own GPT-2
         (module, pa), (_, pb) = zoo_from_hf(a), zoo_from_hf(b)
     else:
         la, lb = load_hf(a), load_hf(b)
         module, pa, pb = la.module, la.params, lb.params
-    form = aligned_form(module, pa, pb, symmetry=symmetry, circuits=circuits)
+    form = aligned_form(module, pa, pb, symmetry=symmetry, circuits=circuits, rms=rms)
     masks = {k: m for k, m in seen_token_masks(data).items() if k in form.a}
     assert masks and all(int((~m).sum()) == UNSEEN for m in masks.values())
     if method == "weight":
@@ -109,7 +109,10 @@ def test_command_line_barrier_equals_the_library_call(pair, tmp_path, method, sy
     assert any(line.startswith(f"form: {name} (") for line in aligned.output.splitlines())
     if method == "weight":
         losses = meta["form_midpoint_losses"]
-        assert len(losses) == 2 and name == min(losses, key=losses.get)
+        # circuits and heads aligned as projections, interpolated as circuits; for
+        # permutations also the RMSNorm form's stream
+        assert len(losses) == (3 if symmetry == "permutation" else 2)
+        assert name == min(losses, key=losses.get)
     else:
         assert name == PREFERRED_FORMS[(method, symmetry)][0]
     assert f"masked {UNSEEN} token rows" in aligned.output

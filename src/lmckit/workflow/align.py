@@ -201,9 +201,11 @@ def pair_form(
     if choice.to_zoo and convertible(a):
         assert a.path is not None and b.path is not None
         (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)
-        return aligned_form(module, pa, pb, symmetry=choice.symmetry, circuits=choice.circuits)
+        return aligned_form(module, pa, pb, symmetry=choice.symmetry, circuits=choice.circuits,
+                            rms=FORMS[choice.name].rms)  # fmt: skip
     return aligned_form(a.module, a.params, b.params, symmetry=choice.symmetry,
-                        circuits=choice.circuits, example_inputs=example_inputs)  # fmt: skip
+                        circuits=choice.circuits, example_inputs=example_inputs,
+                        rms=FORMS[choice.name].rms)  # fmt: skip
 
 
 def model_in_form(model: LoadedModel, choice: FormChoice) -> AlignForm:
@@ -364,8 +366,9 @@ def align_models(
 def _written_alike(name: str, choice: FormChoice) -> bool:
     """Whether the form ``name`` is written as ``choice`` is (both in lmckit's own model
     or both in the input's class), so that the output's kind does not depend on data."""
-    needs_zoo = FORMS[name].circuits or FORMS[name].path_circuits
-    return needs_zoo == (choice.circuits or choice.path_circuits)
+    form, chosen = FORMS[name], FORMS[choice.name]
+    needs_zoo = form.circuits or form.path_circuits or form.rms
+    return needs_zoo == (chosen.circuits or chosen.path_circuits or chosen.rms or choice.to_zoo)
 
 
 def _path_midpoint_loss(

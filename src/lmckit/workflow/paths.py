@@ -32,7 +32,7 @@ from lmckit.models import ZooModel
 from lmckit.outputs import HF_MARKER
 from lmckit.params import IncompatibleModelsError, Params, check_compatible
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
-from lmckit.recipe import FormChoice, aligned_form, spec_of
+from lmckit.recipe import FORMS, FormChoice, aligned_form, spec_of
 from lmckit.workflow.align import model_in_form
 
 __all__ = [
@@ -138,7 +138,12 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
     if choice is not None:
         formed = []
         for model in (a, b):
-            changes = choice.to_zoo or choice.circuits or choice.symmetry == "orthogonal"
+            changes = (
+                choice.to_zoo
+                or choice.circuits
+                or choice.symmetry == "orthogonal"
+                or FORMS[choice.name].rms
+            )
             if changes and recorded_form(model.path) is None:
                 form = model_in_form(model, choice)
                 formed.append((form.module, form.a))
