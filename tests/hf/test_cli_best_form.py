@@ -123,3 +123,22 @@ def test_command_line_barrier_equals_the_library_call(pair, tmp_path, method, sy
     lib = _library(a, b, spec, method, symmetry, name)
     assert cli == pytest.approx(lib, abs=1e-5)
     assert max(lib) - min(lib) > 1e-3  # a path that is not flat: the comparison means something
+
+
+def test_merge_reads_the_recorded_form(pair, tmp_path) -> None:
+    """`lmckit merge A X` on what `align` wrote interpolates in the recorded form: the merged
+    model is the path's midpoint that `barrier` measures."""
+    a, b, spec = pair
+    out, merged = tmp_path / "out", tmp_path / "merged"
+    _invoke("align", a, b, "--symmetry", "orthogonal", "--data", spec, "--out", out, "--quiet")
+    _invoke("barrier", a, out, "--data", spec, "--points", 3, "--json", tmp_path / "p.json",
+            "--quiet")  # fmt: skip
+    midpoint = json.loads((tmp_path / "p.json").read_text())["loss"][1]
+    result = _invoke("merge", a, out, "--data", spec, "--out", merged)
+    assert "form (as `lmckit align` recorded)" in result.output
+    meta = json.loads((merged / "config.json").read_text())["metadata"]
+    assert (
+        meta["form_choice"]
+        == json.loads((out / "config.json").read_text())["metadata"]["form_choice"]
+    )
+    assert meta["test_loss"] == pytest.approx(midpoint, abs=1e-6)
