@@ -18,7 +18,7 @@ from torch import nn
 
 from lmckit.params import Params, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
-from lmckit.spec.check import FunctionCheck, verify
+from lmckit.spec.check import FunctionCheck, drop_failing
 from lmckit.spec.emit import Emitted, emit_spaces
 from lmckit.spec.experts import DRAWS, decide_experts, understood
 from lmckit.spec.experts import first_choices as experts_first_choices
@@ -144,7 +144,10 @@ def analyze_symmetries(
         spec = SymmetrySpec(tuple(spaces))
         if check and len(spec) and function is not None and not verified:
             spec.validate(dict(module_params(module) if params is None else params))
-            verify(function, module, spec, args, kw, seed=seed, diagnose=False)
+            # a space the function refuses is left out and reported, not the whole spec
+            spec, dropped = drop_failing(function, module, spec, seed=seed)
+            for line in dropped:
+                analysis.note(line)
     finally:
         module.train(was_training)
     return SymmetryAnalysis(

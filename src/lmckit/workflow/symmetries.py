@@ -170,8 +170,9 @@ def describe_symmetries(
     form = pair_form(model, model, choose_pair_form(model, symmetry=symmetry, circuits=circuits))
     moved = {u.param for s in form.spec for u in s.uses} | form.folded
     names = form.module.space_names if isinstance(form.module, ZooModel) else None
+    # checked, so that spaces the function refuses are listed with why they were left out
     analysis = analyze_symmetries(
-        form.module, form.inputs, names=names, params=form.a, uniform=form.folded, check=False
+        form.module, form.inputs, names=names, params=form.a, uniform=form.folded
     )
     architecture = (
         form.module.config.name if isinstance(form.module, ZooModel) else type(form.module).__name__
