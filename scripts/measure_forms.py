@@ -1,10 +1,10 @@
 """Which form and start give the lowest barrier: the measurements behind lmckit's defaults.
 
 For one pair of models (lmckit checkpoints or Hugging Face folders) and one dataset, runs
-``lmckit.workflow.align_models`` for every symmetry, form (``lmckit.recipe.FORMS``) and
+``lmckit.workflow.align_models`` for every symmetry, form (``lmckit.forms.FORMS``) and
 weight-matching start, with unseen-token masks, and measures the test-loss barrier of
 each result on both paths (heads interpolated as projections where the form allows, and
-as QK/OV circuits). ``lmckit.recipe.PREFERRED_FORMS`` and the command line's ``--start``
+as QK/OV circuits). ``lmckit.forms.PREFERRED_FORMS`` and the command line's ``--start``
 default are read off these tables (``docs/experiments/reference_comparison.md``).
 
     nice -n 10 .venv/bin/python scripts/measure_forms.py A B --data SPEC --json out.json

@@ -7,8 +7,9 @@ import pytest
 import torch
 from torch import nn
 
+from lmckit.forms import FORMS, PREFERRED_FORMS, FormChoice, choose_form
 from lmckit.models import create_model
-from lmckit.recipe import FORMS, PREFERRED_FORMS, FormChoice, aligned_form, choose_form
+from lmckit.recipe import aligned_form
 
 X = torch.randn(4, 6)
 

@@ -367,7 +367,7 @@ def align(
         config: the method's config, e.g. ``WeightMatchingConfig(start="best")``;
             ``None``: its defaults.
         circuits: ``None``: the form measured best for the method and symmetry
-            (:func:`lmckit.recipe.choose_form`, said in ``form``); ``True``: heads
+            (:func:`lmckit.forms.choose_form`, said in ``form``); ``True``: heads
             rewritten as QK/OV circuits (lmckit's transformers, Hugging Face GPT-2 and
             ViT folders); ``False``: heads as the model has them.
         head_bases: transformers: afterwards align the bases inside matched heads.

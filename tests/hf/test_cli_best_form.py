@@ -25,9 +25,10 @@ from lmckit.aligners import (
 from lmckit.cli import main
 from lmckit.data import load_data
 from lmckit.data.token_stats import seen_token_masks
+from lmckit.forms import FORMS, PREFERRED_FORMS
 from lmckit.hf import load_hf, zoo_from_hf
 from lmckit.measure import EvalSettings, measure_path
-from lmckit.recipe import FORMS, PREFERRED_FORMS, aligned_form
+from lmckit.recipe import aligned_form
 from lmckit.symmetry import apply
 
 WORDS = "the quick brown fox jumps over a lazy dog and a cat sat on the mat".split()

@@ -18,20 +18,13 @@ from lmckit.data import Dataset
 from lmckit.data.token_stats import token_row_masks
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
+from lmckit.forms import FORMS, FormChoice, choose_form, possible_forms
 from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
 from lmckit.io import LoadedModel
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.outputs import OutputKind
 from lmckit.params import Params
-from lmckit.recipe import (
-    FORMS,
-    AlignForm,
-    FormChoice,
-    aligned_form,
-    check_symmetry,
-    choose_form,
-    possible_forms,
-)
+from lmckit.recipe import AlignForm, aligned_form, check_symmetry
 from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import SymmetrySpec, apply
 
@@ -148,7 +141,7 @@ class AlignedPair:
             written in their format); ``False`` after a rewrite to a new zoo
             configuration (written as an lmckit checkpoint).
         metadata: method, options and diagnostics, JSON-ready.
-        choice: the form chosen (:func:`lmckit.recipe.choose_form`), also in
+        choice: the form chosen (:func:`lmckit.forms.choose_form`), also in
             ``metadata["form_choice"]``: what :func:`~lmckit.workflow.pair_barrier` reads.
     """
 
@@ -183,7 +176,7 @@ def choose_pair_form(
     head_bases: bool = False,
     example_inputs: ExampleInputs | None = None,
 ) -> FormChoice:
-    """:func:`lmckit.recipe.choose_form` for a loaded model (Hugging Face GPT-2 and ViT
+    """:func:`lmckit.forms.choose_form` for a loaded model (Hugging Face GPT-2 and ViT
     folders may take the zoo's forms)."""
     return choose_form(a.module, a.params, method=method, symmetry=symmetry, circuits=circuits,
                        head_bases=head_bases, convertible=convertible(a),
@@ -252,7 +245,7 @@ def align_models(
         method: ``weight`` (data-free), ``activation`` or ``learned`` (need ``data``).
         symmetry: as :func:`lmckit.recipe.aligned_form`.
         circuits: ``None``: the form measured best for the method and symmetry
-            (:func:`lmckit.recipe.choose_form`); ``True`` / ``False``: the circuit /
+            (:func:`lmckit.forms.choose_form`); ``True`` / ``False``: the circuit /
             projected form.
         head_bases: afterwards align the bases inside matched attention heads.
         data: training data for activation statistics or learned matching; checked to

@@ -17,6 +17,7 @@ from lmckit.checkpoint import CheckpointError, load_metadata
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
+from lmckit.forms import FORMS, FormChoice
 from lmckit.hf.files import MAX_CONFIG_BYTES, read_json_file
 from lmckit.io import LoadedModel, model_format
 from lmckit.measure import (
@@ -32,7 +33,7 @@ from lmckit.models import ZooModel
 from lmckit.outputs import HF_MARKER
 from lmckit.params import IncompatibleModelsError, Params, check_compatible
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
-from lmckit.recipe import FORMS, FormChoice, aligned_form, spec_of
+from lmckit.recipe import aligned_form, spec_of
 from lmckit.workflow.align import model_in_form
 
 __all__ = [
