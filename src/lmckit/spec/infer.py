@@ -95,15 +95,16 @@ def analyze_symmetries(
         uniform: keys of parameters that hold one value throughout (e.g. norm scales
             folded to ones, :func:`~lmckit.spec.fold.fold_norm_scales`): they constrain
             no axis and are in no space. Checked against ``params``.
-        check: verify the spec with :func:`~lmckit.spec.check.check_spec` (random group
-            elements must not change the outputs) before returning.
+        check: verify the spec (random group elements must not change the outputs)
+            before returning; a space that fails is left out, with the reason in
+            :attr:`SymmetryAnalysis.left_out` (:func:`~lmckit.spec.check.drop_failing`).
         seed: seed of the check's random elements.
 
     Raises:
         TypeError: example inputs of another type, or that ``forward`` cannot take.
         SpecInferenceError: the module does not trace (naming why), or (a
-            :class:`~lmckit.spec.check.SpecCheckError`) an inferred space fails its
-            check, naming the space.
+            :class:`~lmckit.spec.check.SpecCheckError`) outputs that are not
+            deterministic, or spaces that keep the outputs alone but not together.
     """
     args, kw = split_inputs(example_inputs, kwargs)
     traced = trace(module, args, kwargs=kw)
