@@ -135,6 +135,97 @@ FAMILIES: dict[str, Family] = {
 }
 
 
+_SMALL = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+_SMALL_GPT = dict(vocab_size=61, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+_IMAGE = dict(num_labels=3, image_size=16)
+
+
+def _family(config: str, model: str, auto: str, **kwargs: Any) -> Family:
+    return Family(config, model, auto, kwargs)
+
+
+#: Every family the coverage test (tests/hf/test_families.py) and docs/families.md cover,
+#: beyond :data:`FAMILIES`: each as small as its config allows (2 layers, width 32,
+#: 4 heads; 2 key/value heads where the family has grouped-query attention).
+MORE_FAMILIES: dict[str, Family] = {
+    "mixtral": _family(
+        "MixtralConfig", "MixtralForCausalLM", "AutoModelForCausalLM",
+        **_DECODER, num_local_experts=4, num_experts_per_tok=2,
+    ),
+    "qwen2": _family("Qwen2Config", "Qwen2ForCausalLM", "AutoModelForCausalLM", **_DECODER),
+    "gemma": _family(
+        "GemmaConfig", "GemmaForCausalLM", "AutoModelForCausalLM", **_DECODER, head_dim=8
+    ),
+    "phi": _family(
+        "PhiConfig", "PhiForCausalLM", "AutoModelForCausalLM", **_TEXT, num_attention_heads=4
+    ),
+    "phi3": _family(
+        "Phi3Config", "Phi3ForCausalLM", "AutoModelForCausalLM",
+        **_DECODER, pad_token_id=0, bos_token_id=0, eos_token_id=0,
+    ),
+    "gpt_neox": _family(
+        "GPTNeoXConfig", "GPTNeoXForCausalLM", "AutoModelForCausalLM",
+        **_TEXT, num_attention_heads=4,
+    ),
+    "gptj": _family(
+        "GPTJConfig", "GPTJForCausalLM", "AutoModelForCausalLM",
+        **_SMALL_GPT, n_inner=37, rotary_dim=4,
+    ),
+    "opt": _family(
+        "OPTConfig", "OPTForCausalLM", "AutoModelForCausalLM",
+        **_SMALL, ffn_dim=37, word_embed_proj_dim=32, pad_token_id=1, bos_token_id=0,
+        eos_token_id=0,
+    ),
+    "bloom": _family(
+        "BloomConfig", "BloomForCausalLM", "AutoModelForCausalLM",
+        vocab_size=61, hidden_size=32, n_layer=2, n_head=4,
+    ),
+    "falcon": _family("FalconConfig", "FalconForCausalLM", "AutoModelForCausalLM", **_SMALL),
+    "roberta": _family(
+        "RobertaConfig", "RobertaForMaskedLM", "AutoModelForMaskedLM",
+        **_TEXT, num_attention_heads=4, pad_token_id=1,
+    ),
+    "distilbert": _family(
+        "DistilBertConfig", "DistilBertForMaskedLM", "AutoModelForMaskedLM",
+        vocab_size=61, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+    ),
+    "electra": _family(
+        "ElectraConfig", "ElectraForMaskedLM", "AutoModelForMaskedLM",
+        **_TEXT, num_attention_heads=4, embedding_size=32,
+    ),
+    "deberta-v2": _family(
+        "DebertaV2Config", "DebertaV2ForMaskedLM", "AutoModelForMaskedLM",
+        **_TEXT, num_attention_heads=4,
+    ),
+    "t5": _family(
+        "T5Config", "T5ForConditionalGeneration", "AutoModelForSeq2SeqLM",
+        vocab_size=61, d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4,
+        decoder_start_token_id=0,
+    ),
+    "bart": _family(
+        "BartConfig", "BartForConditionalGeneration", "AutoModelForSeq2SeqLM",
+        vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
+        decoder_ffn_dim=37, max_position_embeddings=16, pad_token_id=1, bos_token_id=0,
+        eos_token_id=2, decoder_start_token_id=2, forced_eos_token_id=2,
+    ),
+    "clip": _family(
+        "CLIPTextConfig", "CLIPTextModel", "AutoModel",
+        **_SMALL, intermediate_size=37, max_position_embeddings=16, bos_token_id=0,
+        eos_token_id=2, pad_token_id=1,
+    ),
+    "convnext": _family(
+        "ConvNextConfig", "ConvNextForImageClassification", "AutoModelForImageClassification",
+        **_IMAGE, hidden_sizes=[8, 16], depths=[1, 1], num_stages=2,
+    ),
+    "resnet": _family(
+        "ResNetConfig", "ResNetForImageClassification", "AutoModelForImageClassification",
+        **_IMAGE, hidden_sizes=[8, 16], depths=[1, 1], embedding_size=8,
+    ),
+}  # fmt: skip
+ALL_FAMILIES = FAMILIES | MORE_FAMILIES
+
+
 def build_hf_folder(
     family: str,
     path: Path,
@@ -148,7 +239,7 @@ def build_hf_folder(
     at most ``shard_size`` bytes when given); return ``path``."""
     import transformers
 
-    fam = FAMILIES[family]
+    fam = ALL_FAMILIES[family]
     config = getattr(transformers, fam.config)(**{**fam.kwargs, **overrides})
     with torch.random.fork_rng(devices=[]):  # transformers initialises from the global RNG
         torch.manual_seed(seed)
@@ -167,4 +258,4 @@ def auto_load(family: str, path: Path) -> torch.nn.Module:
     """``AutoModel*.from_pretrained(path)``: what a ``transformers`` user gets from the folder."""
     import transformers
 
-    return getattr(transformers, FAMILIES[family].auto).from_pretrained(path).eval()
+    return getattr(transformers, ALL_FAMILIES[family].auto).from_pretrained(path).eval()

@@ -8,11 +8,13 @@ and a user's own modules alike:
 * ``symmetry=None``: the module's inferred spec, models as they are;
 * ``"permutation"``: orthogonal spaces become permutation spaces (the permutations-only
   ablation);
-* ``"orthogonal"``: a spec that already has orthogonal spaces is kept; otherwise norm
-  scales are folded into the layers that read them (:func:`lmckit.spec.fold_norm_scales`:
-  an RMSNorm-normalised stream then admits rotations, and the module keeps its class);
-  failing that, a zoo transformer with LayerNorms is rewritten to its RMSNorm form
-  (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, a new zoo configuration);
+* ``"orthogonal"``: a spec that already has orthogonal spaces is kept; a zoo transformer
+  with LayerNorms is rewritten to its RMSNorm form
+  (:func:`lmckit.rewrites.layernorm_to_rmsnorm`, a new zoo configuration); otherwise norm
+  scales and shifts are folded into the layers that read them
+  (:func:`lmckit.spec.fold_norm_scales`: an RMSNorm-normalised stream then admits every
+  rotation, a LayerNorm-normalised one the rotations that fix the mean direction, and the
+  module keeps its class, so a Hugging Face folder stays one);
 * ``circuits=True`` (zoo transformers): attention heads are rewritten as their QK/OV
   circuits (:func:`lmckit.rewrites.heads_to_circuits`), keeping the groups the symmetry
   chose.
@@ -150,13 +152,15 @@ def orthogonal_route(
     """
     names = module.space_names if isinstance(module, ZooModel) else None
     analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False)
+    layer_norms = any(site.kind == "layer" for site in analysis.scales)
+    if isinstance(module, ZooModel) and layer_norms:
+        # the zoo's own rewrite reaches every orthogonal map, not only those fixing the mean
+        return _OrthogonalRoute("rmsnorm")
     fa, fb = fold_norm_scales(analysis, a), fold_norm_scales(analysis, b)
     if fa.scales:
         spec = infer_spec(module, inputs, names=names, params=fa.params, uniform=fa.scales)
         if has_rotations(spec):
             return _OrthogonalRoute("fold", fa.params, fb.params, spec, fa.scales)
-    if any(site.kind == "layer" for site in analysis.scales):
-        return _OrthogonalRoute("rmsnorm")
     why = "; ".join(fa.skipped) or "every space passes through ops that act unit by unit"
     raise ValueError(
         f"{type(module).__name__} has no space that admits orthogonal maps ({why}): its "

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from lmckit.groups import (
+    CenteredOrthogonal,
     Group,
     HeadPermutation,
     Invertible,
@@ -51,6 +52,7 @@ __all__ = [
     "HeadPermutation",
     "Invertible",
     "Nest",
+    "CenteredOrthogonal",
     "Orthogonal",
     "PaddedPermutation",
     "PaddedPermutationElement",

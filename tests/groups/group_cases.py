@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import torch
 
 from lmckit.groups import (
+    CenteredOrthogonal,
     Group,
     HeadPermutation,
     Invertible,
@@ -41,6 +42,7 @@ CASES = {
     "padded-wide": Case(PaddedPermutation(), 4, 7),
     "orth": Case(Orthogonal(), 6, 6),
     "orth-wide": Case(Orthogonal(), 4, 7),
+    "centered": Case(CenteredOrthogonal(), 6, 6),
     "inv": Case(Invertible(), 6, 6),
     "rotary": Case(RotaryPlanes(6), 6, 6),
     "rotary-partial-interleaved": Case(RotaryPlanes(4, interleaved=True), 7, 7),

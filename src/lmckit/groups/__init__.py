@@ -6,6 +6,7 @@ protocol, so a new group is one new module here.
 """
 
 from lmckit.groups.base import Group, Role, Statistic
+from lmckit.groups.centered_orthogonal import CenteredOrthogonal
 from lmckit.groups.head_permutation import HeadPermutation
 from lmckit.groups.invertible import Invertible
 from lmckit.groups.orthogonal import Orthogonal
@@ -16,6 +17,7 @@ from lmckit.groups.scaling import Scaling
 from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
 
 __all__ = [
+    "CenteredOrthogonal",
     "Group",
     "HeadPermutation",
     "Invertible",

@@ -9,6 +9,8 @@ output holds only tensors and ``torch.export`` can trace it; it changes no logit
 
 from __future__ import annotations
 
+import inspect
+
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -191,9 +193,22 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
+def _with_decoder_inputs(module: nn.Module, ids: Tensor) -> tuple[Tensor | None, ...]:
+    """``(input_ids, None, ..., decoder_input_ids)`` positionally: an encoder-decoder
+    model (T5, BART) reads the same tokens, shifted right, on its decoder side."""
+    names = list(inspect.signature(module.forward).parameters)
+    if "decoder_input_ids" not in names:
+        return (ids,)
+    start = getattr(module.config, "decoder_start_token_id", None)
+    decoder = ids.roll(1, dims=1)
+    decoder[:, 0] = int(start) if isinstance(start, int) else 0
+    inputs: list[Tensor | None] = [ids] + [None] * (names.index("decoder_input_ids") - 1)
+    return (*inputs, decoder)
+
+
 def example_inputs(
     model: HFModel | nn.Module, *, batch: int = 2, length: int = 8, seed: int = 0
-) -> tuple[Tensor, ...]:
+) -> tuple[Tensor | None, ...]:
     """Small valid positional inputs of a Hugging Face model, from its config alone.
 
     Text models (main input ``input_ids``): token ids, shape ``(batch, length)``, uniform
@@ -213,7 +228,10 @@ def example_inputs(
         text = config.get_text_config()
         limit = getattr(text, "max_position_embeddings", None)
         t = min(length, int(limit)) if isinstance(limit, int) and limit > 0 else length
-        return (torch.randint(0, int(text.vocab_size), (batch, t), generator=gen),)
+        ids = torch.randint(0, int(text.vocab_size), (batch, t), generator=gen)
+        if getattr(config, "is_encoder_decoder", False):
+            return _with_decoder_inputs(module, ids)
+        return (ids,)
     if kind == "pixel_values":
         height, width = _pair(getattr(config, "image_size", 224))
         channels = int(getattr(config, "num_channels", 3))

@@ -68,6 +68,8 @@ class ScaleSite:
     bias: str | None
     kind: Literal["layer", "rms", "scale"]
     eps: float | None = None
+    #: the scale is ``offset + weight`` (Gemma's RMSNorm multiplies by ``1 + w``)
+    offset: float = 0.0
 
 
 @dataclass(frozen=True)

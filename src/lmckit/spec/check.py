@@ -18,7 +18,7 @@ from torch.func import functional_call
 
 from lmckit.params import Params, as_module, module_params
 from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
-from lmckit.spec.trace import SpecInferenceError
+from lmckit.spec.trace import SpecInferenceError, prediction
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param, as_spec, check_transform
 
 __all__ = ["FunctionCheck", "SpecCheckError", "check_spec", "output_error", "verify"]
@@ -29,6 +29,7 @@ class SpecCheckError(SpecInferenceError):
 
 
 def _leaves(output: Any) -> list[Tensor]:
+    output = prediction(output)
     if hasattr(output, "to_tuple"):  # Hugging Face ModelOutput
         output = output.to_tuple()
     return [x for x in pytree.tree_leaves(output) if isinstance(x, Tensor)]

@@ -4,10 +4,11 @@ What each kind of op allows a feature axis (see :class:`~lmckit.spec.lattice.Lev
 
 * sums of two covariant tensors, scalings by a number or by a per-row invariant
   (``x * rsqrt(mean(x^2))``), negation: every orthogonal map commutes with them;
-* adding a number or a per-row value to every unit, activations, products of two feature
-  vectors, a parameter scaling each unit, ``max``, ``softmax``: permutations only;
-* a sum or mean over the axis: permutations only, except over an elementwise square
-  (``sum(x^2)`` is a squared norm, invariant under orthogonal maps);
+* adding a number or a per-row value to every unit, a sum or mean over the axis: the
+  orthogonal maps that fix the ones vector (``Q 1 = 1``), which include permutations;
+  a sum of an elementwise square (``sum(x^2)``, a squared norm) keeps every orthogonal map;
+* activations, products of two feature vectors, a parameter scaling each unit, ``max``,
+  ``softmax``: permutations only;
 * a constant that varies along the axis (positions, masks): nothing (pinned).
 """
 
@@ -20,6 +21,7 @@ import torch
 from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, Value
+from lmckit.spec.graph import TRANSPARENT, op_name
 from lmckit.spec.lattice import Level, Var
 from lmckit.spec.rules import _ops, axis_size, out_shapes, register
 
@@ -27,12 +29,21 @@ __all__: list[str] = []
 
 aten = torch.ops.aten
 
-_ADD = _ops("add", "sub", "rsub")
-_MUL = _ops("mul", "div")
-_SELECT = _ops("maximum", "minimum", "fmax", "fmin", "where", "masked_fill", "lerp", "atan2")
+
+
+def _and_inplace(*names: str) -> list[Any]:
+    """The ops ``names`` and their in-place forms (``add_``): to the analysis an in-place
+    op is its functional form whose result the graph goes on using."""
+    return _ops(*names, *(f"{n}_" for n in names))
+
+
+_ADD = _and_inplace("add", "sub") + _ops("rsub")
+_MUL = _and_inplace("mul", "div")
+_SELECT = _and_inplace("maximum", "minimum", "fmax", "fmin", "where", "masked_fill", "lerp")
+_SELECT += _ops("atan2")
 _COMPARE = _ops("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not")
 _COMPARE += _ops("logical_xor", "bitwise_and", "bitwise_or", "bitwise_not", "__and__", "__or__")
-_NONLINEAR = _ops(
+_NONLINEAR = _and_inplace(
     "relu", "relu6", "gelu", "silu", "mish", "tanh", "sigmoid", "elu", "selu", "celu",
     "leaky_relu", "hardtanh", "hardswish", "hardsigmoid", "softplus", "softsign", "exp",
     "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "reciprocal", "erf",
@@ -109,11 +120,13 @@ def _elementwise(an: Analysis, node: Node, args: tuple[Any, ...], kind: str) -> 
             an.lattice.lower(factors, Level.PERM, f"{what} selects unit by unit")
         elif kind == "add" and (len(tensors) >= 2 or numbers):
             # adding the same number to every unit: permutations keep it, rotations do not
-            an.lattice.lower(factors, Level.PERM, f"{what} adds a constant to every unit")
+            an.lattice.center(factors, f"{what} adds a constant to every unit")
         elif kind == "select":
             an.lattice.lower(factors, Level.PERM, f"{what} selects unit by unit")
         axes.append(factors)
-        keep = len(full) == 1 and len(tensors) == 1 and kind == "mul"
+        # a parameter scaled by, or shifted by, a number is still that parameter unit by
+        # unit (Gemma's 1 + w): its axis keeps its provenance, so its use is recorded
+        keep = len(full) == 1 and len(tensors) == 1 and kind in ("mul", "add")
         src.append(base.src[j0] if keep else frozenset())
     return Value(axes, src, square, all(t.const for t in tensors))
 
@@ -158,11 +171,35 @@ def _record_scale(an: Analysis, node: Node, args: tuple[Any, ...]) -> None:
     if "mul" not in str(node.target) or len(node.args) != 2:
         return
     for arg, other in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
-        if not isinstance(arg, Node) or arg.name not in an.traced.params:
+        found = _scale_parameter(an, arg) if isinstance(arg, Node) else None
+        if found is None or not isinstance(other, Node):
             continue
-        value = an.values[arg.name]
-        if value.ndim == 1 and isinstance(other, Node):
-            an.scales.append(ScaleSite(node.name, arg.name, None, "scale"))
+        name, offset = found
+        if an.values[name].ndim == 1:
+            an.scales.append(ScaleSite(node.name, name, None, "scale", offset=offset))
+
+
+def _scale_parameter(an: Analysis, node: Node) -> tuple[str, float] | None:
+    """``(parameter node, offset)`` when ``node`` is ``offset + parameter`` (through
+    casts and views), e.g. Gemma's ``1 + w``; else None."""
+    offset = 0.0
+    while node.name not in an.traced.params:
+        name = op_name(node)
+        if name in TRANSPARENT and isinstance(node.args[0], Node):
+            node = node.args[0]
+        elif (
+            name == "add"
+            and len(node.args) == 2
+            and not node.kwargs.get("alpha", 1) != 1
+            and sum(isinstance(a, Node) for a in node.args) == 1
+            and all(isinstance(a, Node | int | float) for a in node.args)
+        ):
+            number = next(a for a in node.args if not isinstance(a, Node))
+            offset += float(number)
+            node = next(a for a in node.args if isinstance(a, Node))
+        else:
+            return None
+    return node.name, offset
 
 
 @register(*_SELECT, *_COMPARE)
@@ -211,6 +248,9 @@ def _reduce(an: Analysis, node: Node, x: Value, dims: list[int], keepdim: bool, 
         if kind == "sum" and x.square:
             continue  # a squared norm: invariant under orthogonal maps
         if kind == "norm":
+            continue
+        if kind == "sum":  # 1^T x: kept by the orthogonal maps that fix the ones vector
+            an.lattice.center(x.axes[d], f"{what} sums over the units")
             continue
         an.lattice.lower(x.axes[d], Level.PERM, f"{what} reduces over the units")
     if kind == "max":
@@ -316,6 +356,19 @@ def _const_value(an: Analysis, shape: tuple[int, ...], const: bool) -> Value:
     return value
 
 
+#: constants holding one value everywhere
+_UNIFORM = {"zeros", "ones", "full", "new_zeros", "new_ones", "new_full", "zeros_like"}
+_UNIFORM |= {"ones_like", "full_like", "scalar_tensor"}
+
+
 @register(*_CONSTANTS)
 def _constant(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    return _const_value(an, out_shapes(node), True)
+    shape = out_shapes(node)
+    written = any(op_name(u).endswith("_") and u.args[0] is node for u in node.users)
+    if op_name(node) in _UNIFORM and not written:
+        # one value everywhere (T5's zero position bias of cross-attention): adding it
+        # moves every unit alike, so it constrains an axis no more than adding a number
+        value = an.fresh(shape, Level.CENTERED, "a uniform constant")
+        value.const = True
+        return value
+    return _const_value(an, shape, True)

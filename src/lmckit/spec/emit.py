@@ -28,6 +28,7 @@ from lmckit.spec.lattice import Level, Var
 from lmckit.spec.nesting import batched_by, head_kinds, nests
 from lmckit.spec.probes import probes
 from lmckit.symmetry import (
+    CenteredOrthogonal,
     Group,
     HeadCircuits,
     HeadPermutation,
@@ -174,6 +175,8 @@ def _group(unit: Var, uses: list[Use]) -> tuple[Group, int, list[Use]]:
         return HeadPermutation(unit.size, head_dim), unit.size * head_dim, flat
     if unit.level == Level.ORTH and not unit.heads:
         return Orthogonal(), unit.size, uses
+    if unit.level == Level.CENTERED and not unit.heads:
+        return CenteredOrthogonal(), unit.size, uses
     return Permutation(blocks=unit.blocks), unit.size, uses
 
 

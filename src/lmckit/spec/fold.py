@@ -1,11 +1,14 @@
-"""Fold norm scales into the layers that read them: ``R (g * y) = (R diag(g)) y``.
+"""Fold norm scales into the layers that read them: ``R (g * y + b) = (R diag(g)) y + R b``.
 
 A norm's elementwise scale ``g`` acts unit by unit, so a residual stream it scales keeps
 only its permutation symmetry. When every consumer of the scaled value is a linear
-reader, ``g`` can be multiplied into the readers' input columns and replaced by ones:
-the function is unchanged, the module class is unchanged (its scale parameter is just
-all ones), and the stream -- normalised by an RMSNorm, which commutes with rotations --
-admits orthogonal maps. Analysed again with the folded scales declared uniform (constant
+reader, ``g`` can be multiplied into the readers' input columns and replaced by ones, and
+a LayerNorm's shift ``b`` added to the readers' biases and replaced by zeros: the
+function is unchanged, the module class is unchanged (its scale parameter is just all
+ones), and the stream admits orthogonal maps -- every one under an RMSNorm, which
+commutes with rotations, and under a LayerNorm the ones that fix the mean direction
+(:class:`~lmckit.groups.CenteredOrthogonal`), since its mean subtraction commutes with
+exactly those. Analysed again with the folded scales declared uniform (constant
 along every axis: see ``uniform`` of :func:`lmckit.spec.analyze_symmetries`), the
 stream's space becomes :class:`~lmckit.groups.Orthogonal`.
 
@@ -32,8 +35,9 @@ class FoldedScales:
 
     Attributes:
         params: the parameters with every foldable scale folded (scales set to one).
-        scales: keys of the folded scale parameters (now all ones).
-        readers: key of each reader weight that absorbed a scale -> that scale's key.
+        scales: keys of the folded scale and shift parameters (now scaling by one: all
+            ones, or all zeros for a scale stored as ``1 + w``; shifts all zeros).
+        readers: key of each reader weight that absorbed a scale (or shift) -> its key.
         skipped: scales that could not be folded, with the reason.
     """
 
@@ -61,8 +65,8 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
     readers: dict[str, str] = {}
     skipped: list[str] = []
     for site in analysis.scales:
-        if site.weight is None or site.kind == "layer":
-            continue  # affine-free, or a LayerNorm (its mean needs the LayerNorm rewrite)
+        if site.weight is None:
+            continue  # affine-free; a LayerNorm's shift writes the stream (it stays)
         scale = graph_params[site.weight]
         found = readers_of(nodes[site.node], graph_params)
         if isinstance(found, str):
@@ -72,12 +76,28 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
         if shared:
             skipped.append(f"{scale}: its reader {shared[0]} is also used elsewhere (tied)")
             continue
-        g = out[scale].double()
-        for weight, axis in ((r.weight, r.axis) for r in found):
-            shape = [1] * out[weight].ndim
-            shape[axis] = -1
-            out[weight] = (out[weight].double() * g.reshape(shape)).to(out[weight].dtype)
-            readers[weight] = scale
-        out[scale] = torch.ones_like(out[scale])
+        g = out[scale].double() + site.offset
+        shift = graph_params[site.bias] if site.bias is not None else None
+        biased = all(r.bias is not None and users_of.get(r.bias, 0) == 1 for r in found)
+        if shift is not None and not biased and not bool((g.abs() > 1e-6 * g.abs().max()).all()):
+            skipped.append(f"{scale}: a reader has no bias and the scale has zeros")
+            continue
+        for r in found:
+            w64 = out[r.weight].double().movedim(r.axis, -1)  # (..., in)
+            if shift is not None and biased:
+                # W (g * z + b) + c = (W diag g) z + (W b + c): the readers take the shift
+                bias = out[r.bias]  # type: ignore[index]
+                out[r.bias] = (bias.double() + w64 @ out[shift].double()).to(bias.dtype)  # type: ignore[index]
+            out[r.weight] = (w64 * g).movedim(-1, r.axis).to(out[r.weight].dtype)
+            readers[r.weight] = scale
+        if shift is not None:
+            # no reader bias: g * z + b = g * (z + b / g), the shift stays and writes the
+            # stream (a LayerNorm with a uniform scale keeps the maps fixing the mean)
+            if biased:
+                out[shift] = torch.zeros_like(out[shift])
+                folded.add(shift)
+            else:
+                out[shift] = (out[shift].double() / g).to(out[shift].dtype)
+        out[scale] = torch.full_like(out[scale], 1.0 - site.offset)  # offset + w = 1
         folded.add(scale)
     return FoldedScales(out, frozenset(folded), readers, tuple(skipped))

@@ -71,8 +71,13 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
     scales folded to ones): they constrain nothing and belong to no space.
     """
     an = Analysis(traced)
+    live = _live_nodes(traced)
     for node in traced.graph.nodes:
-        if node.op == "placeholder":
+        if node.op == "call_function" and node not in live:
+            # nothing reads its result (a slice taken for its shape only): it constrains
+            # nothing, as it changes no output
+            an.values[node.name] = None
+        elif node.op == "placeholder":
             an.values[node.name] = _placeholder(an, node, uniform)
         elif node.op == "call_function":
             args = an.value(node.args)
@@ -84,8 +89,28 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
                 an.lower(squares, f"{node.target} (node {node.name!r}) uses a square")
             an.values[node.name] = rule(an, node, args, kwargs)
         elif node.op == "output":
-            outputs = _tensors(an.value(node.args))
-            an.pin(outputs, "reaches the model's output")
+            judged = list(node.args[0])
+            if traced.outputs is not None:  # the prediction only (see lmckit.spec.trace)
+                judged = [judged[i] for i in traced.outputs]
+            an.pin(_tensors(an.value(judged)), "reaches the model's output")
         else:  # get_attr (submodules of higher-order ops): handled by their users
             an.values[node.name] = None
     return an
+
+
+def _live_nodes(traced: TracedGraph) -> set[Node]:
+    """Nodes whose values reach an output: found backwards from the outputs and from ops
+    that change a tensor in place (their effect is read through the tensor itself)."""
+    roots = [
+        n
+        for n in traced.graph.nodes
+        if n.op == "output" or (n.op == "call_function" and _name(_packet(n.target)).endswith("_"))
+    ]
+    live: set[Node] = set()
+    while roots:
+        node = roots.pop()
+        if node in live:
+            continue
+        live.add(node)
+        roots.extend(node.all_input_nodes)
+    return live

@@ -10,8 +10,11 @@ keeps (its :class:`Level`):
 
 * ``ORTH``: every op touching it commutes with orthogonal maps (linear maps, sums,
   scalings by invariants such as ``1 / rms(x)``);
+* ``CENTERED``: something reads the mean of the units or adds one number to all of them
+  (a LayerNorm's mean subtraction, a bias broadcast over the axis): orthogonal maps that
+  fix the all-ones vector commute with it (:class:`~lmckit.groups.CenteredOrthogonal`);
 * ``PERM``: something acts unit by unit (an activation, a norm's scale, a product of two
-  features, a mean over the axis): only permutations remain;
+  features): only permutations remain;
 * ``FREE``: pinned, not a symmetry at all (inputs, outputs, constants that vary along
   the axis, anything the rules do not understand).
 
@@ -35,7 +38,8 @@ class Level(IntEnum):
 
     FREE = 0
     PERM = 1
-    ORTH = 2
+    CENTERED = 2
+    ORTH = 3
 
 
 class Var:
@@ -110,6 +114,10 @@ class Lattice:
             if leaf.level > level:
                 leaf.level = level
                 leaf.reasons.append(reason)
+
+    def center(self, factors: Iterable[Var], reason: str) -> None:
+        """Only maps that fix the mean of the units survive ``reason``."""
+        self.lower(factors, Level.CENTERED, reason)
 
     def pin(self, factors: Iterable[Var], reason: str) -> None:
         self.lower(factors, Level.FREE, reason)

@@ -278,10 +278,20 @@ def _layer_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, A
     bias = args[3] if len(args) > 3 else kw.get("bias")
     eps = float(args[4] if len(args) > 4 else kw.get("eps", 1e-5))
     dims = list(range(x.ndim - len(shape), x.ndim))
+    scaled = isinstance(weight, Value) and any(weight.axes)
     for d in dims:
-        an.lattice.lower(x.axes[d], Level.PERM, f"LayerNorm {node.name!r} subtracts the mean")
-    if len(dims) == 1:
+        # the mean subtraction keeps the maps that fix the mean direction; a scale that
+        # varies along the units keeps only permutations (folded, it is uniform)
+        if scaled:
+            an.lattice.lower(x.axes[d], Level.PERM, f"LayerNorm {node.name!r} scales each unit")
+        else:
+            an.lattice.center(x.axes[d], f"LayerNorm {node.name!r} subtracts the mean")
+    if len(dims) == 1 and scaled:
         _unit_params(an, node, x.axes[dims[0]], [weight, bias])
+    elif len(dims) == 1 and isinstance(bias, Value) and any(bias.axes):
+        # after a uniform scale the shift is a vector added to the stream: it writes it
+        an.unify(x.axes[dims[0]], bias.axes[0], f"{node.name!r}")
+        an.mark(bias, 0, "write")
     weight_name = _name(node.args[2] if len(node.args) > 2 else None)
     bias_name = _name(node.args[3] if len(node.args) > 3 else None)
     an.scales.append(ScaleSite(node.name, weight_name, bias_name, "layer", eps))

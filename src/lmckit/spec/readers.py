@@ -15,7 +15,7 @@ __all__ = ["Reader", "readers_of"]
 
 # ops a scaled value may pass through on its way to a reader (views and casts)
 _PASS = {"to", "_to_copy", "alias", "clone", "contiguous", "dropout", "view", "reshape",
-         "_unsafe_view", "detach", "_assert_tensor_metadata"}  # fmt: skip
+         "_unsafe_view", "detach", "_assert_tensor_metadata", "type_as"}  # fmt: skip
 _TRANSPOSES = {"t", "numpy_T", "transpose", "permute"}
 # ops along an axis: harmless on the way to a reader unless they touch the feature axis
 _ALONG = {"select", "slice", "mean", "sum"}

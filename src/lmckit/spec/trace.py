@@ -7,6 +7,11 @@ placeholders are named parameters, buffers and inputs. ``torch.fx.symbolic_trace
 would need every model's control flow to be symbolic, which Hugging Face models are not;
 export runs the real Python code on fake tensors, so shape-dependent branches just
 specialise to the example's shapes, which inference does not depend on.
+
+A model's function is its outputs, except that a Hugging Face output with logits is
+judged by its prediction alone (:func:`prediction`): the hidden states it also returns
+(an encoder-decoder's ``encoder_last_hidden_state``) are intermediate values exposed for
+convenience, and holding them fixed would forbid every symmetry of the stream.
 """
 
 from __future__ import annotations
@@ -23,7 +28,23 @@ from torch.fx import Graph, Node
 
 from lmckit.spec.inputs import bind_inputs, describe_inputs
 
-__all__ = ["SpecInferenceError", "TracedGraph", "module_path", "trace"]
+__all__ = ["SpecInferenceError", "TracedGraph", "module_path", "prediction", "trace"]
+
+#: the fields of a Hugging Face output that make its prediction (besides ``*logits``)
+_PREDICTION = ("loss",)
+
+
+def _is_prediction(key: str) -> bool:
+    return key in _PREDICTION or key.endswith("logits")
+
+
+def prediction(output: Any) -> Any:
+    """The part of a module's output its function is judged by: of a Hugging Face output
+    with logits, its loss and logits fields (in order); anything else whole."""
+    keys = list(output.keys()) if hasattr(output, "to_tuple") else []
+    if not any(k.endswith("logits") for k in keys):
+        return output
+    return tuple(output[k] for k in keys if _is_prediction(k))
 
 
 class SpecInferenceError(ValueError):
@@ -44,6 +65,8 @@ class TracedGraph:
         constants: placeholder names of lifted constants and non-persistent buffers.
         inputs: placeholder names of the user inputs, in order.
         shapes: state-dict key -> shape.
+        outputs: positions, among the graph's outputs, of those the function is judged
+            by (:func:`prediction`); None: all of them.
     """
 
     graph: Graph
@@ -53,6 +76,7 @@ class TracedGraph:
     constants: frozenset[str]
     inputs: tuple[str, ...]
     shapes: Mapping[str, tuple[int, ...]]
+    outputs: tuple[int, ...] | None = None
 
 
 def module_path(node: Node) -> str:
@@ -143,4 +167,25 @@ def trace(
         frozenset(constants),
         tuple(inputs),
         shapes,
+        _predicted(program),
     )
+
+
+def _predicted(program: Any) -> tuple[int, ...] | None:
+    """Positions among the graph's outputs of the user outputs :func:`prediction`
+    keeps, or None (all of them)."""
+    spec = program.call_spec.out_spec
+    keys = spec.context if spec is not None and isinstance(spec.context, list) else []
+    if not any(isinstance(k, str) and k.endswith("logits") for k in keys):
+        return None
+    kinds = torch.export.graph_signature.OutputKind
+    user = [i for i, o in enumerate(program.graph_signature.output_specs)
+            if o.kind == kinds.USER_OUTPUT]  # fmt: skip
+    keep: list[int] = []
+    start = 0
+    children = spec.children() if hasattr(spec, "children") else spec.children_specs
+    for key, child in zip(keys, children, strict=True):
+        if _is_prediction(key):
+            keep += [user[i] for i in range(start, start + child.num_leaves)]
+        start += child.num_leaves
+    return tuple(keep)
