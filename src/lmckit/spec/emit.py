@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lmckit.spec.analysis import Analysis, Role
 from lmckit.spec.heads import head_circuits
@@ -47,9 +47,10 @@ _ROLE_ORDER: tuple[Role, ...] = ("write", "read", "elementwise")
 
 @dataclass(frozen=True)
 class _Inner:
-    """Where a nested variable sits on one parameter axis: the axis is
-    ``(outer, units, middle, var, after)`` with the parent's ``units`` of
-    ``middle * var * after`` entries each."""
+    """Where a nested variable sits on one parameter axis: the axis (narrowed by ``pre``)
+    is ``(outer, units, ...)`` with the parent's ``units`` of ``unit_span`` entries each;
+    inside a unit (narrowed by ``piece``, a block of a cut variable) the layout is
+    ``(middle, var, after)``."""
 
     param: str
     axis: int
@@ -58,6 +59,55 @@ class _Inner:
     middle: int
     after: int
     compare: bool
+    pre: tuple[Part, ...] = ()
+    unit_span: int = 0
+    piece: Part | None = None
+
+
+@dataclass(frozen=True)
+class _View:
+    """A parameter axis, or the block of it that slices cut out (``parts``), read as the
+    factor list ``leaves``."""
+
+    parts: tuple[Part, ...]
+    leaves: list[Var]
+
+
+def _views(an: Analysis, var: Var, axis: int) -> list[_View]:
+    """The views of a parameter axis: itself, or, when its leading variable was cut into
+    blocks (a fused projection's query, key and value rows), one view per block."""
+    return _expand(an, an.lattice.leaves([var]), axis, ())
+
+
+def _expand(an: Analysis, leaves: list[Var], axis: int, parts: tuple[Part, ...]) -> list[_View]:
+    blocks = an.lattice.pieces(leaves[0]) if leaves else None
+    if blocks is None:
+        return [_View(parts, leaves)]
+    after = math.prod(v.size for v in leaves[1:])
+    out: list[_View] = []
+    for start, piece in blocks:
+        inside = (*parts, Part(axis, start * after, piece.size * after))
+        out += _expand(an, an.lattice.leaves([piece]) + leaves[1:], axis, inside)
+    return out
+
+
+def _is_live(an: Analysis, var: Var) -> bool:
+    return var.level > Level.FREE and an.lattice.pieces(var) is None
+
+
+def _live_leaves(an: Analysis, leaves: list[Var]) -> list[Var]:
+    """The live variables of a view, in order: the blocks of a cut variable right after
+    the first live one count as nested in it."""
+    out: list[Var] = []
+    for at, leaf in enumerate(leaves):
+        blocks = an.lattice.pieces(leaf)
+        if blocks is None:
+            if leaf.level > Level.FREE and leaf not in out:
+                out.append(leaf)
+        elif out and at > 0 and leaves[at - 1] is out[0]:
+            for _, piece in blocks:
+                out += [v for v in an.lattice.leaves([piece]) if _is_live(an, v) and v not in out]
+    return out
 
 
 @dataclass
@@ -102,8 +152,11 @@ class Emitted:
     candidates: list[Candidate]
 
 
-def _live(an: Analysis, var: Var) -> list[Var]:
-    return [v for v in an.lattice.leaves([var]) if v.level > Level.FREE]
+def _live(an: Analysis, var: Var, axis: int = 0) -> list[Var]:
+    out: list[Var] = []
+    for view in _views(an, var, axis):
+        out += [v for v in _live_leaves(an, view.leaves) if v not in out]
+    return out
 
 
 def _settle(an: Analysis, together: dict[int, set[int]]) -> None:
@@ -121,16 +174,18 @@ def _settle(an: Analysis, together: dict[int, set[int]]) -> None:
             if key not in used:
                 continue
             for i, var in enumerate(axes):
-                live = _live(an, var)
+                live = _live(an, var, i)
                 if live and not an.roles.get((key, i)):
                     an.note(f"{key} (axis {i}) is used in a way lmckit does not understand")
                     an.lattice.pin(live, f"{key} axis {i}: unknown use")
                     changed = True
                     continue
-                stray = [v for v in live[1:] if not nests(an, live[0], v, together)]
-                if stray:
-                    an.lattice.pin(stray, "one space per parameter axis (heads kept)")
-                    changed = True
+                for view in _views(an, var, i):
+                    here = _live_leaves(an, view.leaves)
+                    stray = [v for v in here[1:] if not nests(an, here[0], v, together)]
+                    if stray:
+                        an.lattice.pin(stray, "one space per parameter axis (heads kept)")
+                        changed = True
 
 
 def _drafts(
@@ -140,31 +195,57 @@ def _drafts(
     traced = an.traced
     for order, (key, axes) in enumerate(an.param_vars.items()):
         for i, var in enumerate(axes):
-            live = _live(an, var)
-            if not live or not an.roles.get((key, i)):
+            if not an.roles.get((key, i)):
                 continue
-            unit = live[0]
-            leaves = an.lattice.leaves([var])
-            pos = leaves.index(unit)
-            outer = math.prod(v.size for v in leaves[:pos])
-            inner = math.prod(v.size for v in leaves[pos + 1 :])
             roles = an.roles[(key, i)]
             role = next(r for r in _ROLE_ORDER if r in roles)
             compare = key not in traced.statistics
-            draft = drafts.setdefault(id(unit), SpaceDraft(unit, [], order))
-            draft.uses.append(Use(key, i, role, outer, inner, compare))
-            for at, child in enumerate(leaves[pos + 1 :], start=pos + 1):
-                if child in live:
-                    found = draft.inner
-                elif kinds.get(id(child)) == "qk" and nests(an, unit, child, together):
-                    found = draft.pending  # pinned by positions: check decides
-                else:
+            for view in _views(an, var, i):
+                live = _live_leaves(an, view.leaves)
+                if not live:
                     continue
-                middle = math.prod(v.size for v in leaves[pos + 1 : at])
-                after = math.prod(v.size for v in leaves[at + 1 :])
-                _, places = found.setdefault(id(child), (child, []))
-                places.append(_Inner(key, i, role, outer, middle, after, compare))
+                unit, leaves = live[0], view.leaves
+                pos = leaves.index(unit)
+                outer = math.prod(v.size for v in leaves[:pos])
+                span = math.prod(v.size for v in leaves[pos + 1 :])
+                draft = drafts.setdefault(id(unit), SpaceDraft(unit, [], order))
+                draft.uses.append(Use(key, i, role, outer, span, compare, view.parts))
+                here = _Inner(key, i, role, outer, 1, 1, compare, view.parts, span)
+                for place in _children(an, leaves, pos):
+                    child, middle, after, piece = place
+                    if child in live:
+                        found = draft.inner
+                    elif kinds.get(id(child)) == "qk" and nests(an, unit, child, together):
+                        found = draft.pending  # pinned by positions: check decides
+                    else:
+                        continue
+                    _, places = found.setdefault(id(child), (child, []))
+                    places.append(replace(here, middle=middle, after=after, piece=piece))
     return sorted(drafts.values(), key=lambda d: d.order)
+
+
+def _children(
+    an: Analysis, leaves: list[Var], pos: int
+) -> list[tuple[Var, int, int, Part | None]]:
+    """The variables inside each unit of ``leaves[pos]``: ``(var, middle, after, piece)``,
+    the layout ``(middle, var, after)`` of the unit, or of its block ``piece`` when the
+    variable right after the unit was cut into blocks."""
+    out: list[tuple[Var, int, int, Part | None]] = []
+    for at, child in enumerate(leaves[pos + 1 :], start=pos + 1):
+        middle = math.prod(v.size for v in leaves[pos + 1 : at])
+        after = math.prod(v.size for v in leaves[at + 1 :])
+        blocks = an.lattice.pieces(child)
+        if blocks is None:
+            out.append((child, middle, after, None))
+        elif at == pos + 1:
+            for start, block in blocks:
+                piece = Part(0, start * after, block.size * after)
+                inside = an.lattice.leaves([block])
+                for k, var in enumerate(inside):
+                    before = math.prod(v.size for v in inside[:k])
+                    rest = math.prod(v.size for v in inside[k + 1 :]) * after
+                    out.append((var, before, rest, piece))
+    return out
 
 
 def _group(unit: Var, uses: list[Use]) -> tuple[Group, int, list[Use]]:
@@ -185,10 +266,11 @@ def _nested_uses(var: Var, places: list[_Inner], units: int, unit: int) -> list[
     block of each axis, the slice that unit holds, laid out ``(middle, var, after)``."""
     uses = []
     for p in places:
-        span = p.middle * var.size * p.after
+        span = p.unit_span or p.middle * var.size * p.after
+        piece = () if p.piece is None else (Part(p.axis, p.piece.start, p.piece.length),)
         for block in range(p.outer):
-            part = Part(p.axis, (block * units + unit) * span, span)
-            uses.append(Use(p.param, p.axis, p.role, p.middle, p.after, p.compare, (part,)))
+            parts = (*p.pre, Part(p.axis, (block * units + unit) * span, span), *piece)
+            uses.append(Use(p.param, p.axis, p.role, p.middle, p.after, p.compare, parts))
     return uses
 
 

@@ -50,7 +50,8 @@ class Var:
     """
 
     __slots__ = (
-        "blocks", "heads", "id", "level", "parent", "parts", "reasons", "residual", "size",
+        "blocks", "heads", "id", "level", "parent", "parts", "pieces", "reasons", "residual",
+        "size", "whole",
     )  # fmt: skip
 
     def __init__(self, vid: int, size: int, level: Level) -> None:
@@ -60,6 +61,12 @@ class Var:
         self.level = level
         self.reasons: list[str] = []
         self.parts: list[Var] | None = None
+        #: set when slices cut the variable into consecutive blocks (a fused query/key/
+        #: value projection cut by offsets): ``(start, piece)`` in order; each piece is a
+        #: variable of its own, and the variable itself holds no space (see :meth:`cut`)
+        self.pieces: list[tuple[int, Var]] | None = None
+        #: for a piece, the variable it was cut from
+        self.whole: Var | None = None
         #: GroupNorm: units must move in ``blocks`` contiguous groups.
         self.blocks = 1
         #: the batch axis of attention (heads): permuted as whole heads.
@@ -109,11 +116,55 @@ class Lattice:
     # ------------------------------------------------------------------ constraints
 
     def lower(self, factors: Iterable[Var], level: Level, reason: str) -> None:
-        """Cap the level of every leaf of ``factors`` at ``level``."""
+        """Cap the level of every leaf of ``factors`` (and of their pieces) at ``level``."""
         for leaf in self.leaves(factors):
             if leaf.level > level:
                 leaf.level = level
                 leaf.reasons.append(reason)
+            if leaf.pieces:  # what holds for the whole axis holds for each block of it
+                self.lower([piece for _, piece in leaf.pieces], level, reason)
+
+    def cut(self, var: Var, start: int, length: int) -> Var | None:
+        """The piece of leaf ``var`` holding units ``[start, start + length)``.
+
+        Slices that cut a variable into consecutive blocks make it a direct sum: each
+        block moves by its own element (the query, key and value blocks of a fused
+        projection; the rotary and pass-through dimensions of a head). None when the
+        slice overlaps a block cut before at other offsets, or the variable is refined
+        into a product: the caller pins it.
+        """
+        root = self.find(var)
+        if root.parts is not None or not 0 <= start < start + length <= root.size:
+            return None
+        pieces = root.pieces if root.pieces is not None else []
+        for begin, piece in pieces:
+            piece = self.find(piece)
+            if begin == start and piece.size == length:
+                return piece
+            if begin < start + length and start < begin + piece.size:
+                return None
+        new = self.fresh(length, root.level)
+        new.reasons = list(root.reasons)
+        new.whole = root
+        root.pieces = sorted([*pieces, (start, new)], key=lambda p: p[0])
+        return new
+
+    def pieces(self, var: Var) -> list[tuple[int, Var]] | None:
+        """The blocks of a variable cut by :meth:`cut`, covering it in order (a gap no
+        slice reads becomes a pinned block of its own), or None if it was not cut."""
+        root = self.find(var)
+        if not root.pieces:
+            return None
+        out: list[tuple[int, Var]] = []
+        at = 0
+        for start, piece in root.pieces:
+            if start > at:
+                out.append((at, self.fresh(start - at, Level.FREE, "no slice reads it")))
+            out.append((start, self.find(piece)))
+            at = start + piece.size
+        if at < root.size:
+            out.append((at, self.fresh(root.size - at, Level.FREE, "no slice reads it")))
+        return out
 
     def center(self, factors: Iterable[Var], reason: str) -> None:
         """Only maps that fix the mean of the units survive ``reason``."""
@@ -129,6 +180,8 @@ class Lattice:
             raise ValueError(f"{root} is already refined")
         if math.prod(sizes) != root.size:
             raise ValueError(f"cannot split {root} into {list(sizes)}")
+        if root.pieces:  # cut into blocks and reshaped: neither structure is kept
+            self._collapse(root, "a reshape of an axis cut into blocks")
         parts = []
         for size in sizes:
             part = self.fresh(size, root.level)
@@ -142,10 +195,18 @@ class Lattice:
         root.parts = parts
         return parts
 
+    def _collapse(self, root: Var, reason: str) -> None:
+        """Forget the blocks of a cut variable and pin it (it is one axis again)."""
+        root.pieces = None
+        self.pin([root], reason)
+
     def _union(self, a: Var, b: Var) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra is rb:
             return
+        for cut in (ra, rb):
+            if cut.pieces:  # blocks of two variables need not line up: keep neither
+                self._collapse(cut, "an axis cut into blocks meets another axis")
         rb.parent = ra
         if rb.level < ra.level:
             ra.level = rb.level
@@ -153,6 +214,7 @@ class Lattice:
         ra.blocks = math.lcm(ra.blocks, rb.blocks)
         ra.heads = ra.heads or rb.heads
         ra.residual = ra.residual or rb.residual
+        ra.whole = ra.whole or rb.whole
 
     def unify(self, a: Sequence[Var], b: Sequence[Var], reason: str) -> None:
         """Make two factor lists of one axis size describe the same units.

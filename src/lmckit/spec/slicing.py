@@ -36,7 +36,10 @@ def _slice(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     shape = out_shapes(node)
     if shape[dim] == axis_size(x, dim):
         return copy_value(x)
+    if shape[dim] == 0:  # nothing taken (partial rotary with every dimension rotary)
+        return an.free(shape, "empty slice")
     out = copy_value(x)
+    out.src[dim] = frozenset()
     leaves = an.lattice.leaves(x.axes[dim])
     step = args[4] if len(args) > 4 else 1
     if len(leaves) == 1 and step == 1:
@@ -46,12 +49,18 @@ def _slice(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
         for cut in (start, min(size, start + shape[dim])):
             if 0 < cut < size:
                 an.cuts.append((leaves[0], cut))
+        if not _is_free(an, x.axes[dim]) and not x.const:
+            # a block of one feature variable (a fused projection's query block): the
+            # block becomes a variable of its own
+            piece = an.lattice.cut(leaves[0], start, shape[dim])
+            if piece is not None:
+                out.axes[dim] = [piece]
+                return out
     if not _is_free(an, x.axes[dim]):
         an.pin(
             [Value([x.axes[dim]])], f"slice {node.name!r} cuts a feature axis", notable=not x.const
         )
     out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "slice")]
-    out.src[dim] = frozenset()
     return out
 
 
@@ -95,11 +104,38 @@ def _index(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     return Value(axes, const=x.const)
 
 
+def _reassembled(an: Analysis, parts: Sequence[Value], dim: int) -> Var | None:
+    """The variable whose blocks ``parts`` are along ``dim``, in order and all of them
+    (a head's rotary and pass-through dimensions glued back), else None."""
+    if any(len(p.axes[dim]) != 1 for p in parts):
+        return None
+    pieces = [an.lattice.find(p.axes[dim][0]) for p in parts]
+    whole = pieces[0].whole
+    if whole is None:
+        return None
+    blocks = an.lattice.pieces(whole)
+    if blocks is not None and [an.lattice.find(v) for _, v in blocks] == pieces:
+        return an.lattice.find(whole)
+    return None
+
+
 @register(aten.cat)
 def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    parts = [p for p in args[0] if isinstance(p, Value)]
     dim = (args[1] if len(args) > 1 else kw.get("dim", 0)) % len(out_shapes(node))
+    # an empty part adds nothing (the pass-through dims of a head whose dims all rotate)
+    parts = [p for p in args[0] if isinstance(p, Value) and axis_size(p, dim) > 0]
     shape = out_shapes(node)
+    if len(parts) == 1:
+        return copy_value(parts[0], keep_src=False)
+    whole = _reassembled(an, parts, dim) if len(parts) > 1 else None
+    if whole is not None:
+        axes = [list(a) for a in parts[0].axes]
+        axes[dim] = [whole]
+        for i in range(len(shape)):
+            if i != dim:
+                for p in parts[1:]:
+                    an.unify(parts[0].axes[i], p.axes[i], f"cat {node.name!r}")
+        return Value(axes, const=all(p.const for p in parts))
     for p in parts:
         if not _is_free(an, p.axes[dim]):
             an.pin(
