@@ -148,9 +148,10 @@ def _family(config: str, model: str, auto: str, **kwargs: Any) -> Family:
 #: beyond :data:`FAMILIES`: each as small as its config allows (2 layers, width 32,
 #: 4 heads; 2 key/value heads where the family has grouped-query attention).
 MORE_FAMILIES: dict[str, Family] = {
+    # grouped matrix products need rows of a multiple of 16 bytes: 48 units, not 37
     "mixtral": _family(
         "MixtralConfig", "MixtralForCausalLM", "AutoModelForCausalLM",
-        **_DECODER, num_local_experts=4, num_experts_per_tok=2,
+        **(_DECODER | dict(intermediate_size=48)), num_local_experts=4, num_experts_per_tok=2,
     ),
     "qwen2": _family("Qwen2Config", "Qwen2ForCausalLM", "AutoModelForCausalLM", **_DECODER),
     "gemma": _family(

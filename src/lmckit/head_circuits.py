@@ -19,18 +19,31 @@ class CircuitPart:
 
     Axis 0 of ``param`` is read as ``blocks`` blocks of ``n`` rows and block ``block``
     is the projection, e.g. ``CircuitPart("attn.c_attn.weight", 1, 3)`` for the keys of
-    a fused ``(3 n, d)`` QKV weight. ``transposed``: the weight is stored ``(in, out)``
-    (Hugging Face's ``Conv1D``), so its rows are the columns of ``param``.
+    a fused ``(3 n, d)`` QKV weight; or, with ``rows``, the projection is rows
+    ``[start, start + rows)`` (blocks of unequal size: Phi-3's fused ``qkv_proj`` with
+    fewer key/value heads than query heads). ``transposed``: the weight is stored
+    ``(in, out)`` (Hugging Face's ``Conv1D``), so its rows are the columns of ``param``.
     """
 
     param: str
     block: int = 0
     blocks: int = 1
     transposed: bool = False
+    start: int = 0
+    rows: int | None = None
 
     def __post_init__(self) -> None:
         if not 0 <= self.block < self.blocks:
             raise ValueError(f"block {self.block} out of range for {self.blocks} blocks")
+        if self.start < 0 or (self.rows is not None and self.rows < 1):
+            raise ValueError(f"rows [{self.start}, +{self.rows}) is not a block of rows")
+
+    def span(self, total: int) -> tuple[int, int]:
+        """``(first row, rows)`` of the projection in a parameter of ``total`` rows."""
+        if self.rows is not None:
+            return self.start, self.rows
+        rows = total // self.blocks
+        return self.block * rows, rows
 
 
 @dataclass(frozen=True)

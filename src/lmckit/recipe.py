@@ -88,7 +88,7 @@ def check_symmetry(symmetry: str | None) -> None:
         )
 
 
-def default_inputs(module: nn.Module) -> tuple[Tensor, ...]:
+def default_inputs(module: nn.Module) -> tuple[Tensor | None, ...]:
     """Example inputs of a zoo model or a Hugging Face model (from its config).
 
     Raises:

@@ -20,7 +20,9 @@ def test_elements_commute_with_layer_norm_and_plain_rotations_do_not() -> None:
     for _ in range(3):
         q = CenteredOrthogonal().random(7, gen).double()
         torch.testing.assert_close(q @ q.T, torch.eye(7, dtype=torch.float64), atol=1e-6, rtol=0)
-        torch.testing.assert_close(q.sum(dim=1), torch.ones(7, dtype=torch.float64), atol=1e-6, rtol=0)
+        torch.testing.assert_close(
+            q.sum(dim=1), torch.ones(7, dtype=torch.float64), atol=1e-6, rtol=0
+        )
         torch.testing.assert_close(_layer_norm(x @ q.T), _layer_norm(x) @ q.T, atol=1e-6, rtol=0)
     rotation = Orthogonal().random(7, gen).double()
     assert not torch.allclose(_layer_norm(x @ rotation.T), _layer_norm(x) @ rotation.T, atol=1e-2)

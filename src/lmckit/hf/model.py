@@ -10,7 +10,6 @@ output holds only tensors and ``torch.export`` can trace it; it changes no logit
 from __future__ import annotations
 
 import inspect
-
 import os
 from dataclasses import dataclass
 from pathlib import Path

@@ -64,7 +64,12 @@ def _layer_counts(raw: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[st
     for key, value in raw.items():
         if isinstance(value, Mapping):  # a sub-config (text_config, vision_config)
             yield from _layer_counts(value, f"{prefix}{key}.")
-        elif isinstance(value, int) and not isinstance(value, bool) and _LAYER_KEY.search(key):
+        elif (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and _LAYER_KEY.search(key)
+            and not key.startswith("max_")  # a bound (Qwen2.5-3B: max_window_layers 70 of 36)
+        ):
             yield f"{prefix}{key}", value
 
 

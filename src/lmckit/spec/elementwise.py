@@ -30,7 +30,6 @@ __all__: list[str] = []
 aten = torch.ops.aten
 
 
-
 def _and_inplace(*names: str) -> list[Any]:
     """The ops ``names`` and their in-place forms (``add_``): to the analysis an in-place
     op is its functional form whose result the graph goes on using."""
@@ -194,7 +193,7 @@ def _scale_parameter(an: Analysis, node: Node) -> tuple[str, float] | None:
             and sum(isinstance(a, Node) for a in node.args) == 1
             and all(isinstance(a, Node | int | float) for a in node.args)
         ):
-            number = next(a for a in node.args if not isinstance(a, Node))
+            number = next(a for a in node.args if isinstance(a, int | float))
             offset += float(number)
             node = next(a for a in node.args if isinstance(a, Node))
         else:

@@ -224,9 +224,7 @@ def _drafts(
     return sorted(drafts.values(), key=lambda d: d.order)
 
 
-def _children(
-    an: Analysis, leaves: list[Var], pos: int
-) -> list[tuple[Var, int, int, Part | None]]:
+def _children(an: Analysis, leaves: list[Var], pos: int) -> list[tuple[Var, int, int, Part | None]]:
     """The variables inside each unit of ``leaves[pos]``: ``(var, middle, after, piece)``,
     the layout ``(middle, var, after)`` of the unit, or of its block ``piece`` when the
     variable right after the unit was cut into blocks."""

@@ -37,6 +37,9 @@ class _Source:
     block: int
     blocks: int
     sliced: bool
+    #: rows ``[start, start + rows)`` of the projection's output (a slice by offsets)
+    start: int = 0
+    rows: int | None = None
 
 
 def _is_constant(an: Analysis, arg: object) -> bool:
@@ -62,7 +65,14 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
         if not isinstance(source, Node):
             return set()
         found = _sources(an, source, sliced, depth + 1)
-        return {_Source(s.node, index, blocks, s.sliced) for s in found if s.blocks == 1}
+        # a block of rows only if the split cuts the projection's whole output features
+        # (GPT-2's c_attn); after a view into heads (GPT-NeoX) it cuts each head instead
+        width = int(source.meta["val"].shape[-1])
+        return {
+            _Source(s.node, index, blocks, s.sliced)
+            for s in found
+            if s.blocks == 1 and s.rows is None and int(s.node.meta["val"].shape[-1]) == width
+        }
     tensors = [a for a in node.args if isinstance(a, Node)]
     if op in _PASS or op in ("split", "chunk"):
         nexts = tensors[:1]
@@ -72,17 +82,80 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
             return set()
     elif op in _SUM:
         nexts = [a for a in tensors if not _is_constant(an, a)]
+    elif op == "slice" and (block := _row_block(node)) is not None:
+        return {_Source(tensors[0], 0, 1, sliced, *block)}
     elif op in ("slice", "select"):
         nexts, sliced = tensors[:1], True
     elif op == "cat":
         parts = node.args[0] if isinstance(node.args[0], list | tuple) else []
-        nexts, sliced = [a for a in parts if isinstance(a, Node)], True
+        # an empty part adds nothing (rotary embeddings with no pass-through dims)
+        nexts = [a for a in parts if isinstance(a, Node) and a.meta["val"].numel() > 0]
+        whole = _glued(nexts)
+        if whole is not None:  # a head's rotary and pass-through dims glued back
+            nexts = [whole]
+        sliced = sliced or len(nexts) > 1
     else:
         return set()
     out: set[_Source] = set()
     for arg in nexts:
         out |= _sources(an, arg, sliced, depth + 1)
     return out
+
+
+def _slice_behind(node: Node) -> Node | None:
+    """The nearest slice ``node`` is computed from, through ops of one operand and sums
+    or scalings (a rotary embedding), or None."""
+    for _ in range(16):
+        if op_name(node) == "slice":
+            return node
+        tensors = [a for a in node.args if isinstance(a, Node)]
+        if not tensors:
+            return None
+        node = tensors[0]
+    return None
+
+
+def _glued(parts: list[Node]) -> Node | None:
+    """The tensor whose consecutive slices along the last axis ``parts`` come from, in
+    order and covering it, else None."""
+    if len(parts) < 2:
+        return None
+    slices = [_slice_behind(p) for p in parts]
+    if any(s is None for s in slices):
+        return None
+    sources = {s.args[0] for s in slices if s is not None}
+    if len(sources) != 1:
+        return None
+    (source,) = sources
+    if not isinstance(source, Node):
+        return None
+    width = int(source.meta["val"].shape[-1])
+    at = 0
+    for piece in slices:
+        assert piece is not None
+        out = piece.meta["val"]
+        start = piece.args[2] if len(piece.args) > 2 and piece.args[2] is not None else 0
+        dim = piece.args[1] if len(piece.args) > 1 else 0
+        if dim % out.ndim != out.ndim - 1 or start != at:
+            return None
+        at += int(out.shape[-1])
+    return source if at == width else None
+
+
+def _row_block(node: Node) -> tuple[int, int] | None:
+    """``(start, rows)`` when slice ``node`` cuts a block of output features straight out
+    of a projection (Phi-3's ``qkv[..., :q]``), else None."""
+    source = node.args[0]
+    if not isinstance(source, Node) or op_name(source) not in ("linear", "addmm"):
+        return None
+    size, ndim = int(source.meta["val"].shape[-1]), source.meta["val"].ndim
+    given = [a if isinstance(a, int) else None for a in node.args[1:5]]
+    dim, begin, end, step = given + [None] * (4 - len(given))
+    if (dim or 0) % ndim != ndim - 1 or step not in (None, 1):
+        return None
+    start = 0 if begin is None else (begin + size if begin < 0 else begin)
+    stop = size if end is None else min(size, end + size if end < 0 else end)
+    return (start, stop - start) if 0 <= start < stop else None
 
 
 def _projection(an: Analysis, node: Node) -> _Source | None:
@@ -127,11 +200,14 @@ def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
             if not isinstance(weight, Node) or weight.name not in params:
                 break
             key = params[weight.name]
-            parts.append(CircuitPart(key, source.block, source.blocks, transposed))
+            span = (source.start, source.rows)
+            parts.append(CircuitPart(key, source.block, source.blocks, transposed, *span))
             shape = an.traced.shapes[key]
-            rows.append(shape[1 if transposed else 0] // source.blocks)
+            rows.append(source.rows or shape[1 if transposed else 0] // source.blocks)
             if isinstance(bias, Node) and bias.name in params:
-                biases.append(CircuitPart(params[bias.name], source.block, source.blocks))
+                biases.append(
+                    CircuitPart(params[bias.name], source.block, source.blocks, False, *span)
+                )
             else:
                 biases.append(None)
         out_weight, _, out_transposed = _weight_and_bias(output)

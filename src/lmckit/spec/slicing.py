@@ -129,13 +129,13 @@ def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
         return copy_value(parts[0], keep_src=False)
     whole = _reassembled(an, parts, dim) if len(parts) > 1 else None
     if whole is not None:
-        axes = [list(a) for a in parts[0].axes]
-        axes[dim] = [whole]
+        glued = [list(a) for a in parts[0].axes]
+        glued[dim] = [whole]
         for i in range(len(shape)):
             if i != dim:
                 for p in parts[1:]:
                     an.unify(parts[0].axes[i], p.axes[i], f"cat {node.name!r}")
-        return Value(axes, const=all(p.const for p in parts))
+        return Value(glued, const=all(p.const for p in parts))
     for p in parts:
         if not _is_free(an, p.axes[dim]):
             an.pin(

@@ -72,13 +72,13 @@ def projection(
     w = params[weight.param]
     if weight.transposed:
         w = w.T
-    rows = w.shape[0] // weight.blocks
-    w = w[weight.block * rows : (weight.block + 1) * rows].float()
-    b = (
-        torch.zeros(rows, dtype=torch.float32, device=w.device)
-        if bias is None
-        else params[bias.param][bias.block * rows : (bias.block + 1) * rows].float()
-    )
+    first, rows = weight.span(w.shape[0])
+    w = w[first : first + rows].float()
+    if bias is None:
+        b = torch.zeros(rows, dtype=torch.float32, device=w.device)
+    else:
+        b_first, _ = bias.span(params[bias.param].shape[0])
+        b = params[bias.param][b_first : b_first + rows].float()
     aug = torch.cat([w, b[:, None]], dim=1)
     return aug.reshape(heads, rows // heads, -1)
 
