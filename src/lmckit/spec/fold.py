@@ -3,14 +3,16 @@
 A norm's elementwise scale ``g`` acts unit by unit, so a residual stream it scales keeps
 only its permutation symmetry. When every consumer of the scaled value is a linear
 reader, ``g`` can be multiplied into the readers' input columns and replaced by ones, and
-a LayerNorm's shift ``b`` added to the readers' biases and replaced by zeros: the
+a LayerNorm's shift ``b`` added to the readers' biases and replaced by zeros (or, when a
+reader has no bias, kept as ``b / g``: a vector the stream carries): the
 function is unchanged, the module class is unchanged (its scale parameter is just all
 ones), and the stream admits orthogonal maps -- every one under an RMSNorm, which
 commutes with rotations, and under a LayerNorm the ones that fix the mean direction
 (:class:`~lmckit.groups.CenteredOrthogonal`), since its mean subtraction commutes with
 exactly those. Analysed again with the folded scales declared uniform (constant
 along every axis: see ``uniform`` of :func:`lmckit.spec.analyze_symmetries`), the
-stream's space becomes :class:`~lmckit.groups.Orthogonal`.
+stream's space becomes :class:`~lmckit.groups.Orthogonal` (RMSNorm) or
+:class:`~lmckit.groups.CenteredOrthogonal` (LayerNorm).
 
 Everything is read from the graph: the scale sites found by the analysis and, for each,
 the readers its output flows into.
