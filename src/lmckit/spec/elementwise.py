@@ -21,7 +21,7 @@ import torch
 from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, Value
-from lmckit.spec.graph import TRANSPARENT, op_name
+from lmckit.spec.graph import TRANSPARENT, is_inplace, op_name
 from lmckit.spec.lattice import Level, Var
 from lmckit.spec.rules import _ops, axis_size, out_shapes, register
 
@@ -186,18 +186,14 @@ def _scale_parameter(an: Analysis, node: Node) -> tuple[str, float] | None:
         name = op_name(node)
         if name in TRANSPARENT and isinstance(node.args[0], Node):
             node = node.args[0]
-        elif (
-            name == "add"
-            and len(node.args) == 2
-            and not node.kwargs.get("alpha", 1) != 1
-            and sum(isinstance(a, Node) for a in node.args) == 1
-            and all(isinstance(a, Node | int | float) for a in node.args)
-        ):
-            number = next(a for a in node.args if isinstance(a, int | float))
-            offset += float(number)
-            node = next(a for a in node.args if isinstance(a, Node))
         else:
-            return None
+            tensors = [a for a in node.args if isinstance(a, Node)]
+            numbers = [a for a in node.args if isinstance(a, int | float)]
+            plain = node.kwargs.get("alpha", 1) == 1
+            if name != "add" or len(tensors) != 1 or len(numbers) != 1 or not plain:
+                return None
+            offset += float(numbers[0])
+            node = tensors[0]
     return node.name, offset
 
 
@@ -363,7 +359,7 @@ _UNIFORM |= {"ones_like", "full_like", "scalar_tensor"}
 @register(*_CONSTANTS)
 def _constant(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     shape = out_shapes(node)
-    written = any(op_name(u).endswith("_") and u.args[0] is node for u in node.users)
+    written = any(is_inplace(u) and u.args[0] is node for u in node.users)
     if op_name(node) in _UNIFORM and not written:
         # one value everywhere (T5's zero position bias of cross-attention): adding it
         # moves every unit alike, so it constrains an axis no more than adding a number

@@ -152,9 +152,10 @@ class Emitted:
     candidates: list[Candidate]
 
 
-def _live(an: Analysis, var: Var, axis: int = 0) -> list[Var]:
+def _live(an: Analysis, views: list[_View]) -> list[Var]:
+    """The live variables of every view of one parameter axis."""
     out: list[Var] = []
-    for view in _views(an, var, axis):
+    for view in views:
         out += [v for v in _live_leaves(an, view.leaves) if v not in out]
     return out
 
@@ -174,13 +175,14 @@ def _settle(an: Analysis, together: dict[int, set[int]]) -> None:
             if key not in used:
                 continue
             for i, var in enumerate(axes):
-                live = _live(an, var, i)
+                views = _views(an, var, i)
+                live = _live(an, views)
                 if live and not an.roles.get((key, i)):
                     an.note(f"{key} (axis {i}) is used in a way lmckit does not understand")
                     an.lattice.pin(live, f"{key} axis {i}: unknown use")
                     changed = True
                     continue
-                for view in _views(an, var, i):
+                for view in views:
                     here = _live_leaves(an, view.leaves)
                     stray = [v for v in here[1:] if not nests(an, here[0], v, together)]
                     if stray:

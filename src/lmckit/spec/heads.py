@@ -102,6 +102,18 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
     return out
 
 
+def _slice_range(node: Node, size: int) -> tuple[int, int, int] | None:
+    """``(dim, start, stop)`` of slice ``node`` over an axis of ``size`` entries (negative
+    and open ends resolved), or None for a strided slice."""
+    given = [a if isinstance(a, int) else None for a in node.args[1:5]]
+    dim, begin, end, step = given + [None] * (4 - len(given))
+    if step not in (None, 1):
+        return None
+    start = 0 if begin is None else (begin + size if begin < 0 else begin)
+    stop = size if end is None else min(size, end + size if end < 0 else end)
+    return dim or 0, start, stop
+
+
 def _slice_behind(node: Node) -> Node | None:
     """The nearest slice ``node`` is computed from, through ops of one operand and sums
     or scalings (a rotary embedding), or None."""
@@ -129,16 +141,14 @@ def _glued(parts: list[Node]) -> Node | None:
     (source,) = sources
     if not isinstance(source, Node):
         return None
-    width = int(source.meta["val"].shape[-1])
+    width, ndim = int(source.meta["val"].shape[-1]), source.meta["val"].ndim
     at = 0
     for piece in slices:
         assert piece is not None
-        out = piece.meta["val"]
-        start = piece.args[2] if len(piece.args) > 2 and piece.args[2] is not None else 0
-        dim = piece.args[1] if len(piece.args) > 1 else 0
-        if dim % out.ndim != out.ndim - 1 or start != at:
+        found = _slice_range(piece, width)
+        if found is None or found[0] % ndim != ndim - 1 or found[1] != at:
             return None
-        at += int(out.shape[-1])
+        at = found[2]
     return source if at == width else None
 
 
@@ -148,13 +158,11 @@ def _row_block(node: Node) -> tuple[int, int] | None:
     source = node.args[0]
     if not isinstance(source, Node) or op_name(source) not in ("linear", "addmm"):
         return None
-    size, ndim = int(source.meta["val"].shape[-1]), source.meta["val"].ndim
-    given = [a if isinstance(a, int) else None for a in node.args[1:5]]
-    dim, begin, end, step = given + [None] * (4 - len(given))
-    if (dim or 0) % ndim != ndim - 1 or step not in (None, 1):
+    ndim = source.meta["val"].ndim
+    found = _slice_range(node, int(source.meta["val"].shape[-1]))
+    if found is None or found[0] % ndim != ndim - 1:
         return None
-    start = 0 if begin is None else (begin + size if begin < 0 else begin)
-    stop = size if end is None else min(size, end + size if end < 0 else end)
+    _, start, stop = found
     return (start, stop - start) if 0 <= start < stop else None
 
 

@@ -11,6 +11,7 @@ from lmckit.spec import elementwise as _elementwise  # noqa: F401  (registers ru
 from lmckit.spec import layers as _layers  # noqa: F401  (registers rules)
 from lmckit.spec import slicing as _slicing  # noqa: F401  (registers rules)
 from lmckit.spec.analysis import Analysis, Value
+from lmckit.spec.graph import is_inplace
 from lmckit.spec.lattice import Level
 from lmckit.spec.rules import NAMED_RULES, RULES, SQUARE_SAFE, out_shapes, unknown_op
 from lmckit.spec.trace import TracedGraph
@@ -101,11 +102,7 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
 def _live_nodes(traced: TracedGraph) -> set[Node]:
     """Nodes whose values reach an output: found backwards from the outputs and from ops
     that change a tensor in place (their effect is read through the tensor itself)."""
-    roots = [
-        n
-        for n in traced.graph.nodes
-        if n.op == "output" or (n.op == "call_function" and _name(_packet(n.target)).endswith("_"))
-    ]
+    roots = [n for n in traced.graph.nodes if n.op == "output" or is_inplace(n)]
     live: set[Node] = set()
     while roots:
         node = roots.pop()

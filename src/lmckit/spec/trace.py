@@ -38,11 +38,15 @@ def _is_prediction(key: str) -> bool:
     return key in _PREDICTION or key.endswith("logits")
 
 
+def _has_logits(keys: list[Any]) -> bool:
+    return any(isinstance(k, str) and k.endswith("logits") for k in keys)
+
+
 def prediction(output: Any) -> Any:
     """The part of a module's output its function is judged by: of a Hugging Face output
     with logits, its loss and logits fields (in order); anything else whole."""
     keys = list(output.keys()) if hasattr(output, "to_tuple") else []
-    if not any(k.endswith("logits") for k in keys):
+    if not _has_logits(keys):
         return output
     return tuple(output[k] for k in keys if _is_prediction(k))
 
@@ -176,7 +180,7 @@ def _predicted(program: Any) -> tuple[int, ...] | None:
     keeps, or None (all of them)."""
     spec = program.call_spec.out_spec
     keys = spec.context if spec is not None and isinstance(spec.context, list) else []
-    if not any(isinstance(k, str) and k.endswith("logits") for k in keys):
+    if not _has_logits(keys):
         return None
     kinds = torch.export.graph_signature.OutputKind
     user = [i for i, o in enumerate(program.graph_signature.output_specs)
