@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from lmckit.params import (
+    Float32View,
     IncompatibleModelsError,
     check_compatible,
     check_finite,
@@ -53,6 +54,35 @@ def test_weighted_average_is_the_weighted_sum() -> None:
     torch.testing.assert_close(out["w"], expected)
     # integer tensors come from the first model, as copies
     assert int(out["steps"]) == 0 and out["steps"] is not models[0]["steps"]
+
+
+def test_bfloat16_averages_are_rounded_once() -> None:
+    a, b = (
+        {k: v.to(torch.bfloat16) for k, v in _params(seed=s).items() if v.is_floating_point()}
+        for s in (0, 1)
+    )
+    out = weighted_average([a, b], [0.3, 0.7])
+    for name in a:
+        exact = 0.3 * a[name].double() + 0.7 * b[name].double()
+        assert out[name].dtype == torch.bfloat16
+        # summed in float32 and rounded once: the float64 sum rounded to bfloat16
+        assert torch.equal(out[name], exact.to(torch.bfloat16))
+
+
+def test_float32_view_reads_without_copying_the_source() -> None:
+    source = {"w": torch.randn(4, 3).to(torch.bfloat16), "x": torch.randn(2), "n": torch.tensor(3)}
+    view = Float32View(source)
+    assert list(view) == ["w", "x"] and len(view) == 2 and "n" not in view
+    assert view["w"].dtype == torch.float32 and torch.equal(view["w"], source["w"].float())
+    assert view["x"].data_ptr() == source["x"].data_ptr()  # float32 already: no copy
+    view["w"] = torch.zeros(4, 3)
+    view["extra"] = torch.ones(1)
+    assert torch.equal(view["w"], torch.zeros(4, 3)) and list(view) == ["w", "x", "extra"]
+    assert source["w"].dtype == torch.bfloat16 and bool(source["w"].ne(0).any())
+    del view["x"]
+    assert "x" not in view and "x" in source
+    with pytest.raises(KeyError):
+        view["missing"]
 
 
 def test_weighted_average_is_pure() -> None:

@@ -136,6 +136,18 @@ def test_continuous_groups_preserve_a_linear_net(outputs, group: Group) -> None:
     torch.testing.assert_close(back["1.weight"], params["1.weight"], atol=1e-5, rtol=1e-5)
 
 
+def test_a_bfloat16_parameter_is_rotated_in_float32_and_rounded_once() -> None:
+    _, params = _linear_net(5, 6, 3, seed=0)
+    low = {k: v.to(torch.bfloat16) for k, v in params.items()}
+    spec = _linear_spec(6, Orthogonal())
+    transform = random_transform(spec, 4)
+    moved = apply(spec, low, transform)
+    wide = apply(spec, {k: v.float() for k, v in low.items()}, transform)
+    for k in low:
+        assert moved[k].dtype == torch.bfloat16
+        assert torch.equal(moved[k], wide[k].to(torch.bfloat16)), k
+
+
 def test_rectangular_orthogonal_embeds_a_narrow_linear_net(outputs) -> None:
     narrow, params = _linear_net(5, 4, 3, seed=1)
     wide, _ = _linear_net(5, 9, 3, seed=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 
 import torch
 from torch import Tensor
@@ -12,6 +12,7 @@ from torch import Tensor
 Params = dict[str, Tensor]
 
 __all__ = [
+    "Float32View",
     "IncompatibleModelsError",
     "Params",
     "as_module",
@@ -23,6 +24,50 @@ __all__ = [
     "module_params",
     "weighted_average",
 ]
+
+
+class Float32View(MutableMapping[str, Tensor]):
+    """The floating-point tensors of ``params`` read as float32 on ``device``.
+
+    Algorithms that compare models in float32 read their parameters through this view
+    instead of copying them: a bfloat16 pair stays in its own bytes and each tensor is
+    cast when it is read (a float32 tensor already on ``device`` is returned as it is,
+    without a copy). Tensors assigned to the view (rows weighted, products folded) are
+    kept as given and shadow the source; the source is never changed.
+
+    Args:
+        params: the parameters (integer tensors are left out of the view).
+        device: where the float32 tensors are put.
+    """
+
+    def __init__(self, params: Mapping[str, Tensor], device: torch.device | str = "cpu") -> None:
+        self._source = {k: v.detach() for k, v in params.items() if v.is_floating_point()}
+        self._device = torch.device(device)
+        self._assigned: dict[str, Tensor] = {}
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name in self._assigned:
+            return self._assigned[name]
+        return self._source[name].to(self._device, torch.float32)
+
+    def __setitem__(self, name: str, value: Tensor) -> None:
+        self._assigned[name] = value
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._assigned.pop(name, None)
+        self._source.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._assigned or name in self._source
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._source
+        yield from (k for k in self._assigned if k not in self._source)
+
+    def __len__(self) -> int:
+        return len(self._source) + sum(k not in self._source for k in self._assigned)
 
 
 class IncompatibleModelsError(ValueError):
@@ -127,6 +172,9 @@ def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> N
 def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
     """``sum_k w_k theta_k`` over floating-point tensors; other tensors come from the first.
 
+    Each tensor keeps the first model's dtype; bfloat16 and float16 ones are summed in
+    float32 and rounded once.
+
     Args:
         models: parameter sets of one architecture.
         weights: one finite real weight per model (convex weights for a merge, but any
@@ -145,10 +193,11 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
         if not first.is_floating_point():
             out[name] = first.clone()
             continue
-        acc = torch.zeros_like(first)
+        # summed in float32 at least, rounded once to the tensor's own dtype
+        acc = torch.zeros_like(first, dtype=torch.promote_types(first.dtype, torch.float32))
         for w, m in zip(weights, models, strict=True):
             acc.add_(m[name], alpha=float(w))
-        out[name] = acc
+        out[name] = acc.to(first.dtype)
     return out
 
 

@@ -307,7 +307,8 @@ def apply(
     size or outside its group is a ``ValueError`` naming the space, never a silently
     corrupted model. Parameters that no space uses are passed through (same tensor
     objects). Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are never
-    transformed.
+    transformed. Each parameter keeps its dtype; a bfloat16 or float16 one is moved in
+    float32 and rounded once.
 
     Args:
         spec: the architecture's spec.
@@ -327,7 +328,10 @@ def apply(
     out: dict[str, Tensor] = {}
     for name, value in params.items():
         if name in touched and value.is_floating_point():
-            out[name] = apply_to_param(spec, name, value, transform)
+            # computed in float32 at least, rounded once to the parameter's own dtype
+            # (a rotation applied in bfloat16 would round the rotation first)
+            wide = value.to(torch.promote_types(value.dtype, torch.float32))
+            out[name] = apply_to_param(spec, name, wide, transform).to(value.dtype)
         else:
             out[name] = value
     return out

@@ -160,6 +160,24 @@ def test_check_spec_accepts_the_inferred_spec_to_float64_precision() -> None:
     assert errors["all"] < 1e-10
 
 
+def test_a_large_model_is_checked_in_float32_without_a_copy(monkeypatch) -> None:
+    import lmckit.spec.check as check
+
+    module = _sequential_mlp()
+    x = torch.randn(4, 12)
+    small = check.FunctionCheck(module, (x,))
+    assert small.scale == 1.0 and small.params["0.weight"].dtype == torch.float64
+    monkeypatch.setattr(check, "FLOAT64_CHECK_BYTES", 1000)  # the model is "large"
+    large = check.FunctionCheck(module, (x,))
+    assert large.scale == 1e3
+    assert large.params["0.weight"].data_ptr() == module.get_parameter("0.weight").data_ptr()
+    # it still tells a symmetry from what is not one
+    spec = infer_spec(module, (x,))
+    assert large.random_error(spec, spec.names, seed=0) < 1e-5
+    with pytest.raises(SpecCheckError, match=r"space '0'"):
+        check_spec(module, spec.with_groups(**{"0": Orthogonal()}), (x,))
+
+
 class DataDependent(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -160,7 +160,10 @@ def command(
         chosen = start if start != "auto" else "best" if data_spec else "anchored"
         config = WeightMatchingConfig(start=chosen, max_iter=max_sweeps)
     torch_device = parse_device(device)
-    a, b = load_models([model_a, model_b])
+    # weight matching reads the weights as float32 one tensor at a time: models written
+    # back in their own dtype stay in it (half the memory of float32 copies for bfloat16)
+    native = method == "weight" and data_spec is None and dtype == "auto"
+    a, b = load_models([model_a, model_b], dtype=None if native else torch.float32)
     choice = choose_pair_form(
         a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases
     )

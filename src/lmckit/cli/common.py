@@ -153,22 +153,25 @@ def seed_option(help: str | None = None) -> Callable[[FC], FC]:
 # --------------------------------------------------------------------------- models
 
 
-def load_models(paths: Sequence[str], *, forms: bool = False) -> list[LoadedModel]:
+def load_models(
+    paths: Sequence[str], *, forms: bool = False, dtype: torch.dtype | None = torch.float32
+) -> list[LoadedModel]:
     """Load models that must share one architecture; mismatches name both paths.
 
     ``forms``: when a model records the form ``lmckit align`` wrote it in, the others
     may be in their own form (the path is measured after putting them in that form,
     :func:`lmckit.workflow.path_form`, which checks the architectures then).
+    ``dtype``: as :func:`lmckit.io.load_model` (``None``: as stored).
     """
     if forms:
         from lmckit.workflow import recorded_form
 
         if any(recorded_form(p) is not None for p in paths):
-            return [load_model(p) for p in paths]
-    first = load_model(paths[0])
+            return [load_model(p, dtype=dtype) for p in paths]
+    first = load_model(paths[0], dtype=dtype)
     loaded = [first]
     for path in paths[1:]:
-        other = load_model(path)
+        other = load_model(path, dtype=dtype)
         try:
             check_same_architecture(first, other)
         except IncompatibleModelsError as err:

@@ -21,7 +21,21 @@ from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
 from lmckit.spec.trace import SpecInferenceError, prediction
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param, as_spec, check_transform
 
-__all__ = ["FunctionCheck", "SpecCheckError", "check_spec", "output_error", "verify"]
+__all__ = [
+    "FLOAT64_CHECK_BYTES",
+    "FunctionCheck",
+    "SpecCheckError",
+    "check_spec",
+    "output_error",
+    "verify",
+]
+
+
+#: The largest float64 copy of a model's parameters a check makes (1 GiB, 134M
+#: parameters). Larger models are checked in float32 with a 1000 times looser tolerance:
+#: a broken symmetry still moves the outputs by order one, and a float32 model's check
+#: then holds no copy of its parameters at all.
+FLOAT64_CHECK_BYTES = 2**30
 
 
 class SpecCheckError(SpecInferenceError):
@@ -82,9 +96,9 @@ def _random_element(space: Space, generator: torch.Generator) -> object:
 
 class FunctionCheck:
     """A module's outputs at some parameters, and how far transformed parameters move
-    them: in float64 where the module allows it (a true symmetry then changes the
-    outputs by ~1e-12, a broken one by order one), else in float32 with a 1000 times
-    looser tolerance.
+    them: in float64 where the module allows it and the copy is at most
+    :data:`FLOAT64_CHECK_BYTES` (a true symmetry then changes the outputs by ~1e-12, a
+    broken one by order one), else in float32 with a 1000 times looser tolerance.
 
     Args:
         module: the module (put in eval mode for the check's duration by the caller).
@@ -103,7 +117,10 @@ class FunctionCheck:
     ) -> None:
         params = dict(module_params(module) if params is None else params)
         self.scale = 1.0
+        numel = sum(v.numel() for v in params.values() if v.is_floating_point())
         try:
+            if numel * 8 > FLOAT64_CHECK_BYTES:
+                raise TypeError  # a float64 copy of a large model costs more than it tells
             self._run = _runner(module, example_inputs, kwargs or {}, torch.float64)
             self.params = _cast(params, torch.float64)
             self.reference = self._run(self.params)

@@ -63,6 +63,10 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
     for ph, key in graph_params.items():  # a tied weight may be lifted more than once
         users_of[key] = users_of.get(key, 0) + len(nodes[ph].users)
     out = dict(params)
+    # folded products are kept in float32 at least: a bfloat16 model is rounded once,
+    # when it is written, not once here and again when it is moved
+    wide = {k: torch.promote_types(v.dtype, torch.float32) for k, v in params.items()
+            if v.is_floating_point()}  # fmt: skip
     folded: set[str] = set()
     readers: dict[str, str] = {}
     skipped: list[str] = []
@@ -89,8 +93,8 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
             if shift is not None and biased:
                 # W (g * z + b) + c = (W diag g) z + (W b + c): the readers take the shift
                 bias = out[r.bias]  # type: ignore[index]
-                out[r.bias] = (bias.double() + w64 @ out[shift].double()).to(bias.dtype)  # type: ignore[index]
-            out[r.weight] = (w64 * g).movedim(-1, r.axis).to(out[r.weight].dtype)
+                out[r.bias] = (bias.double() + w64 @ out[shift].double()).to(wide[r.bias])  # type: ignore[index]
+            out[r.weight] = (w64 * g).movedim(-1, r.axis).to(wide[r.weight])
             readers[r.weight] = scale
         if shift is not None:
             # no reader bias: g * z + b = g * (z + b / g), the shift stays and writes the
@@ -99,7 +103,7 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
                 out[shift] = torch.zeros_like(out[shift])
                 folded.add(shift)
             else:
-                out[shift] = (out[shift].double() / g).to(out[shift].dtype)
+                out[shift] = (out[shift].double() / g).to(wide[shift])
         out[scale] = torch.full_like(out[scale], 1.0 - site.offset)  # offset + w = 1
         folded.add(scale)
     return FoldedScales(out, frozenset(folded), readers, tuple(skipped))

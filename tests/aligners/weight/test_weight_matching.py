@@ -206,6 +206,26 @@ def test_explicit_cpu_device_is_the_default_run(mlp_pair) -> None:
         assert torch.equal(default.transform[name], explicit.transform[name])
 
 
+def test_a_bfloat16_pair_matches_as_its_float32_copy(mlp_pair) -> None:
+    # weight matching reads bfloat16 weights as float32 tensor by tensor: the same
+    # transform as float32 copies of the same (rounded) values, without those copies
+    spec = mlp_pair.model.symmetry_spec()
+    a16 = {k: v.to(torch.bfloat16) for k, v in mlp_pair.a.items()}
+    b16 = {k: v.to(torch.bfloat16) for k, v in mlp_pair.b.items()}
+    direct = weight_matching(spec, a16, b16)
+    copied = weight_matching(spec, {k: v.float() for k, v in a16.items()},
+                             {k: v.float() for k, v in b16.items()})  # fmt: skip
+    assert direct.history == copied.history
+    for name in spec.names:
+        assert torch.equal(direct.transform[name], copied.transform[name])
+    # a permutation moves bfloat16 values exactly: the aligned model stays bfloat16
+    aligned = apply(spec, b16, direct.transform)
+    assert all(aligned[k].dtype == torch.bfloat16 for k in b16)
+    reference = apply(spec, {k: v.float() for k, v in b16.items()}, direct.transform)
+    for k in b16:
+        assert torch.equal(aligned[k].float(), reference[k])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_similarities_on_cuda_give_the_cpu_answer(mlp_pair) -> None:
     spec = mlp_pair.model.symmetry_spec()

@@ -21,7 +21,6 @@ from tqdm.auto import tqdm
 from lmckit.aligners.weight.incremental import SimilarityCache
 from lmckit.aligners.weight.schedule import sweep_steps
 from lmckit.distributed import gather_from_ranks, world
-from lmckit.params import Params
 from lmckit.symmetry import Space, SymmetrySpec, Transform
 
 if TYPE_CHECKING:  # the config lives with the algorithm, which imports this module
@@ -33,8 +32,8 @@ __all__ = ["coordinate_descent"]
 def coordinate_descent(
     spec: SymmetrySpec,
     names: Sequence[str],
-    ref: Params,
-    other: Params,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
     init: Transform,
     config: WeightMatchingConfig,
     generator: torch.Generator,

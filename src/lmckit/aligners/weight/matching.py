@@ -18,7 +18,7 @@ widths (:func:`lmckit.aligners.width.width_matching` is this with B the narrow m
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,7 +40,13 @@ from lmckit.aligners.weight.schedule import SCHEDULES, Schedule
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
 from lmckit.aligners.weight.start_choice import STARTS, best_start
 from lmckit.data import Dataset
-from lmckit.params import IncompatibleModelsError, Params, check_compatible, check_finite
+from lmckit.params import (
+    Float32View,
+    IncompatibleModelsError,
+    Params,
+    check_compatible,
+    check_finite,
+)
 from lmckit.symmetry import SymmetrySpec, Transform, random_transform
 
 __all__ = [
@@ -181,8 +187,8 @@ def _check_rows(
 
 def _weigh_rows(
     spec: SymmetrySpec,
-    ref: dict[str, Tensor],
-    other: dict[str, Tensor],
+    ref: MutableMapping[str, Tensor],
+    other: MutableMapping[str, Tensor],
     row_masks: Mapping[str, Tensor] | None,
     row_weights: Mapping[str, Tensor] | None,
 ) -> None:
@@ -298,12 +304,9 @@ def weight_matching(
         _check_init(spec, init, start)
     begin = time.perf_counter()
     dev = torch.device(device or "cpu")
-    ref = {
-        k: v.detach().to(dev, torch.float32) for k, v in params_a.items() if v.is_floating_point()
-    }
-    other = {
-        k: v.detach().to(dev, torch.float32) for k, v in params_b.items() if v.is_floating_point()
-    }
+    # compared in float32, cast tensor by tensor as read: never a float32 copy of a
+    # bfloat16 pair
+    ref, other = Float32View(params_a, dev), Float32View(params_b, dev)
     _weigh_rows(spec, ref, other, row_masks, row_weights)
     fold_single_use_params(spec, ref, other)
     base = init or start

@@ -8,13 +8,12 @@ parameter is moved by the transform once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
 from lmckit.aligners.weight.similarity import space_problem
-from lmckit.params import Params
 from lmckit.spaces import Part, region
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param
 
@@ -52,7 +51,11 @@ def sweep_limit_note(history: Sequence[float], limit: int) -> str:
 
 
 def space_objective(
-    spec: SymmetrySpec, space: Space, ref: Params, other: Params, transform: Transform
+    spec: SymmetrySpec,
+    space: Space,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
 ) -> float:
     """The objective of one space under ``transform``.
 
@@ -71,7 +74,11 @@ def space_objective(
 
 
 def space_objectives(
-    spec: SymmetrySpec, names: Sequence[str], ref: Params, other: Params, transform: Transform
+    spec: SymmetrySpec,
+    names: Sequence[str],
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
 ) -> dict[str, float]:
     """:func:`space_objective` of every space in ``names``, moving each parameter once."""
     # every compared region of every parameter, each parameter moved once
@@ -101,7 +108,9 @@ def inner(a: Tensor, b: Tensor) -> float:
     return float((a * b).sum(dtype=torch.float64))
 
 
-def total_objective(spec: SymmetrySpec, ref: Params, other: Params, transform: Transform) -> float:
+def total_objective(
+    spec: SymmetrySpec, ref: Mapping[str, Tensor], other: Mapping[str, Tensor], transform: Transform
+) -> float:
     """``sum_p <A_p, T(B)_p>`` over every compared parameter (each counted once)."""
     total = 0.0
     for name in {u.param for s in spec for u in s.uses if u.compare}:

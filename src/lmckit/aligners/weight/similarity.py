@@ -18,7 +18,7 @@ current map).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 
 import torch
 from torch import Tensor
@@ -219,7 +219,7 @@ def circuit_terms(
 
 
 def fold_single_use_params(
-    spec: SymmetrySpec, ref: dict[str, Tensor], other: dict[str, Tensor]
+    spec: SymmetrySpec, ref: MutableMapping[str, Tensor], other: MutableMapping[str, Tensor]
 ) -> None:
     """Replace large parameters that only one space touches by an exact small surrogate.
 
@@ -229,7 +229,7 @@ def fold_single_use_params(
     so the ``rows``-sized product is computed once instead of at every step. Skipped
     for least-squares spaces, whose Gram needs ``B^T B``, and for groups that compare
     units by their norms, which the surrogate does not keep. Edits the dicts in place
-    (they are the caller's private float copies).
+    (the caller's private float32 views, :class:`lmckit.params.Float32View`).
     """
     for name in list(ref):
         uses = spec.uses_of(name)
