@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 from lmckit.data import load_digits
 from lmckit.evaluate import PathResult
+from lmckit.experiments.compare import compare_alignments
 from lmckit.measure import EvalSettings
 from lmckit.models import create_model
 from lmckit.train import TrainConfig, fit
-from lmckit.workflow import compare_alignments
 
 __all__ = ["run_demo"]
 

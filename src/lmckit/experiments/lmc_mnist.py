@@ -23,6 +23,7 @@ from typing import Any
 
 from lmckit.data import Dataset, batches
 from lmckit.evaluate import PathResult
+from lmckit.experiments.compare import align_pair, compare_alignments
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
@@ -34,7 +35,6 @@ from lmckit.params import Params
 from lmckit.plot import plot_paths
 from lmckit.symmetry import apply
 from lmckit.train import TrainConfig
-from lmckit.workflow import align_pair, compare_alignments
 
 __all__ = ["ModelSetup", "trained_pair"]
 

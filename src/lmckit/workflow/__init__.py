@@ -1,23 +1,20 @@
-"""Whole tasks, one call each: train, align a pair, merge, compare methods, a simplex.
+"""Whole tasks, one call each: train, align a pair, merge, a simplex.
 
 Each function takes loaded models and data and returns results; none reads or writes
 files. The command line is a thin layer over them (parse, validate, call one of these,
 write), and the experiments and library users get the same behaviour. One module per
-task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (a pair, a comparison
-of methods, the whole recipe on loaded models), :mod:`~lmckit.workflow.paths` (a merged
+task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (the whole recipe on
+two loaded models), :mod:`~lmckit.workflow.paths` (a merged
 point, a pair's barrier, a simplex), :mod:`~lmckit.workflow.symmetries` (what a model
 would be aligned under).
 """
 
 from lmckit.workflow.align import (
     ALIGN_METHODS,
-    METHODS,
     AlignedPair,
     align_models,
     align_output_kind,
-    align_pair,
     choose_pair_form,
-    compare_alignments,
     convertible,
     model_in_form,
     pair_form,
@@ -36,7 +33,6 @@ from lmckit.workflow.train import TrainedModel, train_model
 
 __all__ = [
     "ALIGN_METHODS",
-    "METHODS",
     "MERGE_FIXES",
     "AlignedPair",
     "PathForm",
@@ -45,9 +41,7 @@ __all__ = [
     "TrainedModel",
     "align_models",
     "align_output_kind",
-    "align_pair",
     "choose_pair_form",
-    "compare_alignments",
     "convertible",
     "describe_symmetries",
     "merge_pair",

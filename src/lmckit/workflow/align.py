@@ -1,10 +1,8 @@
-"""Align a pair: one registered aligner on one pair, every method compared, and the
-whole recipe (form, method, head bases) on two loaded models."""
+"""Align a pair: the whole recipe (form, method, head bases) on two loaded models."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,112 +15,33 @@ from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset
 from lmckit.data.token_stats import token_row_masks
 from lmckit.datafit import check_data_fits
-from lmckit.evaluate import PathResult
 from lmckit.forms import FORMS, FormChoice, choose_form, possible_forms
 from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
 from lmckit.io import LoadedModel
-from lmckit.measure import EvalSettings, measure_path
 from lmckit.outputs import OutputKind
 from lmckit.params import Params
 from lmckit.recipe import AlignForm, aligned_form, check_symmetry
 from lmckit.spec.inputs import ExampleInputs
-from lmckit.symmetry import SymmetrySpec, apply
+from lmckit.symmetry import apply
 
 __all__ = [
     "ALIGN_METHODS",
-    "METHODS",
     "AlignedPair",
     "align_models",
     "align_output_kind",
-    "align_pair",
     "check_align_request",
     "choose_pair_form",
-    "compare_alignments",
     "convertible",
     "model_in_form",
     "pair_form",
 ]
 
-#: Methods of :func:`align_pair` / :func:`compare_alignments`.
-METHODS = ("naive", "weight_matching", "activation_matching")
 #: Short names of :func:`align_models`' methods and their full names.
 ALIGN_METHODS = {
     "weight": "weight_matching",
     "activation": "activation_matching",
     "learned": "learned_matching",
 }
-
-
-def _stream_config(info: Any, data: Dataset | None, settings: EvalSettings) -> Any:
-    """The config of an aligner that streams training batches (``batch_size`` and
-    ``batches`` fields, e.g. activation matching), sized by ``settings``; else ``None``."""
-    fields = getattr(info.config, "__dataclass_fields__", {})
-    if data is None or not {"batch_size", "batches"} <= set(fields):
-        return None
-    return info.config(batch_size=settings.batch_for(data), batches=settings.stat_batches)
-
-
-def align_pair(
-    method: str,
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    data: Dataset | None,
-    settings: EvalSettings | None = None,
-    *,
-    seed: int = 0,
-    progress: bool = False,
-) -> AlignmentResult | None:
-    """Run the registered aligner ``method`` (:mod:`lmckit.aligners.registry`) on one pair.
-
-    ``naive`` returns ``None`` (no transform). Aligners that stream training batches
-    take the settings' evaluation batch size and ``stat_batches``.
-
-    Raises:
-        ValueError: an unknown method (listing the valid ones) or missing data.
-    """
-    settings = settings or EvalSettings()
-    if method == "naive":
-        return None
-    try:
-        info = aligner_info(method)
-    except KeyError as err:
-        raise ValueError(f"{err.args[0]}") from None
-    if info.needs_data and data is None:
-        raise ValueError(f"{method.replace('_', ' ')} needs data")
-    config = _stream_config(info, data, settings)
-    return info.fn(
-        spec, params_a, params_b, config, model=model, data=data, seed=seed, progress=progress
-    )
-
-
-def compare_alignments(
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    data: Dataset,
-    settings: EvalSettings | None = None,
-    *,
-    methods: Sequence[str] = METHODS,
-    seed: int = 0,
-    progress: bool = False,
-) -> dict[str, PathResult]:
-    """Path results between A and B aligned to A by each method, keyed by method."""
-    settings = settings or EvalSettings()
-    out = {}
-    for method in methods:
-        result = align_pair(
-            method, model, spec, params_a, params_b, data, settings, seed=seed, progress=progress
-        )
-        b = params_b if result is None else apply(spec, params_b, result.transform)
-        meta: dict[str, Any] = {"method": method}
-        if result is not None:
-            meta["align_seconds"] = round(result.seconds, 4)
-            meta["align_sweeps"] = result.iterations
-        out[method] = measure_path(model, params_a, b, data, settings, meta=meta, progress=progress)
-    return out
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from lmckit.diagnostics.identifiability import (
     activation_matching_objectives,
     overall_objective,
 )
+from lmckit.experiments.compare import compare_alignments
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.identifiability.common import PAPER, trained_plain_pair
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
@@ -27,7 +28,6 @@ from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import Column, format_table
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.train import TrainConfig
-from lmckit.workflow import compare_alignments
 
 __all__ = ["MNIST_FULL", "MNIST_QUICK", "MnistSetup"]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from lmckit.experiments.compare import METHODS, align_pair, compare_alignments
 from lmckit.measure import EvalSettings, format_table, measure_path, train_inputs
-from lmckit.workflow import METHODS, align_pair, compare_alignments
 
 
 @pytest.fixture(scope="module")
