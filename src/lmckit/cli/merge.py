@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+import torch
 
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
@@ -76,7 +77,10 @@ def command(
     if not 0.0 <= t <= 1.0:
         raise fail(f"--t must lie in [0, 1], got {t}")
     fix = "repair" if do_repair else "reset_bn" if reset_bn else "none"
-    a, b = load_models([model_a, model_b], forms=True)
+    # a plain average is summed in float32 tensor by tensor and rounded once: models
+    # written back in their own dtype stay in it (half the memory for bfloat16)
+    native = fix == "none" and data_spec is None and dtype == "auto"
+    a, b = load_models([model_a, model_b], forms=True, dtype=None if native else torch.float32)
     form = path_form(a, b, circuits=circuits)
     if (kind == "hf") != form.same_as_a:
         check_out_dir(out, "hf" if form.same_as_a else "checkpoint", inputs, force)

@@ -227,6 +227,54 @@ def _check_init(spec: SymmetrySpec, init: Transform, start: Transform) -> None:
             )
 
 
+def _checked_widths(spec: SymmetrySpec, params_a: Params, params_b: Params) -> dict[str, int]:
+    """Each space's width in A, after checking the pair fits the spec and is finite."""
+    # compatibility first: models of different widths must be reported as such (naming
+    # the first mismatched parameter), not as a spec that does not fit one of them
+    if any(s.group.rectangular for s in spec):
+        spec.validate(params_b)
+        widths = space_widths(spec, params_a)
+        _check_widths(spec, params_a, params_b, widths)
+    else:
+        check_compatible(params_a, params_b)
+        spec.validate(params_b)
+        widths = {s.name: s.n for s in spec}
+    check_finite(params_a, what="first model")
+    check_finite(params_b, what="second model")
+    return widths
+
+
+def _descend_with_restarts(
+    spec: SymmetrySpec,
+    names: Sequence[str],
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    base: Transform,
+    config: WeightMatchingConfig,
+    widths: Mapping[str, int],
+    seed: int,
+    bar: tqdm,
+) -> tuple[Transform, int, bool, list[float]]:
+    """Coordinate descent from ``base``, then from ``config.restarts`` random draws; the
+    run with the highest total objective: ``(transform, sweeps, converged, history)``."""
+    generator = torch.Generator().manual_seed(seed)
+    cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
+    best, sweeps, converged, history = coordinate_descent(
+        spec, names, ref, other, base, config, generator, bar, cache=cache
+    )
+    best_total = total_objective(spec, ref, other, best) if config.restarts else 0.0
+    for _ in range(config.restarts):
+        draw = random_transform(spec, generator, widths=widths)
+        start = base.replace(**{name: draw[name] for name in names})
+        cand, s2, c2, h2 = coordinate_descent(
+            spec, names, ref, other, start, config, generator, bar, cache=cache
+        )
+        total = total_objective(spec, ref, other, cand)
+        if total > best_total:
+            best, best_total, sweeps, converged, history = cand, total, s2, c2, h2
+    return best, sweeps, converged, history
+
+
 @register_aligner("weight_matching", paper=GIT_REBASIN, config=WeightMatchingConfig)
 def weight_matching(
     spec: SymmetrySpec,
@@ -284,18 +332,7 @@ def weight_matching(
 
         return best_start(run, params_a, params_b, model=model, data=data,
                           targets=config.select_targets, seed=seed)  # fmt: skip
-    # compatibility first: models of different widths must be reported as such (naming
-    # the first mismatched parameter), not as a spec that does not fit one of them
-    if any(s.group.rectangular for s in spec):
-        spec.validate(params_b)
-        widths = space_widths(spec, params_a)
-        _check_widths(spec, params_a, params_b, widths)
-    else:
-        check_compatible(params_a, params_b)
-        spec.validate(params_b)
-        widths = {s.name: s.n for s in spec}
-    check_finite(params_a, what="first model")
-    check_finite(params_b, what="second model")
+    widths = _checked_widths(spec, params_a, params_b)
     names = list(spec.names if spaces is None else spaces)
     for name in names:
         spec[name]  # noqa: B018  (raises KeyError naming the valid spaces)
@@ -312,24 +349,11 @@ def weight_matching(
     base = init or start
     if init is None and config.start != "identity":
         base = anchored_start(spec, ref, other, start, names=names)
-    generator = torch.Generator().manual_seed(seed)
-
     bar = tqdm(desc="weight matching", unit="sweep", disable=not progress, leave=False)
     try:
-        cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
-        best, sweeps, converged, history = coordinate_descent(
-            spec, names, ref, other, base, config, generator, bar, cache=cache
+        best, sweeps, converged, history = _descend_with_restarts(
+            spec, names, ref, other, base, config, widths, seed, bar
         )
-        best_total = total_objective(spec, ref, other, best) if config.restarts else 0.0
-        for _ in range(config.restarts):
-            draw = random_transform(spec, generator, widths=widths)
-            init_r = base.replace(**{name: draw[name] for name in names})
-            cand, s2, c2, h2 = coordinate_descent(
-                spec, names, ref, other, init_r, config, generator, bar, cache=cache
-            )
-            total = total_objective(spec, ref, other, cand)
-            if total > best_total:
-                best, best_total, sweeps, converged, history = cand, total, s2, c2, h2
     finally:
         bar.close()
 
