@@ -109,12 +109,48 @@ def _float_dtype(state: Params, target: Path) -> torch.dtype | None:
     return dtypes.pop() if dtypes else None
 
 
+def _stored_state(
+    params: Mapping[str, Tensor], dtype: torch.dtype | None, target: Path
+) -> tuple[Params, torch.dtype | None]:
+    """The checked params in the dtype they are stored in (``None``: as given), and it."""
+    state = _checked_params(params, target)
+    if dtype is not None and not dtype.is_floating_point:
+        raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
+    if dtype is not None:
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    return state, _float_dtype(state, target)
+
+
 def _differing_ties(tied: Mapping[str, str], state: Params) -> list[tuple[str, str]]:
     return [
         (target, source)
         for target, source in sorted(tied.items())
         if target in state and source in state and not torch.equal(state[target], state[source])
     ]
+
+
+def _config_for(
+    cls: type, source: Mapping[str, Any], changes: dict[str, Any], state: Params, target: Path
+) -> tuple[Any, list[list[str]]]:
+    """The output's config (``source`` with ``changes``) and the weight pairs it unties.
+
+    Weights tied when loaded that no longer are (an aligned LM head) untie the config,
+    recorded in ``changes``, so that both are written and loaded as they are.
+    """
+    raw = {**source, **changes}
+    config = make_config(raw, target)
+    differ = _differing_ties(tied_keys(cls, config), state)
+    untied: list[list[str]] = []
+    if differ and getattr(config, "tie_word_embeddings", False):
+        changes["tie_word_embeddings"] = False
+        raw["tie_word_embeddings"] = False
+        config = make_config(raw, target)
+        untied = [list(pair) for pair in differ]
+        differ = _differing_ties(tied_keys(cls, config), state)
+    if differ:
+        t, s = differ[0]
+        raise HFError(f"cannot write {target}: {cls.__name__} ties {t} to {s}, but they differ")
+    return config, untied
 
 
 def save_hf(
@@ -170,32 +206,12 @@ def save_hf(
         raise HFError(
             f"cannot write {target}: config changes or metadata not JSON: {err}"
         ) from None
-    state = _checked_params(params, target)
     layout = stored_layout(like.path)
-    if dtype is not None and not dtype.is_floating_point:
-        raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
-    dtype = dtype or layout.dtype
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    dtype = _float_dtype(state, target)
+    state, dtype = _stored_state(params, dtype or layout.dtype, target)
 
     transformers = import_transformers()
     cls = type(like.module)
-    raw = {**like.config, **changes}
-    config = make_config(raw, target)
-    differ = _differing_ties(tied_keys(cls, config), state)
-    untied: list[list[str]] = []
-    if differ and getattr(config, "tie_word_embeddings", False):
-        # The weights were tied when loaded and no longer are (e.g. an aligned LM head):
-        # untie in the config, so that both are written and loaded as they are.
-        changes["tie_word_embeddings"] = False
-        raw["tie_word_embeddings"] = False
-        config = make_config(raw, target)
-        untied = [list(pair) for pair in differ]
-        differ = _differing_ties(tied_keys(cls, config), state)
-    if differ:
-        t, s = differ[0]
-        raise HFError(f"cannot write {target}: {cls.__name__} ties {t} to {s}, but they differ")
+    config, untied = _config_for(cls, like.config, changes, state, target)
 
     # a transformers PreTrainedModel (save_pretrained), typed as the nn.Module it is
     module: Any = build_module(cls, config, state, dtype=dtype, where=target)
@@ -225,19 +241,16 @@ def save_hf(
         mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777
         for weights in tmp.glob("*.safetensors"):
             os.chmod(weights, mode)
+        provenance = {
+            "lmckit_version": _version(),
+            "format": "hf",
+            "class": cls.__name__,
+            "source": str(like.path) if like.path is not None else None,
+            "config_changes": changes,
+            "untied": untied,
+            "not_copied": not_copied,
+            "metadata": meta,
+        }
         files = sorted({entry.name for entry in tmp.iterdir()} | {HF_MARKER})
-        write_json(
-            tmp / HF_MARKER,
-            {
-                "lmckit_version": _version(),
-                "format": "hf",
-                "class": cls.__name__,
-                "source": str(like.path) if like.path is not None else None,
-                "config_changes": changes,
-                "untied": untied,
-                "not_copied": not_copied,
-                "metadata": meta,
-                "files": files,
-            },
-        )
+        write_json(tmp / HF_MARKER, {**provenance, "files": files})
     return target
