@@ -343,7 +343,10 @@ def weight_matching(
     dev = torch.device(device or "cpu")
     # compared in float32, cast tensor by tensor as read: never a float32 copy of a
     # bfloat16 pair
-    ref, other = Float32View(params_a, dev), Float32View(params_b, dev)
+    ref: MutableMapping[str, Tensor] = Float32View(params_a, dev)
+    other: MutableMapping[str, Tensor] = Float32View(params_b, dev)
+    if dev.type != "cpu":  # on an accelerator every read would be a transfer: copy once
+        ref, other = dict(ref), dict(other)
     _weigh_rows(spec, ref, other, row_masks, row_weights)
     fold_single_use_params(spec, ref, other)
     base = init or start
