@@ -24,10 +24,9 @@ in a fresh process, on the same files:
   float32 ``transformers`` model and compute its loss on the same test blocks.
 
 Run: ``python benchmarks/real_size.py --size 307m [--work DIR] [--threads 2]
-[--only align-permutation ...]``. Targets (issue "Real checkpoints at real size"): the
-1.1B pair aligned (permutations, then orthogonal) in under 10 minutes each, within 3x
-the floor; peak memory <= 1.5x the two models' bytes + the largest cost matrices + the
-interpreter.
+[--only align-permutation ...]``. Targets: the 1.1B pair aligned (permutations, then
+orthogonal) in under 10 minutes each, within 3x the floor; peak memory <= 1.5x the two
+models' bytes + the largest cost matrices + the interpreter.
 """
 
 from __future__ import annotations
@@ -153,6 +152,7 @@ def floor_align(work: Path, symmetry: str) -> float:
     import numpy as np
     import torch
 
+    from lmckit.groups import Orthogonal
     from lmckit.io import load_model
     from lmckit.recipe import aligned_form
 
@@ -182,7 +182,7 @@ def floor_align(work: Path, symmetry: str) -> float:
             x = x.movedim(use.axis, 0).reshape(space.n, -1)
             y = y.movedim(use.axis, 0).reshape(space.n, -1)
             sim += x @ y.T
-        if type(space.group).__name__ == "Orthogonal":
+        if isinstance(space.group, Orthogonal):
             torch.linalg.svd(sim)
         else:
             assign(sim.double().numpy())

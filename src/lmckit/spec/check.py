@@ -116,19 +116,31 @@ class FunctionCheck:
         kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         params = dict(module_params(module) if params is None else params)
-        self.scale = 1.0
+        kwargs = kwargs or {}
         numel = sum(v.numel() for v in params.values() if v.is_floating_point())
-        try:
-            if numel * 8 > FLOAT64_CHECK_BYTES:
-                raise TypeError  # a float64 copy of a large model costs more than it tells
-            self._run = _runner(module, example_inputs, kwargs or {}, torch.float64)
-            self.params = _cast(params, torch.float64)
-            self.reference = self._run(self.params)
-        except (RuntimeError, TypeError):  # a module that hard-codes float32 somewhere
-            self._run = _runner(module, example_inputs, kwargs or {}, torch.float32)
-            self.params = _cast(params, torch.float32)
-            self.reference = self._run(self.params)
-            self.scale = 1e3
+        # a float64 copy of a large model costs more memory than its precision tells
+        if numel * 8 <= FLOAT64_CHECK_BYTES:
+            try:
+                self._prepare(module, example_inputs, kwargs, params, torch.float64)
+                self.scale = 1.0
+                return
+            except (RuntimeError, TypeError):  # a module that hard-codes float32 somewhere
+                pass
+        self._prepare(module, example_inputs, kwargs, params, torch.float32)
+        self.scale = 1e3
+
+    def _prepare(
+        self,
+        module: nn.Module,
+        example_inputs: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        params: Params,
+        dtype: torch.dtype,
+    ) -> None:
+        """The runner, the parameters in ``dtype`` and the reference outputs."""
+        self._run = _runner(module, example_inputs, kwargs, dtype)
+        self.params = _cast(params, dtype)
+        self.reference = self._run(self.params)
 
     def repeat_error(self) -> float:
         """The relative output error of a second run at the same parameters: zero for a
