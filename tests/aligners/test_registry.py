@@ -7,6 +7,7 @@ import torch
 
 from lmckit.aligners import (
     AlignmentResult,
+    AlignRun,
     LearnedMatchingConfig,
     aligner_info,
     get_aligner,
@@ -121,3 +122,29 @@ def test_every_aligner_recovers_a_transformed_copy(name: str, digits: Dataset) -
         return
     for k in a:
         torch.testing.assert_close(moved[k], a[k], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["weight_matching", "activation_matching"])
+def test_a_run_context_calls_the_aligner_as_its_keywords_do(name: str, digits: Dataset) -> None:
+    module, a = create_model("mlp", seed=0, in_features=64, hidden=[16, 16], out_features=10)
+    _, b = create_model("mlp", seed=1, in_features=64, hidden=[16, 16], out_features=10)
+    spec = module.symmetry_spec()
+    info = aligner_info(name)
+    by_keywords = info.fn(spec, a, b, None, model=module, data=digits, seed=3)
+    by_run = info.run(spec, a, b, None, AlignRun(model=module, data=digits, seed=3))
+    for space in spec.names:
+        assert torch.equal(by_run.transform.elements[space], by_keywords.transform.elements[space])
+    assert by_run.history == by_keywords.history
+
+
+def test_a_run_context_without_what_the_method_needs_is_refused_in_one_line() -> None:
+    module, a = create_model("mlp", seed=0, in_features=64, hidden=[16], out_features=10)
+    spec = module.symmetry_spec()
+    info = aligner_info("learned_matching")
+    with pytest.raises(
+        ValueError, match="^learned_matching runs the network: give the run a model$"
+    ):
+        info.run(spec, a, a)
+    with pytest.raises(ValueError, match="^learned_matching needs data$"):
+        info.run(spec, a, a, None, AlignRun(model=module))
+    assert info.takes("row_masks") and not aligner_info("naive").takes("row_masks")

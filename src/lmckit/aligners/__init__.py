@@ -29,6 +29,7 @@ from lmckit.aligners.registry import (
     register_aligner,
 )
 from lmckit.aligners.result import AlignmentResult, SpaceDiagnostics
+from lmckit.aligners.run import AlignRun
 from lmckit.aligners.solvers import solve
 from lmckit.aligners.weight import WeightMatchingConfig, weight_matching
 from lmckit.aligners.width import (
@@ -41,6 +42,7 @@ from lmckit.aligners.width import (
 __all__ = [
     "ActivationMatchingConfig",
     "Aligner",
+    "AlignRun",
     "AlignerInfo",
     "AlignmentResult",
     "HeadBases",

@@ -16,6 +16,8 @@ Every aligner has one signature, checked when it is registered::
   ``activation_matching`` also takes an iterable of input batches instead.
 - ``seed``, ``progress``, ``device``: how to run it (randomness, a progress bar,
   where the heavy tensor work runs; results always come back on the CPU).
+  These five are declared once, as :class:`~lmckit.aligners.run.AlignRun`; a caller that
+  runs an aligner by name passes one to :meth:`AlignerInfo.run`.
 - method options after those are keyword-only and optional (``init``, ``spaces``,
   ``row_masks``, ``others``, ``loss``, ...); see each method.
 
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 from lmckit.aligners.result import AlignmentResult
+from lmckit.aligners.run import AlignRun
 from lmckit.params import as_params
 from lmckit.registry import Registry, summary
 from lmckit.symmetry import as_spec
@@ -52,13 +55,7 @@ __all__ = [
 Aligner = Callable[..., AlignmentResult]
 
 _POSITIONAL = ("spec", "params_a", "params_b", "config")
-_COMMON: dict[str, Any] = {
-    "model": None,
-    "data": None,
-    "seed": 0,
-    "progress": False,
-    "device": None,
-}
+_COMMON: dict[str, Any] = AlignRun.defaults()
 
 
 def _check_signature(name: str, fn: Callable[..., Any]) -> None:
@@ -105,6 +102,32 @@ class AlignerInfo:
     def summary(self) -> str:
         """First line of the aligner's docstring."""
         return summary(self.fn)
+
+    def takes(self, option: str) -> bool:
+        """Whether the aligner has the method option ``option`` (e.g. ``"row_masks"``)."""
+        return option in inspect.signature(self.fn).parameters
+
+    def run(
+        self,
+        spec: Any,
+        params_a: Any,
+        params_b: Any,
+        config: Any = None,
+        run: AlignRun | None = None,
+        **options: Any,
+    ) -> AlignmentResult:
+        """Call the aligner with the run context ``run`` (defaults: :class:`AlignRun`)
+        and the method ``options`` it takes.
+
+        Raises:
+            ValueError: the method needs a model or data that ``run`` does not hold.
+        """
+        run = run or AlignRun()
+        if self.needs_model and run.model is None:
+            raise ValueError(f"{self.name} runs the network: give the run a model")
+        if self.needs_data and run.data is None:
+            raise ValueError(f"{self.name} needs data")
+        return self.fn(spec, params_a, params_b, config, **run.keywords(), **options)
 
 
 def _load_all() -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from torch import nn
 
 from lmckit.aligners.registry import aligner_info
+from lmckit.aligners.run import AlignRun
 from lmckit.aligners.result import AlignmentResult
 from lmckit.data import Dataset
 from lmckit.evaluate import PathResult
@@ -62,12 +63,8 @@ def align_pair(
         info = aligner_info(method)
     except KeyError as err:
         raise ValueError(f"{err.args[0]}") from None
-    if info.needs_data and data is None:
-        raise ValueError(f"{method.replace('_', ' ')} needs data")
     config = _stream_config(info, data, settings)
-    return info.fn(
-        spec, params_a, params_b, config, model=model, data=data, seed=seed, progress=progress
-    )
+    return info.run(spec, params_a, params_b, config, AlignRun(model, data, seed, progress))
 
 
 def compare_alignments(

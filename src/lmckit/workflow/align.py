@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -10,6 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners.registry import AlignerInfo, aligner_info
+from lmckit.aligners.run import AlignRun
 from lmckit.aligners.result import AlignmentResult
 from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset
@@ -220,11 +220,9 @@ def align_models(
     for candidate in candidates:
         form = pair_form(a, b, candidate, example_inputs)
         masks = _row_masks(form, data) if mask_unseen else {}
-        options: dict[str, Any] = {}
-        if masks and "row_masks" in inspect.signature(info.fn).parameters:
-            options["row_masks"] = masks
-        result = info.fn(form.spec, form.a, form.b, config, model=form.module, data=data,
-                         seed=seed, progress=progress, device=device, **options)  # fmt: skip
+        options: dict[str, Any] = {"row_masks": masks} if masks and info.takes("row_masks") else {}
+        run = AlignRun(model=form.module, data=data, seed=seed, progress=progress, device=device)
+        result = info.run(form.spec, form.a, form.b, config, run, **options)
         runs.append((candidate, form, masks, options, result))
     form_losses: dict[str, float] = {}
     if len(runs) > 1:
