@@ -21,7 +21,7 @@ from torch import Tensor
 
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
-from lmckit.models import ModelConfig, ZooModel, build_module, get_model_class
+from lmckit.models import ModelConfig, ZooModel, build_zoo_model, get_model_class
 from lmckit.outputs import check_output_dir
 from lmckit.params import Params, as_params, check_finite, first_nonfinite
 from lmckit.weightfile import (
@@ -83,10 +83,10 @@ def _build(config: ModelConfig, where: Path, *, meta: bool = False) -> ZooModel:
             if meta:
                 try:
                     with torch.device("meta"):
-                        return build_module(config)
+                        return build_zoo_model(config)
                 except (RuntimeError, NotImplementedError):
                     pass  # an __init__ that computes on tensors: build it for real
-            return build_module(config)
+            return build_zoo_model(config)
     except (ValueError, TypeError, RuntimeError, OverflowError, MemoryError) as err:
         reason = str(err).splitlines()[0] if str(err) else type(err).__name__
         raise CheckpointError(f"{where}: cannot build {config.name}: {reason}") from None

@@ -12,7 +12,7 @@ library users measure the same way:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -22,6 +22,7 @@ from lmckit.evaluate import Metrics, PathResult, evaluate, evaluate_path, linear
 from lmckit.merge import has_batchnorm
 from lmckit.merge_methods import path_prepare
 from lmckit.params import Params
+from lmckit.table import Column, format_table, percent
 
 __all__ = [
     "FIXES",
@@ -31,8 +32,8 @@ __all__ = [
     "EvalSettings",
     "eval_batch_size",
     "evaluate_split",
-    "format_table",
     "measure_path",
+    "path_table",
     "resolve_fix",
     "train_inputs",
 ]
@@ -188,23 +189,29 @@ def measure_path(
     )
 
 
-def format_table(results: dict[str, PathResult]) -> str:
-    """Plain-text table of barriers and midpoints, one row per path."""
-    w = max(len("method"), *(len(name) for name in results)) + 2
-    header = (
-        f"{'method':<{w}}{'loss barrier':>14}{'acc barrier':>13}"
-        f"{'mid loss':>10}{'mid acc':>9}{'end losses':>16}"
-    )
-    rows = [header, "-" * len(header)]
-    for name, r in results.items():
-        # a grid without t = 0.5 has no midpoint to show
-        mid = (
-            f"{r.midpoint_loss:>10.4f}{100 * r.midpoint_acc:>8.2f}%"
-            if r.has_midpoint
-            else f"{'-':>10}{'-':>9}"
-        )
-        rows.append(
-            f"{name:<{w}}{r.barrier_loss:>14.4f}{100 * r.barrier_acc:>12.2f}%{mid}"
-            f"{r.loss[0]:>8.4f}/{r.loss[-1]:.4f}"
-        )
-    return "\n".join(rows)
+#: the columns of :func:`path_table`
+PATH_COLUMNS = (
+    Column("method", "method", align="<"),
+    Column("loss barrier", "barrier_loss", ".4f"),
+    percent("acc barrier", "barrier_acc"),
+    Column("mid loss", "midpoint_loss", ".4f"),
+    percent("mid acc", "midpoint_acc"),
+    Column("end losses", "end_losses"),
+)
+
+
+def path_table(results: Mapping[str, PathResult]) -> str:
+    """Plain-text table of barriers and midpoints, one row per path (``-`` where a grid
+    has no midpoint)."""
+    rows = [
+        {
+            "method": name,
+            "barrier_loss": r.barrier_loss,
+            "barrier_acc": r.barrier_acc,
+            "midpoint_loss": r.midpoint_loss if r.has_midpoint else None,
+            "midpoint_acc": r.midpoint_acc if r.has_midpoint else None,
+            "end_losses": f"{r.loss[0]:.4f}/{r.loss[-1]:.4f}",
+        }
+        for name, r in results.items()
+    ]
+    return format_table(rows, PATH_COLUMNS)

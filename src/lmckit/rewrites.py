@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from lmckit.groups import HeadPermutation, Orthogonal
-from lmckit.models.registry import ModelConfig, ZooModel, build_module
+from lmckit.models.registry import ModelConfig, ZooModel, build_zoo_model
 from lmckit.params import Params
 from lmckit.spec.fold import Reader, readers_of
 from lmckit.spec.infer import SymmetryAnalysis, analyze_symmetries
@@ -80,7 +80,7 @@ def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
     # the weights are replaced; fork the RNG so building leaves no trace in it
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        new = build_module(config)
+        new = build_zoo_model(config)
     new.train(module.training)
     return new
 

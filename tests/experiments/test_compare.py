@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmckit.experiments.compare import METHODS, align_pair, compare_alignments
-from lmckit.measure import EvalSettings, format_table, measure_path, train_inputs
+from lmckit.measure import EvalSettings, measure_path, path_table, train_inputs
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +34,8 @@ def test_alignment_lowers_the_barrier(mlp_results) -> None:
     assert mlp_results["weight_matching"].meta["align_sweeps"] >= 1
 
 
-def test_format_table_lists_every_method(mlp_results) -> None:
-    table = format_table(mlp_results)
+def test_path_table_lists_every_method(mlp_results) -> None:
+    table = path_table(mlp_results)
     lines = table.splitlines()
     assert lines[0].split()[:3] == ["method", "loss", "barrier"]
     assert len(lines) == 2 + len(METHODS)

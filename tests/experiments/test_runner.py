@@ -14,7 +14,6 @@ from lmckit.data import Dataset
 from lmckit.data.regression import RegressionData
 from lmckit.experiments import ExperimentContext
 from lmckit.experiments.runner import Runner, choose_device, config_hash
-from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.models import create_model
 from lmckit.task import mse
 from lmckit.train import TrainConfig, fit
@@ -129,16 +128,3 @@ def test_device_choice() -> None:
         assert choose_device("auto") == torch.device("cpu")
         with pytest.raises(ValueError, match="CUDA is not available"):
             choose_device("cuda")
-
-
-def test_table_columns() -> None:
-    rows = [{"name": "a", "x": 0.5, "y": 0.123456}, {"name": "long name", "x": None, "y": 2.0}]
-    table = format_table(
-        rows, [Column("name", "name", align="<"), percent("x", "x", 1), Column("y", "y", ".3f")]
-    )
-    assert table.splitlines() == [
-        "name           x      y",
-        "-----------------------",
-        "a          50.0%  0.123",
-        "long name      -  2.000",
-    ]

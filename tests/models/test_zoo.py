@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from lmckit.models import ModelConfig, ZooModel, build_module, create_model, list_models
+from lmckit.models import ModelConfig, ZooModel, build_zoo_model, create_model, list_models
 from lmckit.models.norms import CONV_NORMS, group_norm_groups
 from lmckit.params import Params
 from lmckit.symmetry import (
@@ -434,7 +434,7 @@ def test_group_norm_groups_divide_channels() -> None:
 def test_config_round_trips_through_json(name: str) -> None:
     kwargs = dict(SMALL[name].kwargs, norm="group")
     module, params = create_model(name, seed=3, **kwargs)
-    rebuilt = build_module(ModelConfig.from_json(module.config.to_json()))
+    rebuilt = build_zoo_model(ModelConfig.from_json(module.config.to_json()))
     assert rebuilt.state_dict().keys() == params.keys()
     assert dataclasses.asdict(rebuilt.config) == dataclasses.asdict(module.config)
     rebuilt.symmetry_spec().validate(params)

@@ -21,7 +21,7 @@ from lmckit.cli.common import (
     set_threads,
     threads_option,
 )
-from lmckit.measure import FIXES, EvalSettings, format_table
+from lmckit.measure import FIXES, EvalSettings, path_table
 from lmckit.paths.simplex import check_simplex_size
 from lmckit.workflow import pair_barrier, simplex_barrier
 
@@ -135,7 +135,7 @@ def command(
     result = pair_barrier(a, b, data, settings, circuits=circuits, meta=meta, progress=not quiet)
     if result.meta.get("form"):
         click.echo(f"form (as `lmckit align` recorded): {result.meta['form']}")
-    click.echo(format_table({"linear": result}))
+    click.echo(path_table({"linear": result}))
     if json_path:
         write_json(json_path, result.to_dict())
         click.echo(f"wrote {json_path}")

@@ -39,13 +39,13 @@ def command(
 ) -> None:
     """Train two MLPs on scikit-learn digits and compare barriers by alignment method."""
     from lmckit.experiments.demo import run_demo
-    from lmckit.measure import format_table
+    from lmckit.measure import path_table
     from lmckit.plot import plot_paths
 
     check_out_files([], json=json_path, plot=plot_path)
     set_threads(threads)
     results = run_demo(seed=seed, progress=not quiet, log=click.echo)
-    click.echo(format_table(results))
+    click.echo(path_table(results))
     if json_path:
         write_json(json_path, {k: v.to_dict() for k, v in results.items()})
         click.echo(f"wrote {json_path}")

@@ -13,8 +13,8 @@ from typing import Any
 from torch import nn
 
 from lmckit.aligners.registry import aligner_info
-from lmckit.aligners.run import AlignRun
 from lmckit.aligners.result import AlignmentResult
+from lmckit.aligners.run import AlignRun
 from lmckit.data import Dataset
 from lmckit.evaluate import PathResult
 from lmckit.measure import EvalSettings, measure_path

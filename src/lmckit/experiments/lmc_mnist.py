@@ -28,7 +28,7 @@ from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import path_row
-from lmckit.measure import EvalSettings, format_table, measure_path
+from lmckit.measure import EvalSettings, measure_path, path_table
 from lmckit.merge import has_batchnorm, reset_batchnorm
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
@@ -173,7 +173,7 @@ def mnist_mlp(ctx: ExperimentContext) -> ExperimentResult:
     )
     rows = [path_row(name, r, key="path") for name, r in results.items()]
     wm = results["weight_matching"].meta
-    table = format_table(results) + (
+    table = path_table(results) + (
         f"\nweight matching: {wm['align_sweeps']} sweeps, {wm['align_seconds']:.2f} s"
     )
     return run.result(table, rows, [figure], _notes(setup, data))
@@ -210,9 +210,7 @@ def _fixed_paths(
         title=f"ResNet20 x{setup.model_kwargs['width_mult']} ({norm} norm) on MNIST",
     )
     rows = [path_row(name, r, key="path") for name, r in results.items()]
-    table = format_table(results) + (
-        f"\nweight matching: {wm.iterations} sweeps, {wm.seconds:.2f} s"
-    )
+    table = path_table(results) + (f"\nweight matching: {wm.iterations} sweeps, {wm.seconds:.2f} s")
     return run.result(table, rows, [figure], _notes(setup, data))
 
 

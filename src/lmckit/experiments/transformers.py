@@ -53,7 +53,7 @@ from lmckit.experiments.datasets import char_dataset, mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
 from lmckit.experiments.tables import path_row
-from lmckit.measure import EvalSettings, format_table, measure_path
+from lmckit.measure import EvalSettings, measure_path, path_table
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.symmetry import HeadPermutation, Permutation, SymmetrySpec, apply
@@ -219,7 +219,7 @@ def _masks_for(
 
 def _result(run: Runner, results: dict[str, PathResult], notes: str) -> ExperimentResult:
     rows = [path_row(name, r) for name, r in results.items()]
-    return run.result(format_table(results), rows, notes=notes)
+    return run.result(path_table(results), rows, notes=notes)
 
 
 # --------------------------------------------------------------------------- ViT on MNIST

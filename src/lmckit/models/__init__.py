@@ -9,7 +9,7 @@ from lmckit.models import vit as _vit  # noqa: F401
 from lmckit.models.registry import (
     ModelConfig,
     ZooModel,
-    build_module,
+    build_zoo_model,
     create_model,
     get_model_class,
     list_models,
@@ -19,7 +19,7 @@ from lmckit.models.registry import (
 __all__ = [
     "ModelConfig",
     "ZooModel",
-    "build_module",
+    "build_zoo_model",
     "create_model",
     "get_model_class",
     "list_models",

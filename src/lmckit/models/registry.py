@@ -139,7 +139,7 @@ def get_model_class(name: str) -> type[ZooModel]:
     return _MODELS.get(name)
 
 
-def build_module(config: ModelConfig) -> ZooModel:
+def build_zoo_model(config: ModelConfig) -> ZooModel:
     """Construct the module of ``config`` (weights as initialised by PyTorch's RNG)."""
     cls = get_model_class(config.name)
     try:
@@ -161,6 +161,6 @@ def create_model(name: str, *, seed: int = 0, **kwargs: Any) -> tuple[ZooModel, 
     config = ModelConfig(name, kwargs)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        module = build_module(config)
+        module = build_zoo_model(config)
     params = {k: v.detach().clone() for k, v in module.state_dict().items()}
     return module, params

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lmckit.models.registry import ModelConfig, build_module
+from lmckit.models.registry import ModelConfig, build_zoo_model
 
 __all__ = [
     "ARCHITECTURES",
@@ -220,7 +220,7 @@ def _parameter_bytes(config: ModelConfig, *, dtype: torch.dtype = torch.float32)
     """
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            module = build_module(config)
+            module = build_zoo_model(config)
     except (ValueError, TypeError, RuntimeError, OverflowError) as err:
         raise ValueError(f"cannot build {config.name}: {err}") from None
     itemsize = torch.empty((), dtype=dtype).element_size()

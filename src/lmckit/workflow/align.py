@@ -9,8 +9,8 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners.registry import AlignerInfo, aligner_info
-from lmckit.aligners.run import AlignRun
 from lmckit.aligners.result import AlignmentResult
+from lmckit.aligners.run import AlignRun
 from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset
 from lmckit.data.token_stats import token_row_masks

@@ -68,11 +68,11 @@ from lmckit.experiments.gpt2_shakespeare.stages import (
 )
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 from lmckit.paths import SimplexResult
 from lmckit.plot import plot_paths, plot_simplex
+from lmckit.table import Column, format_table, percent
 
 __all__ = ["gpt2_shakespeare", "run_gpt2_shakespeare", "shakespeare_tokens"]
 

@@ -23,9 +23,9 @@ from lmckit.evaluate import evaluate_path
 from lmckit.experiments.identifiability.common import PAPER
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table
 from lmckit.models.asymmetric import AsymLinear, asym_parts
 from lmckit.params import Params
+from lmckit.table import Column, format_table
 from lmckit.task import mse
 from lmckit.train import TrainConfig
 

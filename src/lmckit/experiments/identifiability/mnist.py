@@ -25,8 +25,8 @@ from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.identifiability.common import PAPER, trained_plain_pair
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table
 from lmckit.measure import EvalSettings, measure_path
+from lmckit.table import Column, format_table
 from lmckit.train import TrainConfig
 
 __all__ = ["MNIST_FULL", "MNIST_QUICK", "MnistSetup"]

@@ -26,10 +26,10 @@ from lmckit.diagnostics.identifiability import (
 from lmckit.experiments.identifiability.common import PAPER
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.models.asymmetric import create_asym_model, to_plain
 from lmckit.params import Params
+from lmckit.table import Column, format_table, percent
 from lmckit.train import TrainConfig
 
 __all__ = ["swap_cost_summary"]

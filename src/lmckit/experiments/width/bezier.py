@@ -16,12 +16,12 @@ from lmckit.evaluate import PathResult, evaluate_path
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.experiments.width.common import DEPTH, mlp_pair
 from lmckit.experiments.width.mlp import FULL, QUICK
 from lmckit.params import Params, interpolate
 from lmckit.paths.curves import evaluate_curve, fit_curve
 from lmckit.plot import plot_paths
+from lmckit.table import Column, format_table, percent
 from lmckit.train import TrainConfig
 
 __all__ = ["BEZIER_CURVE", "BEZIER_TRAIN"]

@@ -19,7 +19,6 @@ from lmckit.calibration import calibrate
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.experiments.width.common import (
     CALIBRATION_FRACTION,
     PAPER,
@@ -31,6 +30,7 @@ from lmckit.experiments.width.common import (
 from lmckit.merge import reset_prepare
 from lmckit.models import create_model
 from lmckit.params import interpolate
+from lmckit.table import Column, format_table, percent
 from lmckit.train import TrainConfig
 
 __all__ = ["CNN_SWEEPS", "VGG_LAYOUT", "CNNSweep"]

@@ -28,7 +28,6 @@ from lmckit.evaluate import PathResult
 from lmckit.experiments.datasets import mnist_subset
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments.runner import Runner
-from lmckit.experiments.tables import Column, format_table, percent
 from lmckit.experiments.width.common import (
     BASE_WIDTH,
     CALIBRATION_FRACTION,
@@ -42,6 +41,7 @@ from lmckit.experiments.width.common import (
     split_test,
     sweep,
 )
+from lmckit.table import Column, format_table, percent
 from lmckit.train import TrainConfig
 
 __all__ = ["FULL", "QUICK", "WidthSettings"]
