@@ -206,16 +206,7 @@ def align_models(
         config = WeightMatchingConfig(start="best")
     candidates = [choice]
     if circuits is None and data is not None and method == "weight":
-        # with training data the form is chosen as the start is: every form the model
-        # can take that is written the same way, the lower midpoint training loss wins
-        names = possible_forms(a.module, method, symmetry, head_bases, convertible(a))
-        others = [n for n in names if n != choice.name and _written_alike(n, choice)]
-        candidates += [
-            replace(
-                choice, name=n, circuits=FORMS[n].circuits, path_circuits=FORMS[n].path_circuits
-            )
-            for n in others
-        ]
+        candidates += _other_forms(a, choice, method, symmetry, head_bases)
     runs = []
     for candidate in candidates:
         form = pair_form(a, b, candidate, example_inputs)
@@ -236,8 +227,45 @@ def align_models(
     aligned = apply(spec, pb, result.transform)
     if head_bases:
         aligned = head_bases_matching(spec, pa, aligned).apply(aligned)
+    metadata = _metadata(method, symmetry, seed, head_bases, config, choice, form, result)
+    if "row_masks" in options:
+        metadata["masked_rows"] = {k: int((~m).sum()) for k, m in masks.items()}
+    if form_losses:
+        metadata["form_midpoint_losses"] = form_losses
+    same = form.module is a.module
+    reference = pa if (form.rewritten or form.folded or not same) else None
+    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
+
+
+def _other_forms(
+    a: LoadedModel, choice: FormChoice, method: str, symmetry: str | None, head_bases: bool
+) -> list[FormChoice]:
+    """With training data the form is chosen as the start is: every other form the model
+    can take that is written as ``choice`` is (the lower midpoint training loss wins)."""
+    names = possible_forms(a.module, method, symmetry, head_bases, convertible(a))
+    others = [n for n in names if n != choice.name and _written_alike(n, choice)]
+    return [
+        replace(choice, name=n, circuits=FORMS[n].circuits, path_circuits=FORMS[n].path_circuits)
+        for n in others
+    ]
+
+
+def _metadata(
+    method: str,
+    symmetry: str | None,
+    seed: int,
+    head_bases: bool,
+    config: Any,
+    choice: FormChoice,
+    form: AlignForm,
+    result: AlignmentResult,
+) -> dict[str, Any]:
+    """What the aligned output records of the run: method, form, spaces, start, steps
+    (the form choice is what barrier and merge read to measure the path in this form)."""
+    from lmckit.aligners import WeightMatchingConfig
+
     metadata: dict[str, Any] = {
-        "method": full,
+        "method": ALIGN_METHODS[method],
         "symmetry": symmetry,
         "seed": seed,
         "head_bases": head_bases,
@@ -251,9 +279,6 @@ def align_models(
     }
     if result.stop:
         metadata["stop"] = result.stop
-    if "row_masks" in options:
-        unseen = {k: int((~m).sum()) for k, m in masks.items()}
-        metadata["masked_rows"] = unseen
     if method == "weight":
         metadata["start"] = {"start": (config or WeightMatchingConfig()).start}
     if isinstance(result, StartChoice):
@@ -264,13 +289,7 @@ def align_models(
             "lr": config.lr,
             "validation_midpoint": result.history,
         }
-    same = form.module is a.module
-    reference = pa if (form.rewritten or form.folded or not same) else None
-    # what barrier and merge read to measure the path in this form
-    metadata["form_choice"] = choice.to_dict()
-    if form_losses:
-        metadata["form_midpoint_losses"] = form_losses
-    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
+    return metadata
 
 
 def _written_alike(name: str, choice: FormChoice) -> bool:
