@@ -108,6 +108,11 @@ def test_align_start_is_weight_matchings(ckpts, tmp_path, start: str) -> None:
     got = lmckit.load(out).params
     for k, v in want.apply(b.params).items():
         assert torch.equal(got[k], v), k
+    # the output records the config as run and the result as the method reports it
+    recorded = load_metadata(out)
+    assert recorded["config"]["start"] == start
+    assert recorded["sweeps"] == want.iterations and recorded["history"] == want.history
+    assert recorded["spaces"].keys() == want.spaces.keys()
 
 
 def test_align_start_best_keeps_the_start_chosen_on_training_data(ckpts, tmp_path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from lmckit.params import Params
 from lmckit.symmetry import Transform, apply
@@ -51,6 +52,21 @@ class AlignmentResult:
     def apply(self, params: Params) -> Params:
         """``params`` (the second model, or one of its architecture) aligned to the first."""
         return apply(self.transform.spec, params, self.transform)
+
+    def metadata(self) -> dict[str, Any]:
+        """What an aligned output records of this run (JSON): per-space objectives,
+        iterations, convergence, the history and why it stopped early, if it did.
+        Subclasses add what they have to say."""
+        out: dict[str, Any] = {
+            "spaces": {k: vars(v) for k, v in self.spaces.items()},
+            "sweeps": self.iterations,
+            "iteration_unit": self.iteration_unit,
+            "converged": self.converged,
+            "history": list(self.history),
+        }
+        if self.stop:
+            out["stop"] = self.stop
+        return out
 
     def summary(self) -> str:
         before = sum(d.objective_before for d in self.spaces.values())

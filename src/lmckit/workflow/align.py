@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from lmckit.aligners.registry import AlignerInfo, aligner_info
 from lmckit.aligners.result import AlignmentResult
 from lmckit.aligners.run import AlignRun
-from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
+from lmckit.aligners.weight.start_choice import midpoint_loss
 from lmckit.data import Dataset
 from lmckit.data.token_stats import token_row_masks
 from lmckit.datafit import check_data_fits
@@ -260,12 +260,13 @@ def _metadata(
     form: AlignForm,
     result: AlignmentResult,
 ) -> dict[str, Any]:
-    """What the aligned output records of the run: method, form, spaces, start, steps
-    (the form choice is what barrier and merge read to measure the path in this form)."""
-    from lmckit.aligners import WeightMatchingConfig
-
-    metadata: dict[str, Any] = {
-        "method": ALIGN_METHODS[method],
+    """What the aligned output records of the run: the request, the form (what barrier
+    and merge read to measure the path in this form), the method's config as run and
+    what its result says of itself (:meth:`AlignmentResult.metadata`)."""
+    info = aligner_info(ALIGN_METHODS[method])
+    config = config if config is not None or info.config is None else info.config()
+    return {
+        "method": info.name,
         "symmetry": symmetry,
         "seed": seed,
         "head_bases": head_bases,
@@ -273,23 +274,9 @@ def _metadata(
         "form": form.form,
         "form_choice": choice.to_dict(),
         "folded_norm_scales": sorted(form.folded),
-        "spaces": {k: vars(v) for k, v in result.spaces.items()},
-        "sweeps": result.iterations,
-        "converged": result.converged,
+        "config": None if config is None else asdict(config),
+        **result.metadata(),
     }
-    if result.stop:
-        metadata["stop"] = result.stop
-    if method == "weight":
-        metadata["start"] = {"start": (config or WeightMatchingConfig()).start}
-    if isinstance(result, StartChoice):
-        metadata["start"] = {"chosen": result.start, "midpoint_losses": result.midpoint_losses}
-    if method == "learned" and config is not None:
-        metadata["learned"] = {
-            "steps": config.steps,
-            "lr": config.lr,
-            "validation_midpoint": result.history,
-        }
-    return metadata
 
 
 def _written_alike(name: str, choice: FormChoice) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import nn
@@ -44,6 +45,10 @@ class StartChoice(AlignmentResult):
 
     start: str = ""
     midpoint_losses: dict[str, float] = field(default_factory=dict)
+
+    def metadata(self) -> dict[str, Any]:
+        chosen = {"chosen": self.start, "midpoint_losses": dict(self.midpoint_losses)}
+        return {**super().metadata(), "start": chosen}
 
     def summary(self) -> str:
         losses = ", ".join(f"{s} {v:.4g}" for s, v in self.midpoint_losses.items())
