@@ -203,6 +203,7 @@ def aligned_form(
     circuits: bool = False,
     example_inputs: ExampleInputs | None = None,
     rms: bool = False,
+    spec: SymmetrySpec | None = None,
 ) -> AlignForm:
     """Two models of ``module``'s architecture in the form they are aligned in.
 
@@ -216,6 +217,9 @@ def aligned_form(
             and biases folded into their readers), and permute it there.
         example_inputs: inputs for tracing: a tensor, a tuple of positional inputs or a
             dict of keyword inputs (default: :func:`default_inputs`).
+        spec: ``module``'s own spec (:func:`spec_of`) when the caller has inferred it
+            already, e.g. before reading ``params_b``, so that the inference's check
+            never holds its copy of the model beside both models; default: inferred here.
 
     Raises:
         TypeError: example inputs of another type (naming what is expected).
@@ -230,7 +234,8 @@ def aligned_form(
         split_inputs(example_inputs)  # a wrong type is refused before any work
     inputs = example_inputs if example_inputs is not None else default_inputs(module)
     a, b = params_a, params_b
-    spec = spec_of(module) if example_inputs is None else spec_of(module, inputs)
+    if spec is None:
+        spec = spec_of(module) if example_inputs is None else spec_of(module, inputs)
     parts: list[str] = []
     folded: frozenset[str] = frozenset()
     if symmetry == "permutation":

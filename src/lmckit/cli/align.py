@@ -19,6 +19,7 @@ from lmckit.cli.common import (
     force_option,
     input_paths,
     load_dataset,
+    load_like,
     load_models,
     model_pair_arguments,
     output_dtype,
@@ -32,7 +33,7 @@ from lmckit.cli.common import (
 from lmckit.io import LoadedModel, model_format, save_model
 from lmckit.models import ZooModel
 from lmckit.outputs import REFERENCE_DIR, OutputKind
-from lmckit.recipe import SYMMETRIES
+from lmckit.recipe import SYMMETRIES, spec_of
 from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind, choose_pair_form
 
 __all__ = ["command"]
@@ -163,10 +164,15 @@ def command(
     # weight matching reads the weights as float32 one tensor at a time: models written
     # back in their own dtype stay in it (half the memory of float32 copies for bfloat16)
     native = method == "weight" and data_spec is None and dtype == "auto"
-    a, b = load_models([model_a, model_b], dtype=None if native else torch.float32)
+    read_as = None if native else torch.float32
+    (a,) = load_models([model_a], dtype=read_as)
     choice = choose_pair_form(
         a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases
     )
+    # A's spec is inferred (and checked, on a float32 copy of A) before B is read, so
+    # that copy never sits beside both models: the peak of a large pair
+    spec = None if choice.to_zoo else spec_of(a.module)
+    b = load_like(a, model_b, dtype=read_as)
     kind = align_output_kind(b, choice)
     if kind != output_kind(model_b):
         check_out_dir(out, kind, inputs, force)  # the form is written as lmckit's model
@@ -187,6 +193,7 @@ def command(
         config=config,
         device=torch_device,
         progress=not quiet,
+        spec=spec,
     )
     metadata = {"aligned_to": str(model_a), "source": str(model_b), **aligned.metadata}
     metadata["data"] = data_spec
@@ -214,7 +221,7 @@ def command(
     if "masked_rows" in aligned.metadata:
         rows = max(aligned.metadata["masked_rows"].values())
         click.echo(f"masked {rows} token rows that never occur in the training split")
-    if isinstance(aligned.metadata.get("start"), dict) and "chosen" in aligned.metadata["start"]:
+    if "start" in aligned.metadata:  # the start was chosen on --data
         click.echo(f"start: {aligned.metadata['start']['chosen']} (lower midpoint training loss)")
     if result.stop and result.iteration_unit == "sweeps":
         click.echo(f"warning: weight matching stopped early: {result.stop}; raise --max-sweeps",

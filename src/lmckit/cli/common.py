@@ -169,15 +169,20 @@ def load_models(
         if any(recorded_form(p) is not None for p in paths):
             return [load_model(p, dtype=dtype) for p in paths]
     first = load_model(paths[0], dtype=dtype)
-    loaded = [first]
-    for path in paths[1:]:
-        other = load_model(path, dtype=dtype)
-        try:
-            check_same_architecture(first, other)
-        except IncompatibleModelsError as err:
-            raise fail(f"{paths[0]} and {path} are different architectures: {err}") from None
-        loaded.append(other)
-    return loaded
+    return [first, *(load_like(first, path, dtype=dtype) for path in paths[1:])]
+
+
+def load_like(
+    first: LoadedModel, path: str, *, dtype: torch.dtype | None = torch.float32
+) -> LoadedModel:
+    """The model at ``path``, which must have ``first``'s architecture (a mismatch names
+    both paths); for commands that work on the first model before reading the others."""
+    other = load_model(path, dtype=dtype)
+    try:
+        check_same_architecture(first, other)
+    except IncompatibleModelsError as err:
+        raise fail(f"{first.path} and {path} are different architectures: {err}") from None
+    return other
 
 
 # --------------------------------------------------------------------------- data

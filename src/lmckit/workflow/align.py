@@ -22,7 +22,7 @@ from lmckit.outputs import OutputKind
 from lmckit.params import Params
 from lmckit.recipe import AlignForm, aligned_form, check_symmetry
 from lmckit.spec.inputs import ExampleInputs
-from lmckit.symmetry import apply
+from lmckit.symmetry import SymmetrySpec, apply
 
 __all__ = [
     "ALIGN_METHODS",
@@ -107,9 +107,11 @@ def pair_form(
     b: LoadedModel,
     choice: FormChoice,
     example_inputs: ExampleInputs | None = None,
+    spec: SymmetrySpec | None = None,
 ) -> AlignForm:
     """The pair in the form ``choice`` names (converted to lmckit's own model first when
-    the form needs its rewrites; ``example_inputs`` trace the model otherwise)."""
+    the form needs its rewrites; ``example_inputs`` trace the model otherwise; ``spec``:
+    A's module's own spec if already inferred)."""
     if choice.to_zoo and convertible(a):
         assert a.path is not None and b.path is not None
         (module, pa), (_, pb) = zoo_from_hf(a.path), zoo_from_hf(b.path)
@@ -117,7 +119,7 @@ def pair_form(
                             rms=FORMS[choice.name].rms)  # fmt: skip
     return aligned_form(a.module, a.params, b.params, symmetry=choice.symmetry,
                         circuits=choice.circuits, example_inputs=example_inputs,
-                        rms=FORMS[choice.name].rms)  # fmt: skip
+                        rms=FORMS[choice.name].rms, spec=spec)  # fmt: skip
 
 
 def model_in_form(model: LoadedModel, choice: FormChoice) -> AlignForm:
@@ -155,6 +157,7 @@ def align_models(
     device: str | torch.device | None = None,
     progress: bool = False,
     example_inputs: ExampleInputs | None = None,
+    spec: SymmetrySpec | None = None,
 ) -> AlignedPair:
     """Align model ``b`` to ``a``: choose and prepare the pair's form, run the method, move B.
 
@@ -183,6 +186,9 @@ def align_models(
         example_inputs: inputs to trace the architecture with (see
             :func:`lmckit.recipe.aligned_form`); default: a zoo model's or a Hugging Face
             model's own.
+        spec: A's module's own spec (:func:`lmckit.recipe.spec_of`) if the caller has
+            inferred it already, e.g. before loading B (the inference checks the spec on
+            a float32 copy of A: done first, that copy is never beside both models).
 
     Raises:
         ValueError: a user mistake (unknown method, missing data, incompatible options, a
@@ -209,7 +215,7 @@ def align_models(
         candidates += _other_forms(a, choice, method, symmetry, head_bases)
     runs = []
     for candidate in candidates:
-        form = pair_form(a, b, candidate, example_inputs)
+        form = pair_form(a, b, candidate, example_inputs, spec)
         masks = _row_masks(form, data) if mask_unseen else {}
         options: dict[str, Any] = {"row_masks": masks} if masks and info.takes("row_masks") else {}
         run = AlignRun(model=form.module, data=data, seed=seed, progress=progress, device=device)
