@@ -50,7 +50,7 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
     "bart": (_ATTENTION, 0.99),
     "vit": (_ATTENTION, 0.99),
     "bloom": ({"residual", "units"}, 0.99),
-    "falcon": ({"residual", "units"}, 0.99),
+    "falcon": ({"residual", "heads", "units"}, 0.99),
     "clip": ({"heads", "value", "qk", "units"}, 0.7),
     "convnext": ({"residual", "units"}, 0.99),
     "resnet": ({"residual", "units"}, 0.99),

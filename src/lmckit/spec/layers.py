@@ -143,11 +143,11 @@ def _broadcast_unify(an: Analysis, small: Value, big: Value, what: str) -> None:
 def _grouped(an: Analysis, kv: Value, heads_q: int) -> Value:
     """Keys or values of grouped-query attention as the query heads see them."""
     heads_kv = axis_size(kv, -3)
-    if heads_kv in (1, heads_q):
+    if heads_kv == heads_q:
         return kv
     # the query heads of a group share its key/value head: the copies are equal, so
     # any permutation of them keeps the keys and values; on the query side it permutes
-    # the group's query heads
+    # the group's query heads (multi-query attention: one group of all of them)
     copies = an.lattice.fresh(heads_q // heads_kv, Level.PERM, "query heads share a key head")
     axes = [list(a) for a in kv.axes]
     axes[-3] = [*axes[-3], copies]

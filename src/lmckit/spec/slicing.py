@@ -33,19 +33,26 @@ def _is_free(an: Analysis, factors: Sequence[Var]) -> bool:
 def _slice(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x: Value = args[0]
     dim = (args[1] if len(args) > 1 else 0) % x.ndim
+    start = args[2] if len(args) > 2 and args[2] is not None else 0
+    step = args[4] if len(args) > 4 else 1
+    return _take(an, node, x, dim, start, step, f"slice {node.name!r} cuts a feature axis")
+
+
+def _take(an: Analysis, node: Node, x: Value, dim: int, start: int, step: int, why: str) -> Value:
+    """``x`` with entries ``start, start + step, ...`` of axis ``dim`` taken (as many as
+    the node's output has): a block of one feature variable becomes a variable of its
+    own; any other cut of a feature axis pins it (``why``)."""
     shape = out_shapes(node)
-    if shape[dim] == axis_size(x, dim):
+    size = axis_size(x, dim)
+    start = max(0, min(size, start + size if start < 0 else start))
+    if shape[dim] == size:
         return copy_value(x)
     if shape[dim] == 0:  # nothing taken (partial rotary with every dimension rotary)
         return an.free(shape, "empty slice")
     out = copy_value(x)
     out.src[dim] = frozenset()
     leaves = an.lattice.leaves(x.axes[dim])
-    step = args[4] if len(args) > 4 else 1
     if len(leaves) == 1 and step == 1:
-        size = leaves[0].size
-        start = args[2] if len(args) > 2 and args[2] is not None else 0
-        start = max(0, min(size, start + size if start < 0 else start))
         for cut in (start, min(size, start + shape[dim])):
             if 0 < cut < size:
                 an.cuts.append((leaves[0], cut))
@@ -57,11 +64,33 @@ def _slice(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
                 out.axes[dim] = [piece]
                 return out
     if not _is_free(an, x.axes[dim]):
-        an.pin(
-            [Value([x.axes[dim]])], f"slice {node.name!r} cuts a feature axis", notable=not x.const
-        )
+        an.pin([Value([x.axes[dim]])], why, notable=not x.const)
     out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "slice")]
     return out
+
+
+#: ops that pass a constant through unchanged (export copies lifted constants)
+_COPIES = ("lift_fresh_copy", "clone", "_to_copy", "alias", "detach")
+
+
+def _index_list(an: Analysis, index: Any) -> tuple[int, ...] | None:
+    """The entries a constant index list takes (``x[..., [-2], :]``), else None."""
+    while isinstance(index, Node) and index.op == "call_function":
+        if not any(f"aten.{op}." in str(index.target) for op in _COPIES):
+            return None
+        index = index.args[0]
+    if not isinstance(index, Node) or index.op != "placeholder":
+        return None
+    return an.traced.indices.get(index.name)
+
+
+def _as_range(entries: Sequence[int], size: int) -> int | None:
+    """The start of ``entries`` when they are ``start, start + 1, ...`` (negative
+    entries counted from the end, as indexing does), else None."""
+    at = [e + size if e < 0 else e for e in entries]
+    if not at or any(not 0 <= e < size for e in at):
+        return None
+    return at[0] if at == list(range(at[0], at[0] + len(at))) else None
 
 
 @register(aten.select)
@@ -89,6 +118,16 @@ def _index(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
         return out
     indices = list(args[1])
     k = len(indices)
+    given = [i for i, idx in enumerate(indices) if idx is not None]
+    if len(given) == 1 and len(out_shapes(node)) == x.ndim:
+        # one constant list of consecutive entries along one axis: a slice of that axis
+        dim = given[0]
+        index_nodes = node.args[1]
+        assert isinstance(index_nodes, list | tuple)
+        entries = _index_list(an, index_nodes[dim])
+        start = None if entries is None else _as_range(entries, axis_size(x, dim))
+        if start is not None:
+            return _take(an, node, x, dim, start, 1, f"{node.name!r} indexes a feature axis")
     leading = all(i is not None for i in indices)
     for i, idx in enumerate(indices):
         if idx is not None and not _is_free(an, x.axes[i]):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -71,6 +71,9 @@ class TracedGraph:
         shapes: state-dict key -> shape.
         outputs: positions, among the graph's outputs, of those the function is judged
             by (:func:`prediction`); None: all of them.
+        indices: placeholder name -> value of each small integer constant (an index
+            list written in the model's code, ``x[..., [-2], :]``): rules read which
+            entries it takes.
     """
 
     graph: Graph
@@ -81,6 +84,7 @@ class TracedGraph:
     inputs: tuple[str, ...]
     shapes: Mapping[str, tuple[int, ...]]
     outputs: tuple[int, ...] | None = None
+    indices: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def module_path(node: Node) -> str:
@@ -148,6 +152,7 @@ def trace(
     params: dict[str, str] = {}
     statistics: set[str] = set()
     constants: set[str] = set()
+    indices: dict[str, tuple[int, ...]] = {}
     inputs: list[str] = []
     kinds = torch.export.graph_signature.InputKind
     for spec in program.graph_signature.input_specs:
@@ -161,6 +166,9 @@ def trace(
                 statistics.add(key)
         else:
             constants.add(placeholder)
+            value = program.constants.get(spec.target) if spec.target else None
+            if isinstance(value, torch.Tensor) and _is_index_list(value):
+                indices[placeholder] = tuple(int(i) for i in value.reshape(-1).tolist())
     shapes = {k: tuple(v.shape) for k, v in state.items()}
     tied = {names[0]: names[1:] for names in aliases.values() if len(names) > 1}
     return TracedGraph(
@@ -172,6 +180,20 @@ def trace(
         tuple(inputs),
         shapes,
         _predicted(program),
+        indices,
+    )
+
+
+#: the most entries an integer constant may have to be kept as an index list
+MAX_INDEX_LIST = 4096
+
+
+def _is_index_list(value: torch.Tensor) -> bool:
+    return (
+        value.ndim <= 1
+        and not value.is_floating_point()
+        and value.dtype != torch.bool
+        and value.numel() <= MAX_INDEX_LIST
     )
 
 
