@@ -35,6 +35,7 @@ from lmckit.params import Params, as_module, as_params
 from lmckit.spec import analyze_symmetries, infer_spec
 from lmckit.spec.fold import fold_norm_scales
 from lmckit.spec.inputs import ExampleInputs, split_inputs
+from lmckit.spec.untie import untied_module, untied_params
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "layernorm_error",
     "orthogonal_route",
     "spec_of",
+    "written_alike",
 ]
 
 #: Values of ``symmetry`` besides ``None``.
@@ -132,14 +134,18 @@ def has_rotations(spec: SymmetrySpec) -> bool:
 @dataclass(frozen=True)
 class _OrthogonalRoute:
     """How a module without rotations in its spec admits them: ``"fold"`` (norm scales
-    folded into their readers; ``a``, ``b``, ``spec``, ``scales`` hold the result) or
-    ``"rmsnorm"`` (the LayerNorm -> RMSNorm rewrite, zoo models only)."""
+    folded into their readers; ``a``, ``b``, ``spec``, ``scales`` hold the result, and
+    ``module`` the module with the weights in ``untied`` given their own copy so that a
+    tied reader can take a scale) or ``"rmsnorm"`` (the LayerNorm -> RMSNorm rewrite,
+    zoo models only)."""
 
     route: str
     a: Params | None = None
     b: Params | None = None
     spec: SymmetrySpec | None = None
     scales: frozenset[str] = frozenset()
+    module: nn.Module | None = None
+    untied: tuple[str, ...] = ()
 
 
 def orthogonal_route(
@@ -156,11 +162,21 @@ def orthogonal_route(
     if isinstance(module, ZooModel) and layer_norms:
         # the zoo's own rewrite reaches every orthogonal map, not only those fixing the mean
         return _OrthogonalRoute("rmsnorm")
-    fa, fb = fold_norm_scales(analysis, a), fold_norm_scales(analysis, b)
+    fa = fold_norm_scales(analysis, a)
+    untied: dict[str, str] = {}
+    if fa.tied and not isinstance(module, ZooModel):
+        # a tied reader (an output head sharing the embedding) gets its own copy
+        untied = fa.tied
+        module = untied_module(module, untied)
+        a, b = untied_params(a, untied), untied_params(b, untied)
+        analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False)
+        fa = fold_norm_scales(analysis, a)
+    fb = fold_norm_scales(analysis, b)
     if fa.scales:
         spec = infer_spec(module, inputs, names=names, params=fa.params, uniform=fa.scales)
         if has_rotations(spec):
-            return _OrthogonalRoute("fold", fa.params, fb.params, spec, fa.scales)
+            return _OrthogonalRoute("fold", fa.params, fb.params, spec, fa.scales, module,
+                                    tuple(sorted(untied)))  # fmt: skip
     why = "; ".join(fa.skipped) or "every space passes through ops that act unit by unit"
     raise ValueError(
         f"{type(module).__name__} has no space that admits orthogonal maps ({why}): its "
@@ -175,7 +191,9 @@ def _orthogonal(
     route = orthogonal_route(module, a, b, inputs)
     if route.route == "fold":
         assert route.a is not None and route.b is not None and route.spec is not None
-        return module, route.a, route.b, route.spec, ["norm scales folded"], route.scales
+        assert route.module is not None
+        done = ["norm scales folded"] + [f"{k} untied" for k in route.untied]
+        return route.module, route.a, route.b, route.spec, done, route.scales
     if isinstance(module, ZooModel):
         from lmckit.rewrites import layernorm_to_rmsnorm
 
@@ -183,6 +201,15 @@ def _orthogonal(
         _, rb = layernorm_to_rmsnorm(module, b)
         return rms, ra, rb, rms.symmetry_spec(), ["RMSNorm form"], frozenset()
     raise layernorm_error(module)
+
+
+def written_alike(form_module: nn.Module, module: nn.Module) -> bool:
+    """Whether a model in a form whose module is ``form_module`` is written as a model
+    of ``module`` is: the same module, or a copy of a ``transformers``-style module with
+    a tied weight untied (lmckit's own rewrites are new zoo configurations)."""
+    return form_module is module or (
+        not isinstance(form_module, ZooModel) and type(form_module) is type(module)
+    )
 
 
 def layernorm_error(module: nn.Module) -> ValueError:

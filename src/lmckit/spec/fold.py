@@ -20,7 +20,8 @@ the readers its output flows into.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,12 +42,16 @@ class FoldedScales:
             ones, or all zeros for a scale stored as ``1 + w``; shifts all zeros).
         readers: key of each reader weight that absorbed a scale (or shift) -> its key.
         skipped: scales that could not be folded, with the reason.
+        tied: for scales skipped because a reader's weight is tied to another use:
+            the reader's own state-dict name -> the name it is tied to (untied by
+            :func:`lmckit.spec.untie.untied_module`, the scale folds).
     """
 
     params: Params
     scales: frozenset[str]
     readers: dict[str, str]
     skipped: tuple[str, ...]
+    tied: dict[str, str] = field(default_factory=dict)
 
 
 def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales:
@@ -70,6 +75,7 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
     folded: set[str] = set()
     readers: dict[str, str] = {}
     skipped: list[str] = []
+    tied: dict[str, str] = {}
     for site in analysis.scales:
         if site.weight is None:
             continue  # affine-free; a LayerNorm's shift writes the stream (it stays)
@@ -78,9 +84,10 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
         if isinstance(found, str):
             skipped.append(f"{scale}: {found}")
             continue
-        shared = [r.weight for r in found if users_of.get(r.weight, 0) > 1]
+        shared = [r for r in found if users_of.get(r.weight, 0) > 1]
         if shared:
-            skipped.append(f"{scale}: its reader {shared[0]} is also used elsewhere (tied)")
+            skipped.append(f"{scale}: its reader {shared[0].weight} is also used elsewhere (tied)")
+            tied |= _own_keys(shared, analysis.traced.aliases)
             continue
         g = out[scale].double() + site.offset
         shift = graph_params[site.bias] if site.bias is not None else None
@@ -106,4 +113,16 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
                 out[shift] = (out[shift].double() / g).to(wide[shift])
         out[scale] = torch.full_like(out[scale], 1.0 - site.offset)  # offset + w = 1
         folded.add(scale)
-    return FoldedScales(out, frozenset(folded), readers, tuple(skipped))
+    return FoldedScales(out, frozenset(folded), readers, tuple(skipped), tied)
+
+
+def _own_keys(readers: list[Reader], aliases: Mapping[str, tuple[str, ...]]) -> dict[str, str]:
+    """Each reader's own name for its tied weight (the alias inside the module that
+    reads it) -> the name lmckit keeps it under; readers whose own name is that name,
+    or cannot be told, are left out."""
+    out = {}
+    for r in readers:
+        own = [k for k in aliases.get(r.weight, ()) if k.rpartition(".")[0] == r.module]
+        if own:
+            out[own[0]] = r.weight
+    return out

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
+from lmckit.spec.trace import module_path
+
 __all__ = ["Reader", "readers_of"]
 
 # ops a scaled value may pass through on its way to a reader (views and casts)
@@ -52,11 +54,13 @@ def _param_of(node: object, params: dict[str, str]) -> tuple[str, bool] | None:
 
 @dataclass(frozen=True)
 class Reader:
-    """A linear layer reading a value: its weight, the weight's input axis, its bias."""
+    """A linear layer reading a value: its weight, the weight's input axis, its bias,
+    and the module that ran it (its qualified name; ``""``: the root)."""
 
     weight: str
     axis: int
     bias: str | None
+    module: str = ""
 
 
 def readers_of(node: Node, params: dict[str, str]) -> list[Reader] | str:
@@ -92,5 +96,5 @@ def readers_of(node: Node, params: dict[str, str]) -> list[Reader] | str:
             if weight is None:
                 return f"{user.name} multiplies by something other than a parameter"
             bias_key = params.get(bias.name) if isinstance(bias, Node) else None
-            found.append(Reader(weight[0], axis, bias_key))
+            found.append(Reader(weight[0], axis, bias_key, module_path(user)))
     return found

@@ -20,7 +20,7 @@ from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
 from lmckit.io import LoadedModel
 from lmckit.outputs import OutputKind
 from lmckit.params import Params
-from lmckit.recipe import AlignForm, aligned_form, check_symmetry
+from lmckit.recipe import AlignForm, aligned_form, check_symmetry, written_alike
 from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import SymmetrySpec, apply
 
@@ -238,7 +238,7 @@ def align_models(
         metadata["masked_rows"] = {k: int((~m).sum()) for k, m in masks.items()}
     if form_losses:
         metadata["form_midpoint_losses"] = form_losses
-    same = form.module is a.module
+    same = written_alike(form.module, a.module)
     reference = pa if (form.rewritten or form.folded or not same) else None
     return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
 

@@ -33,7 +33,7 @@ from lmckit.models import ZooModel
 from lmckit.outputs import HF_MARKER
 from lmckit.params import IncompatibleModelsError, Params, check_compatible
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
-from lmckit.recipe import aligned_form, spec_of
+from lmckit.recipe import aligned_form, spec_of, written_alike
 from lmckit.workflow.align import model_in_form
 
 __all__ = [
@@ -169,7 +169,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
         if form.module is not module:
             notes.append("heads interpolated as circuits")
         module, pa, pb = form.module, form.a, form.b
-    same = module is a.module
+    same = written_alike(module, a.module)
     return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
 
 
