@@ -46,7 +46,7 @@ from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import CLASSIFICATION, Task
 from lmckit.workflow.align import AlignedPair, align_models, check_align_request
-from lmckit.workflow.paths import merge_pair
+from lmckit.workflow.pair import merge_pair
 
 __all__ = ["Aligned", "ModelSource", "align"]
 

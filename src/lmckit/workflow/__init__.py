@@ -4,7 +4,7 @@ Each function takes loaded models and data and returns results; none reads or wr
 files. The command line is a thin layer over them (parse, validate, call one of these,
 write), and the experiments and library users get the same behaviour. One module per
 task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (the whole recipe on
-two loaded models), :mod:`~lmckit.workflow.paths` (a merged
+two loaded models), :mod:`~lmckit.workflow.pair` (a merged
 point, a pair's barrier, a simplex), :mod:`~lmckit.workflow.symmetries` (what a model
 would be aligned under).
 """
@@ -19,7 +19,7 @@ from lmckit.workflow.align import (
     model_in_form,
     pair_form,
 )
-from lmckit.workflow.paths import (
+from lmckit.workflow.pair import (
     MERGE_FIXES,
     PathForm,
     merge_pair,
