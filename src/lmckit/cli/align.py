@@ -34,7 +34,13 @@ from lmckit.io import LoadedModel, model_format, save_model
 from lmckit.models import ZooModel
 from lmckit.outputs import REFERENCE_DIR, OutputKind
 from lmckit.recipe import SYMMETRIES, spec_of
-from lmckit.workflow import ALIGN_METHODS, align_models, align_output_kind, choose_pair_form
+from lmckit.workflow import (
+    ALIGN_METHODS,
+    AlignedPair,
+    align_models,
+    align_output_kind,
+    choose_pair_form,
+)
 
 __all__ = ["command"]
 
@@ -208,6 +214,15 @@ def command(
                 "form_choice": aligned.metadata["form_choice"]}  # fmt: skip
         # inside the folder just written, so new: nothing to force
         _write(reference, a, aligned.module, aligned.reference, aligned.same_architecture, meta)
+    chosen_on_data = circuits is None and data_spec is not None and method == "weight"
+    _report(aligned, out, reference, b, chosen_on_data=chosen_on_data)
+
+
+def _report(
+    aligned: AlignedPair, out: str, reference: str | None, b: LoadedModel, *, chosen_on_data: bool
+) -> None:
+    """What the run did, in a few lines: the form, the objective, masks, the start, the
+    files written (``chosen_on_data``: the form was chosen on training data)."""
     result = aligned.result
     assert aligned.choice is not None  # align_models always says which form it took
     if "form_midpoint_losses" in aligned.metadata:  # the form was chosen on --data
@@ -215,7 +230,7 @@ def command(
             f"{k} {v:.4g}" for k, v in aligned.metadata["form_midpoint_losses"].items()
         )
         click.echo(f"form: {aligned.choice.name} (lower midpoint training loss: {losses})")
-    elif circuits is None and data_spec is not None and method == "weight":
+    elif chosen_on_data:
         click.echo(aligned.choice.describe())
     click.echo(result.summary())
     if "masked_rows" in aligned.metadata:
