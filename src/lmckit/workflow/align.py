@@ -233,7 +233,7 @@ def align_models(
     aligned = apply(spec, pb, result.transform)
     if head_bases:
         aligned = head_bases_matching(spec, pa, aligned).apply(aligned)
-    metadata = _metadata(method, symmetry, seed, head_bases, config, choice, form, result)
+    metadata = _metadata(info, symmetry, seed, head_bases, config, choice, form, result)
     if "row_masks" in options:
         metadata["masked_rows"] = {k: int((~m).sum()) for k, m in masks.items()}
     if form_losses:
@@ -257,7 +257,7 @@ def _other_forms(
 
 
 def _metadata(
-    method: str,
+    info: AlignerInfo,
     symmetry: str | None,
     seed: int,
     head_bases: bool,
@@ -269,7 +269,6 @@ def _metadata(
     """What the aligned output records of the run: the request, the form (what barrier
     and merge read to measure the path in this form), the method's config as run and
     what its result says of itself (:meth:`AlignmentResult.metadata`)."""
-    info = aligner_info(ALIGN_METHODS[method])
     config = config if config is not None or info.config is None else info.config()
     return {
         "method": info.name,
