@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 __all__ = ["CircuitPart", "HeadCircuits"]
 
 
@@ -21,8 +24,11 @@ class CircuitPart:
     is the projection, e.g. ``CircuitPart("attn.c_attn.weight", 1, 3)`` for the keys of
     a fused ``(3 n, d)`` QKV weight; or, with ``rows``, the projection is rows
     ``[start, start + rows)`` (blocks of unequal size: Phi-3's fused ``qkv_proj`` with
-    fewer key/value heads than query heads). ``transposed``: the weight is stored
-    ``(in, out)`` (Hugging Face's ``Conv1D``), so its rows are the columns of ``param``.
+    fewer key/value heads than query heads); or, with ``per_head``, axis 0 is laid out
+    head by head and each head's rows hold the ``blocks`` blocks (GPT-NeoX's
+    ``query_key_value``: head ``h``'s query, key and value rows, then head ``h + 1``'s).
+    ``transposed``: the weight is stored ``(in, out)`` (Hugging Face's ``Conv1D``), so
+    its rows are the columns of ``param``.
     """
 
     param: str
@@ -31,19 +37,29 @@ class CircuitPart:
     transposed: bool = False
     start: int = 0
     rows: int | None = None
+    per_head: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.block < self.blocks:
             raise ValueError(f"block {self.block} out of range for {self.blocks} blocks")
         if self.start < 0 or (self.rows is not None and self.rows < 1):
             raise ValueError(f"rows [{self.start}, +{self.rows}) is not a block of rows")
+        if self.per_head and self.rows is not None:
+            raise ValueError("rows by offsets and blocks inside each head exclude each other")
 
-    def span(self, total: int) -> tuple[int, int]:
-        """``(first row, rows)`` of the projection in a parameter of ``total`` rows."""
+    def index(self, total: int, heads: int) -> slice | Tensor:
+        """The rows of a parameter of ``total`` rows that hold the projection of
+        ``heads`` heads, head by head: a slice, or an index tensor when the blocks lie
+        inside each head. Reads ``x[index]`` and writes ``x[index] = y`` alike."""
         if self.rows is not None:
-            return self.start, self.rows
-        rows = total // self.blocks
-        return self.block * rows, rows
+            return slice(self.start, self.start + self.rows)
+        per_block = total // self.blocks
+        if not self.per_head:
+            return slice(self.block * per_block, (self.block + 1) * per_block)
+        per_head = total // heads
+        width = per_head // self.blocks
+        first = torch.arange(heads)[:, None] * per_head + self.block * width
+        return (first + torch.arange(width)[None, :]).reshape(-1)
 
 
 @dataclass(frozen=True)

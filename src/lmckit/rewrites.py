@@ -39,7 +39,15 @@ from lmckit.models.registry import ModelConfig, ZooModel, build_zoo_model
 from lmckit.params import Params
 from lmckit.spec.fold import Reader, readers_of
 from lmckit.spec.infer import SymmetryAnalysis, analyze_symmetries
-from lmckit.symmetry import CircuitPart, Space, SymmetrySpec, Transform, apply, random_transform
+from lmckit.symmetry import (
+    CircuitPart,
+    Space,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply,
+    random_transform,
+)
 
 __all__ = ["Rewritable", "embed_in_wider", "heads_to_circuits", "layernorm_to_rmsnorm"]
 
@@ -71,8 +79,31 @@ def _analysis(module: ZooModel) -> SymmetryAnalysis:
     analysis = analyze_symmetries(
         module, module.example_inputs(), names=module.space_names, check=False
     )
-    outer = tuple(s for s in analysis.spec if s.nest is None)
+    shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    outer = tuple(_tiled(s, shapes) for s in analysis.spec if s.nest is None)
     return dataclasses.replace(analysis, spec=SymmetrySpec(outer, analysis.spec.meta))
+
+
+def _tiled(space: Space, shapes: dict[str, tuple[int, ...]]) -> Space:
+    """``space`` with the uses of every equal block of one axis (a fused projection's
+    query, key and value rows) made one use of the whole axis read as blocks
+    (``outer``): the rewrites change the widths, which a use of a fixed slice cannot."""
+    blocks: dict[tuple[str, int, str], list[Use]] = {}
+    for use in space.uses:
+        if len(use.parts) == 1 and use.parts[0].axis == use.axis and use.outer == 1:
+            blocks.setdefault((use.param, use.axis, use.role), []).append(use)
+    uses = list(space.uses)
+    for (param, axis, role), found in blocks.items():
+        length = found[0].parts[0].length
+        starts = sorted(u.parts[0].start for u in found)
+        whole = shapes[param][axis]
+        same = all(u.parts[0].length == length and u.inner == 1 for u in found)
+        if not same or starts != list(range(0, whole, length)):
+            continue
+        at = uses.index(found[0])
+        uses = [u for u in uses if u not in found]
+        uses.insert(at, Use(param, axis, role, outer=len(found), compare=found[0].compare))
+    return dataclasses.replace(space, uses=tuple(uses))
 
 
 def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
@@ -261,15 +292,14 @@ def embed_in_wider(
     flat = spec.with_groups(**{s.name: Orthogonal() for s in spec})
     work = apply(flat, params, Transform(flat, elements))
     for space in heads:
-        circuits = space.circuits
-        assert circuits is not None
+        circuits, group = space.circuits, space.group
+        assert circuits is not None and isinstance(group, HeadPermutation)
         # the wider heads' scores are scaled by 1/sqrt(head_dim'): pre-scale the queries
         for part in (circuits.query, circuits.query_bias):
             if part is None:
                 continue
             x = work[part.param].clone()
-            rows = x.shape[0] // part.blocks
-            x[part.block * rows : (part.block + 1) * rows] *= scales[space.name]
+            x[part.index(x.shape[0], group.heads)] *= scales[space.name]
             work[part.param] = x
     # an RMSNorm of width m sees |O x|^2 / m: its output grows by sqrt(m / n)
     shared = _shared(analysis)
@@ -283,14 +313,14 @@ def embed_in_wider(
     return new, work
 
 
-def _rows(params: Params, part: CircuitPart | None, like: CircuitPart) -> Tensor:
-    """The rows of ``part`` in float64 (zeros shaped like ``like``'s biases if absent)."""
+def _rows(params: Params, part: CircuitPart | None, like: CircuitPart, heads: int) -> Tensor:
+    """The rows of ``part`` for ``heads`` heads in float64 (zeros shaped like ``like``'s
+    biases if absent)."""
     if part is None:
         ref = params[like.param]
-        return torch.zeros(ref.shape[0] // like.blocks, dtype=torch.float64)
+        return torch.zeros(ref[like.index(ref.shape[0], heads)].shape[0], dtype=torch.float64)
     x = params[part.param].double()
-    rows = x.shape[0] // part.blocks
-    return x[part.block * rows : (part.block + 1) * rows]
+    return x[part.index(x.shape[0], heads)]
 
 
 def _owner(*params: str) -> str:
@@ -333,10 +363,11 @@ def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Param
         heads_n, head_dim = group.heads, group.head_dim
         dtype = params[c.query.param].dtype
         wq, wk, wv = (
-            _rows(params, p, p).reshape(heads_n, head_dim, -1) for p in (c.query, c.key, c.value)
+            _rows(params, p, p, heads_n).reshape(heads_n, head_dim, -1)
+            for p in (c.query, c.key, c.value)
         )
-        bq = _rows(params, c.query_bias, c.query).reshape(heads_n, head_dim)
-        bv = _rows(params, c.value_bias, c.value)
+        bq = _rows(params, c.query_bias, c.query, heads_n).reshape(heads_n, head_dim)
+        bv = _rows(params, c.value_bias, c.value, heads_n)
         wo = params[c.output].double()
         out_bias = c.output.removesuffix("weight") + "bias"
         bo = (

@@ -231,14 +231,15 @@ def test_tiny_trained_gpt2_pair_orthogonal_beats_permutation_beats_vanilla() -> 
     # way); the orthogonal residual map does
     assert orth <= perm and perm <= vanilla + 0.01, (vanilla, perm, orth)
     assert orth < 0.5 * vanilla
-    assert results["WM orthogonal + head bases"].barrier_loss < orth
-    # interpolating circuits, nothing is left inside heads to misalign
-    assert results["WM orthogonal (circuit form)"].barrier_loss < orth
-    # activation matching too (heads by attention patterns). The projected form now aligns
-    # one orthogonal basis per head (shared by its query, key and value rows), which closes
-    # most of the gap the circuit form used to have (0.062 -> 0.009 measured; circuits 0.006)
+    # the value and query/key bases inside each head are spaces of the spec: the projected
+    # form comes within 10 % of the circuit form, which has no bases left to misalign
+    # (0.0064 vs 0.0068 measured), and aligning each head's bases again adds nothing
+    circuit = results["WM orthogonal (circuit form)"].barrier_loss
+    assert orth <= 1.1 * circuit + 1e-3, (orth, circuit)
+    assert abs(results["WM orthogonal + head bases"].barrier_loss - orth) < 1e-3
+    # activation matching too (heads by attention patterns), in either form
     am_orth = results["AM orthogonal"].barrier_loss
-    assert results["AM orthogonal (circuit form)"].barrier_loss < am_orth
+    assert am_orth <= 1.1 * results["AM orthogonal (circuit form)"].barrier_loss + 1e-3
     assert am_orth < 0.1 * vanilla
 
 

@@ -72,20 +72,19 @@ def test_quick_rows_are_finite_and_orthogonal_wm_helps(quick_run) -> None:
     assert width[0]["embed_max_logit_diff"] < 1e-3
     simplex = [r for name, r in rows.items() if name.startswith("3 models")]
     assert simplex[1]["barrier_loss"] <= simplex[0]["barrier_loss"]
-    # aligning separate query/key and value/output bases inside matched heads (data-free)
-    # lowers the two-model barriers further than the one orthogonal basis per head the spec
-    # carries (universe matching of three models, which already solves that basis against a
-    # shared universe, is not lowered: 0.0115 -> 0.0143 measured)
+    # the query/key and value bases inside each head are spaces of the spec: aligning them
+    # again inside matched heads (data-free) changes nothing, and the projected form comes
+    # within 10 % of interpolating circuits, where nothing inside a head is left to
+    # misalign (0.0138 both, measured)
     for base in ("WM (orthogonal)", "learned (orthogonal)"):
         with_bases = rows[f"{base} + head bases"]["barrier_loss"]
-        assert with_bases < rows[base]["barrier_loss"], base
-    # interpolating circuits, where nothing inside a head is left to misalign, is below the
-    # projected form when token rows are unweighted
+        assert with_bases == pytest.approx(rows[base]["barrier_loss"], abs=1e-3), base
     wm = rows["WM (orthogonal)"]["barrier_loss"]
-    assert rows["WM (orthogonal), circuit form, unweighted tokens"]["barrier_loss"] < wm
+    circuit = rows["WM (orthogonal), circuit form, unweighted tokens"]["barrier_loss"]
+    assert wm <= 1.1 * circuit + 1e-3, (wm, circuit)
     # with token rows weighted by frequency (the reference's setting) these barely trained
-    # models lose some of that (0.030 against the projected form's 0.020 with its per-head
-    # basis, measured), but the barrier stays a small fraction of the unaligned one
+    # models lose some of that (0.0235 against 0.0138, measured), but the barrier stays a
+    # small fraction of the unaligned one
     for base, unaligned in (
         ("WM (orthogonal)", "vanilla"),
         ("3 models: universe matching", "3 models: unaligned"),

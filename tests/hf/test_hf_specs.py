@@ -18,7 +18,7 @@ HEADS["mistral"] = HEADS["llama"]
 #: values; absolute positions leave the query/key basis free (orthogonal); rotary ones
 #: leave each frequency plane free to rotate; grouped-query heads permute within a group
 NESTED = {
-    "gpt2": {"basis": "Orthogonal"},
+    "gpt2": {"qk": "Orthogonal", "value": "Orthogonal"},
     "bert": {"qk": "Orthogonal", "value": "Orthogonal"},
     "vit": {"qk": "Orthogonal", "value": "Orthogonal"},
     "llama": {"query": "HeadPermutation", "value": "Orthogonal", "qk": "RotaryPlanes"},

@@ -17,6 +17,7 @@ from lmckit.symmetry import (
     HeadCircuits,
     HeadPermutation,
     Orthogonal,
+    Part,
     Permutation,
     Space,
     SymmetrySpec,
@@ -115,8 +116,14 @@ def _head_space(name: str, heads: int, head_dim: int, qkv: list, output: str) ->
     uses: list[Use] = []
     for module in dict.fromkeys(mod for mod, _, _ in qkv):
         blocks = next(bl for mod, _, bl in qkv if mod == module)
-        uses += [Use(f"{module}.weight", 0, "write", outer=blocks)]
-        uses += [Use(f"{module}.bias", 0, "write", outer=blocks)]
+        # a fused projection's query, key and value rows are blocks of its output, each
+        # moved by the head permutation (and by bases of its own inside each head)
+        n = heads * head_dim
+        for key in (f"{module}.weight", f"{module}.bias"):
+            if blocks == 1:
+                uses.append(Use(key, 0, "write"))
+            else:
+                uses += [Use(key, 0, "write", parts=(Part(0, b * n, n),)) for b in range(blocks)]
     uses.append(Use(f"{output}.weight", 1, "read"))
     parts = [CircuitPart(f"{mod}.weight", b, bl) for mod, b, bl in qkv]
     biases = [CircuitPart(f"{mod}.bias", b, bl) for mod, b, bl in qkv]

@@ -130,9 +130,9 @@ def test_spec_layout(name: str, norm: str, group: type) -> None:
     outer = tuple(s.name for s in spec if s.nest is None)
     assert outer == ("residual", "heads.0", "ffn.0", "heads.1", "ffn.1")
     # inside each head, nested in the head permutation: orthogonal bases of its
-    # queries/keys and of its values (GPT-2's fused projection shares one basis for all
-    # three: its chunks share their units)
-    kinds = ("basis",) if name == "gpt2" else ("qk", "value")
+    # queries/keys and of its values (GPT-2's fused projection too: its query, key and
+    # value chunks are blocks with units of their own)
+    kinds = ("qk", "value")
     inner = {s.name: (s.nest, s.group, s.n) for s in spec if s.nest is not None}
     assert inner == {
         f"heads.{i}.{kind}.{h}": (Nest(f"heads.{i}", h, kind), Orthogonal(), 4)

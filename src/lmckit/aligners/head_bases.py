@@ -127,12 +127,12 @@ def _rotate_rows(
     if part is None:
         return
     value = out[part.param]
-    rows = value.shape[0] // part.blocks
-    block = value[part.block * rows : (part.block + 1) * rows]
-    shaped = block.reshape(heads, rows // heads, *block.shape[1:])
+    rows = part.index(value.shape[0], heads)
+    block = value[rows]
+    shaped = block.reshape(heads, -1, *block.shape[1:])
     moved = torch.einsum("hij,hj...->hi...", maps.to(value.dtype), shaped)
     new = value.clone()
-    new[part.block * rows : (part.block + 1) * rows] = moved.reshape(block.shape)
+    new[rows] = moved.reshape(block.shape)
     out[part.param] = new
 
 

@@ -285,13 +285,17 @@ def _pattern(template: str) -> re.Pattern[str]:
 
 def _name(draft: SpaceDraft, names: Mapping[str, str], taken: set[str], shared: bool) -> str:
     writers = [u.param for u in draft.uses if u.role == "write"] or [draft.uses[0].param]
-    for template, name in names.items():
+    base = None
+    for template, hint in names.items():
         match = _pattern(template).match(_module_of(writers[0]))
         if match:
-            return name.format(**match.groupdict())
-    if shared:
+            base = hint.format(**match.groupdict())
+            break
+    if base is None and shared:
         return "residual"
-    base = _module_of(writers[0]) or writers[0]
+    # one module may write several spaces (a one-head attention's query/key and value
+    # bases): the second gets a suffix
+    base = base or _module_of(writers[0]) or writers[0]
     name, k = base, 1
     while name in taken:
         name, k = f"{base}.{k}", k + 1

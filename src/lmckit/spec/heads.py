@@ -40,6 +40,8 @@ class _Source:
     #: rows ``[start, start + rows)`` of the projection's output (a slice by offsets)
     start: int = 0
     rows: int | None = None
+    #: the blocks lie inside each head (a split after a view into heads: GPT-NeoX)
+    per_head: bool = False
 
 
 def _is_constant(an: Analysis, arg: object) -> bool:
@@ -65,14 +67,16 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
         if not isinstance(source, Node):
             return set()
         found = _sources(an, source, sliced, depth + 1)
-        # a block of rows only if the split cuts the projection's whole output features
-        # (GPT-2's c_attn); after a view into heads (GPT-NeoX) it cuts each head instead
+        # the split cuts the projection's whole output features (GPT-2's c_attn), or,
+        # after a view into heads (GPT-NeoX), each head's features alike
         width = int(source.meta["val"].shape[-1])
-        return {
-            _Source(s.node, index, blocks, s.sliced)
-            for s in found
-            if s.blocks == 1 and s.rows is None and int(s.node.meta["val"].shape[-1]) == width
-        }
+        out = set()
+        for s in found:
+            total = int(s.node.meta["val"].shape[-1])
+            if s.blocks != 1 or s.rows is not None or total % width:
+                continue
+            out.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
+        return out
     tensors = [a for a in node.args if isinstance(a, Node)]
     if op in _PASS or op in ("split", "chunk"):
         nexts = tensors[:1]
@@ -208,7 +212,7 @@ def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
             if not isinstance(weight, Node) or weight.name not in params:
                 break
             key = params[weight.name]
-            span = (source.start, source.rows)
+            span = (source.start, source.rows, source.per_head)
             parts.append(CircuitPart(key, source.block, source.blocks, transposed, *span))
             shape = an.traced.shapes[key]
             rows.append(source.rows or shape[1 if transposed else 0] // source.blocks)

@@ -210,6 +210,27 @@ def _stack(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     return Value(axes, const=all(p.const for p in parts))
 
 
+def _blocks(an: Analysis, x: Value, dim: int, sizes: Sequence[int]) -> list[Value] | None:
+    """The chunks of one feature variable as variables of their own (a direct sum: a
+    fused projection's query, key and value blocks each keep their own basis), or None
+    when the axis is not one variable that can be cut there."""
+    leaves = an.lattice.leaves(x.axes[dim])
+    if len(leaves) != 1:
+        return None
+    out, start = [], 0
+    for size in sizes:
+        piece = an.lattice.cut(leaves[0], start, size)
+        if piece is None:
+            return None
+        value = copy_value(x, keep_src=False)
+        value.axes[dim] = [piece]
+        out.append(value)
+        start += size
+    for cut in range(1, len(sizes)):
+        an.cuts.append((leaves[0], sum(sizes[:cut])))
+    return out
+
+
 @register(*_ops("split", "split_with_sizes", "chunk", "unbind", "unsafe_split", "tensor_split"))
 def _split(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x: Value = args[0]
@@ -228,6 +249,9 @@ def _split(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
                 piece.axes[dim] = [an.lattice.fresh(s[dim], Level.FREE, "split")]
             pieces.append(piece)
         return pieces
+    blocks = None if unbind or x.const else _blocks(an, x, dim, sizes)
+    if blocks is not None:
+        return blocks
     if len(set(sizes)) != 1 or unbind:
         an.pin(
             [Value([x.axes[dim]])],

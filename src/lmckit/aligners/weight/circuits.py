@@ -72,13 +72,13 @@ def projection(
     w = params[weight.param]
     if weight.transposed:
         w = w.T
-    first, rows = weight.span(w.shape[0])
-    w = w[first : first + rows].float()
+    w = w[weight.index(w.shape[0], heads)].float()
+    rows = w.shape[0]
     if bias is None:
         b = torch.zeros(rows, dtype=torch.float32, device=w.device)
     else:
-        b_first, _ = bias.span(params[bias.param].shape[0])
-        b = params[bias.param][b_first : b_first + rows].float()
+        b_all = params[bias.param]
+        b = b_all[bias.index(b_all.shape[0], heads)].float()
     aug = torch.cat([w, b[:, None]], dim=1)
     return aug.reshape(heads, rows // heads, -1)
 
