@@ -93,7 +93,7 @@ def _tiled(space: Space, shapes: dict[str, tuple[int, ...]]) -> Space:
         if len(use.parts) == 1 and use.parts[0].axis == use.axis and use.outer == 1:
             blocks.setdefault((use.param, use.axis, use.role), []).append(use)
     uses = list(space.uses)
-    for (param, axis, role), found in blocks.items():
+    for (param, axis, _), found in blocks.items():
         length = found[0].parts[0].length
         starts = sorted(u.parts[0].start for u in found)
         whole = shapes[param][axis]
@@ -102,7 +102,8 @@ def _tiled(space: Space, shapes: dict[str, tuple[int, ...]]) -> Space:
             continue
         at = uses.index(found[0])
         uses = [u for u in uses if u not in found]
-        uses.insert(at, Use(param, axis, role, outer=len(found), compare=found[0].compare))
+        tiled = Use(param, axis, found[0].role, outer=len(found), compare=found[0].compare)
+        uses.insert(at, tiled)
     return dataclasses.replace(space, uses=tuple(uses))
 
 

@@ -70,13 +70,13 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
         # the split cuts the projection's whole output features (GPT-2's c_attn), or,
         # after a view into heads (GPT-NeoX), each head's features alike
         width = int(source.meta["val"].shape[-1])
-        out = set()
+        blocked = set()
         for s in found:
             total = int(s.node.meta["val"].shape[-1])
             if s.blocks != 1 or s.rows is not None or total % width:
                 continue
-            out.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
-        return out
+            blocked.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
+        return blocked
     tensors = [a for a in node.args if isinstance(a, Node)]
     if op in _PASS or op in ("split", "chunk"):
         nexts = tensors[:1]
