@@ -25,6 +25,7 @@ pair is aligned in by default is :mod:`lmckit.forms`.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -35,7 +36,7 @@ from lmckit.params import Params, as_module, as_params
 from lmckit.spec import analyze_symmetries, infer_spec
 from lmckit.spec.fold import fold_norm_scales
 from lmckit.spec.inputs import ExampleInputs, split_inputs
-from lmckit.spec.untie import untied_module, untied_params
+from lmckit.spec.untie import untie_refused, untied_module, untied_params
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
@@ -164,7 +165,10 @@ def orthogonal_route(
         return _OrthogonalRoute("rmsnorm")
     fa = fold_norm_scales(analysis, a)
     untied: dict[str, str] = {}
-    if fa.tied and not isinstance(module, ZooModel):
+    refused = untie_refused(module) if fa.tied else None
+    if refused:
+        fa = dataclasses.replace(fa, skipped=(*fa.skipped, refused))
+    elif fa.tied and not isinstance(module, ZooModel):
         # a tied reader (an output head sharing the embedding) gets its own copy
         untied = fa.tied
         module = untied_module(module, untied)

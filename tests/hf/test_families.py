@@ -58,8 +58,8 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
 #: families whose stream admits rotations once norm scales are folded (an output head
 #: tied to the embedding untied to take the final norm's scale; the rest: post-LayerNorm,
 #: convolutions, the output is the stream)
-ORTHOGONAL = ("llama", "mistral", "qwen2", "gemma", "phi", "phi3", "gpt_neox", "gptj", "opt",
-              "falcon")  # fmt: skip
+ORTHOGONAL = ("llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "phi3", "gpt_neox", "gptj",
+              "opt", "falcon")  # fmt: skip
 #: the symmetry each family's whole planted group is drawn from (default: every inferred
 #: space). DeBERTa's disentangled attention has no QK/OV circuits lmckit reads, and heads
 #: compared by raw projections are not paired reliably when every head's inner bases
@@ -139,3 +139,22 @@ def test_align_undoes_a_planted_element_of_the_whole_group(
     reloaded = load_with_transformers(name, out)
     scale = float(logits(b, x).abs().max())
     assert float((logits(reloaded, x) - logits(b, x)).abs().max()) < 1e-4 * max(scale, 1.0)
+
+
+#: families whose stream admits no rotation, and the reason lmckit gives (docs/families.md)
+NOT_ORTHOGONAL = {
+    "bert": "add",  # post-LayerNorm: a norm's output is summed into the stream
+    "t5": "T5ForConditionalGeneration ties its output head to the embedding whatever its "
+    "config says",
+    "clip": "output",  # the model's output is the stream itself
+    "resnet": "every space passes through ops that act unit by unit",
+}
+
+
+@pytest.mark.parametrize("name", sorted(NOT_ORTHOGONAL))
+def test_a_stream_without_rotations_is_refused_with_its_reason(name: str, hf_folder) -> None:
+    model = load_hf(hf_folder(name))
+    with pytest.raises(ValueError, match="no space that admits orthogonal maps") as refused:
+        aligned_form(model.module, model.params, model.params, symmetry="orthogonal")
+    assert NOT_ORTHOGONAL[name] in str(refused.value)
+    assert "\n" not in str(refused.value)

@@ -64,6 +64,7 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
     """
     graph_params = dict(analysis.traced.params)
     nodes = {n.name: n for n in analysis.traced.graph.nodes}
+    unjudged = analysis.traced.unjudged()
     users_of: dict[str, int] = {}
     for ph, key in graph_params.items():  # a tied weight may be lifted more than once
         users_of[key] = users_of.get(key, 0) + len(nodes[ph].users)
@@ -80,7 +81,7 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
         if site.weight is None:
             continue  # affine-free; a LayerNorm's shift writes the stream (it stays)
         scale = graph_params[site.weight]
-        found = readers_of(nodes[site.node], graph_params)
+        found = readers_of(nodes[site.node], graph_params, unjudged)
         if isinstance(found, str):
             skipped.append(f"{scale}: {found}")
             continue

@@ -19,6 +19,8 @@ __all__ = ["Reader", "readers_of"]
 _PASS = {"to", "_to_copy", "alias", "clone", "contiguous", "dropout", "view", "reshape",
          "_unsafe_view", "detach", "_assert_tensor_metadata", "type_as"}  # fmt: skip
 _TRANSPOSES = {"t", "numpy_T", "transpose", "permute"}
+# a grouped matrix product (mixtures of experts): tokens x each expert's weight
+_GROUPED = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 # ops along an axis: harmless on the way to a reader unless they touch the feature axis
 _ALONG = {"select", "slice", "mean", "sum"}
 
@@ -34,6 +36,19 @@ def _spares_last_axis(node: Node) -> bool:
     if wanted is None or not all(isinstance(d, int) for d in wanted):
         return False
     return all(int(d) % ndim != ndim - 1 for d in wanted)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool)
+
+
+def _indexes_tokens(node: Node) -> bool:
+    """Whether indexing ``node`` (``x[idx]``) leaves its input's last axis alone."""
+    source, indices = node.args[0], node.args[1]
+    if not isinstance(source, Node) or not isinstance(indices, list | tuple):
+        return False
+    ndim = source.meta["val"].ndim
+    return len(indices) < ndim or indices[ndim - 1] is None
 
 
 def _op(node: Node) -> str:
@@ -63,9 +78,12 @@ class Reader:
     module: str = ""
 
 
-def readers_of(node: Node, params: dict[str, str]) -> list[Reader] | str:
+def readers_of(
+    node: Node, params: dict[str, str], unjudged: frozenset[str] = frozenset()
+) -> list[Reader] | str:
     """Every linear layer ``node``'s value flows into (through views and casts), or why
-    some consumer is not one."""
+    some consumer is not one. Returned as an output the function is not judged by
+    (``unjudged``, node names), a value has no reader there."""
     found: list[Reader] = []
     frontier = [node]
     while frontier:
@@ -73,11 +91,19 @@ def readers_of(node: Node, params: dict[str, str]) -> list[Reader] | str:
         for user in value.users:
             op = _op(user)
             bias: object = None
+            if user.op == "output" and value.name in unjudged:
+                continue
             if op in _PASS and user.args[0] is value:
                 frontier.append(user)
                 continue
             if op in _ALONG and user.args[0] is value and _spares_last_axis(user):
                 frontier.append(user)  # picks or averages tokens, not features
+                continue
+            if op in ("mul", "div") and user.args[0] is value and _is_number(user.args[1]):
+                frontier.append(user)  # a number scales every feature alike (T5's d**-0.5)
+                continue
+            if op == "index" and user.args[0] is value and _indexes_tokens(user):
+                frontier.append(user)  # the tokens routed to one expert
                 continue
             if op == "linear" and user.args[0] is value:
                 weight = _param_of(user.args[1], params)
@@ -88,6 +114,11 @@ def readers_of(node: Node, params: dict[str, str]) -> list[Reader] | str:
                 weight, axis, bias = _param_of(user.args[2], params), 0, user.args[0]
                 if weight is not None and weight[1]:
                     weight = None
+            elif op in _GROUPED and user.args[0] is value:
+                # experts' stacked weights, (experts, in, out) as multiplied: the stored
+                # (experts, out, in) is transposed
+                weight = _param_of(user.args[1], params)
+                axis = 2 if weight is not None and weight[1] else 1
             elif op in ("matmul", "mm") and user.args[0] is value:
                 weight = _param_of(user.args[1], params)
                 axis = 1 if weight is not None and weight[1] else 0

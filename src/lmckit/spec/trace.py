@@ -86,6 +86,16 @@ class TracedGraph:
     outputs: tuple[int, ...] | None = None
     indices: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
 
+    def unjudged(self) -> frozenset[str]:
+        """Names of the nodes the graph returns only as outputs the function is not
+        judged by (:func:`prediction`: an encoder's last hidden state beside logits)."""
+        if self.outputs is None:
+            return frozenset()
+        node = next(n for n in self.graph.nodes if n.op == "output")
+        returned = [a for a in node.args[0] if isinstance(a, Node)]
+        judged = {returned[i].name for i in self.outputs if i < len(returned)}
+        return frozenset(a.name for a in returned if a.name not in judged)
+
 
 def module_path(node: Node) -> str:
     """Qualified name of the innermost module that ran ``node`` (``""``: the root)."""

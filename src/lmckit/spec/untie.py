@@ -19,7 +19,25 @@ from torch import nn
 
 from lmckit.params import Params
 
-__all__ = ["untied_module", "untied_params"]
+__all__ = ["untie_refused", "untied_module", "untied_params"]
+
+
+def untie_refused(module: nn.Module) -> str | None:
+    """Why a model of ``module``'s class cannot be written with its output head untied,
+    or None. A module configured by a ``transformers``-style config says so there
+    (``tie_word_embeddings``); a class that ties whatever its config says (T5 in recent
+    ``transformers``) would load the untied head tied again."""
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "tie_word_embeddings"):
+        return None
+    try:
+        untied = type(config).from_dict({**config.to_dict(), "tie_word_embeddings": False})
+    except Exception:  # noqa: BLE001 -- any config that will not rebuild cannot say it
+        untied = None
+    if untied is None or getattr(untied, "tie_word_embeddings", True):
+        name = type(module).__name__
+        return f"{name} ties its output head to the embedding whatever its config says"
+    return None
 
 
 def untied_module(module: nn.Module, keys: dict[str, str]) -> nn.Module:
