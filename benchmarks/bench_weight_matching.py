@@ -19,6 +19,11 @@ time per sweep) with the load average before and after.
 
 Run: ``python benchmarks/bench_weight_matching.py --grb ../ext/git-re-basin-pytorch
 [--widths 512 2048 4096] [--threads 2]``.
+
+``--memory``: each implementation and width runs alone in a fresh process instead (the
+peak resident set of a process is one number for its whole life), which reports its
+time, its peak RSS (``ru_maxrss``) and the RSS it started from once the two models were
+built (interpreter, imports and weights), beside the two models' float32 bytes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,9 @@ import io
 import os
 import platform
 import re
+import resource
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -133,6 +141,46 @@ def scipy_backend(fn: Callable) -> Callable:
     return run
 
 
+def _rss_bytes() -> int:
+    """Resident set size of this process now."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def measure_alone(name: str, run: Callable, width: int) -> None:
+    """Run one implementation at one width in this (fresh) process; print one
+    ``MEMORY`` line: seconds, sweeps, peak RSS, RSS before the run, models' bytes."""
+    kwargs = dict(in_features=64, hidden=[width] * 3, out_features=10)
+    model, pa = create_model("mlp", seed=0, **kwargs)
+    _, pb = create_model("mlp", seed=1, **kwargs)
+    model.symmetry_spec()
+    before = _rss_bytes()
+    seconds, sweeps, _ = run(model, pa, pb)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    models = sum(t.numel() * t.element_size() for p in (pa, pb) for t in p.values())
+    print(f"MEMORY {name}|{seconds:.2f}|{sweeps}|{peak}|{before}|{models}", flush=True)
+
+
+def memory_table(argv: list[str], names: list[str], widths: list[int]) -> None:
+    """Each implementation and width in a fresh process: time and memory, one table."""
+    gib = 2.0**30
+    print(f"{'H':>6} {'implementation':<24}{'total s':>9}{'sweeps':>7}{'peak RSS':>10}"
+          f"{'at start':>10}{'above start':>12}{'models':>8}  (GiB)")  # fmt: skip
+    for width in widths:
+        for name in names:
+            out = subprocess.run(
+                [sys.executable, __file__, *argv, "--only", name, "--widths", str(width)],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            line = next(x for x in out.stdout.splitlines() if x.startswith("MEMORY "))
+            _, seconds, sweeps, peak, before, models = line.split("|")
+            peak_b, before_b, models_b = int(peak), int(before), int(models)
+            above = (peak_b - before_b) / gib
+            print(f"{width:>6} {name:<24}{float(seconds):>9.2f}{int(sweeps):>7}"
+                  f"{peak_b / gib:>10.2f}{before_b / gib:>10.2f}{above:>12.2f}"
+                  f"{models_b / gib:>8.2f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grb", type=Path, required=True, help="git-re-basin-pytorch checkout")
@@ -141,6 +189,8 @@ def main() -> None:
     parser.add_argument("--max-iter", type=int, default=100)
     parser.add_argument("--no-rebasin", action="store_true", help="skip PyPI rebasin")
     parser.add_argument("--scipy-row", action="store_true", help="also lmckit with SciPy")
+    parser.add_argument("--memory", action="store_true", help="each run in its own process")
+    parser.add_argument("--only", help=argparse.SUPPRESS)  # one run, for --memory
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     grb = load_grb(args.grb)
@@ -157,6 +207,21 @@ def main() -> None:
                 scipy_backend(lambda m, a, b: run_lmckit(m, a, b, args.max_iter)),
             )
         )
+    if args.only is not None:
+        name, run = next((n, r) for n, r in runners if n == args.only)
+        warm = dict(in_features=64, hidden=[32] * 3, out_features=10)
+        model, pa = create_model("mlp", seed=0, **warm)
+        _, pb = create_model("mlp", seed=1, **warm)
+        run(model, pa, pb)  # imports, first calls: not timed
+        measure_alone(name, run, args.widths[0])
+        return
+    if args.memory:
+        argv = ["--grb", str(args.grb), "--threads", str(args.threads),
+                "--max-iter", str(args.max_iter)]  # fmt: skip
+        argv += ["--no-rebasin"] if args.no_rebasin else []
+        argv += ["--scipy-row"] if args.scipy_row else []
+        memory_table(argv, [n for n, _ in runners], args.widths)
+        return
     print(
         f"{platform.machine()}, {os.cpu_count()} CPUs, {args.threads} torch threads, "
         f"torch {torch.__version__}, lmckit assignment backend: {_assignment.assignment_backend()}"

@@ -2,10 +2,12 @@
 
 A slice, a selected index or an indexed gather along a pinned axis (tokens, positions,
 batch) is harmless; along a feature axis it would need to know which units survive, so
-the axis is pinned and the reason reported. Concatenation joins streams along a pinned
-axis (a class token before the patches) and unifies every other axis; equal chunks of a
-feature axis (a fused query/key/value projection) share one unit variable, so the
-chunks move together.
+the axis is pinned and the reason reported -- except that a block of one feature
+variable (a slice by offsets, a constant list of consecutive indices, the chunks of a
+split) becomes a variable of its own: a fused query/key/value projection's blocks each
+get their own basis. Concatenation joins streams along a pinned axis (a class token
+before the patches) and unifies every other axis. Equal chunks of an axis that is not
+one variable share one unit variable, so the chunks move together.
 """
 
 from __future__ import annotations
