@@ -136,6 +136,29 @@ def test_continuous_groups_preserve_a_linear_net(outputs, group: Group) -> None:
     torch.testing.assert_close(back["1.weight"], params["1.weight"], atol=1e-5, rtol=1e-5)
 
 
+def test_a_bfloat16_parameter_is_permuted_in_its_own_dtype_without_a_float32_copy(
+    monkeypatch,
+) -> None:
+    _, params = _linear_net(5, 6, 3, seed=0)
+    low = {k: v.to(torch.bfloat16) for k, v in params.items()}
+    spec = _linear_spec(6, Permutation())
+    transform = random_transform(spec, 4)
+    widened: list[torch.dtype] = []
+    original = torch.Tensor.to
+
+    def spy(self, *args, **kwargs):  # record every conversion apply makes
+        widened.append(args[0] if args and isinstance(args[0], torch.dtype) else None)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to", spy)
+    moved = apply(spec, low, transform)
+    monkeypatch.undo()
+    assert torch.float32 not in widened
+    perm = transform[spec.names[0]]
+    assert torch.equal(moved["0.weight"], low["0.weight"][perm])  # exact: entries gathered
+    assert torch.equal(moved["1.weight"], low["1.weight"][:, perm])
+
+
 def test_a_bfloat16_parameter_is_rotated_in_float32_and_rounded_once() -> None:
     _, params = _linear_net(5, 6, 3, seed=0)
     low = {k: v.to(torch.bfloat16) for k, v in params.items()}

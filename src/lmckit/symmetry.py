@@ -308,7 +308,8 @@ def apply(
     corrupted model. Parameters that no space uses are passed through (same tensor
     objects). Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are never
     transformed. Each parameter keeps its dtype; a bfloat16 or float16 one is moved in
-    float32 and rounded once.
+    float32 and rounded once, unless only permutations move it (they gather entries,
+    exactly, in the parameter's own dtype).
 
     Args:
         spec: the architecture's spec.
@@ -324,16 +325,23 @@ def apply(
     params = dict(as_params(params))
     transform = as_transform(spec, transform)
     check_transform(spec, params, transform)
-    touched = {u.param for s in spec for u in s.uses}
+    acting: dict[str, list[Space]] = {}
+    for s in spec:
+        for u in s.uses:
+            acting.setdefault(u.param, []).append(s)
     out: dict[str, Tensor] = {}
     for name, value in params.items():
-        if name in touched and value.is_floating_point():
+        spaces = acting.get(name, [])
+        if not spaces or not value.is_floating_point():
+            out[name] = value
+        elif all(s.group.gathers for s in spaces):
+            # permutations only gather entries: exact in any dtype, no wider copy
+            out[name] = apply_to_param(spec, name, value, transform)
+        else:
             # computed in float32 at least, rounded once to the parameter's own dtype
             # (a rotation applied in bfloat16 would round the rotation first)
             wide = value.to(torch.promote_types(value.dtype, torch.float32))
             out[name] = apply_to_param(spec, name, wide, transform).to(value.dtype)
-        else:
-            out[name] = value
     return out
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 import click
 
+from lmckit.allocator import keep_large_blocks_mapped
+
 __all__ = ["COMMANDS", "EXIT_INTERRUPTED", "LmckitGroup", "main"]
 
 #: Command name -> module under ``lmckit.cli`` defining it as ``command``.
@@ -186,3 +188,5 @@ class LmckitGroup(click.Group):
 @click.version_option(package_name="lmckit")
 def main() -> None:
     """Align, merge and measure linear mode connectivity between neural networks."""
+    # large tensors freed between spaces go back to the system (lmckit.allocator)
+    keep_large_blocks_mapped()
