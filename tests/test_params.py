@@ -122,3 +122,15 @@ def test_public_names_are_lazy_and_complete() -> None:
     code = "import sys, lmckit, lmckit.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"  # the command line starts without PyTorch
+
+
+def test_a_point_of_bfloat16_models_is_built_in_the_dtype_asked() -> None:
+    gen = torch.Generator().manual_seed(0)
+    a = {"w": torch.randn(5, 3, generator=gen).bfloat16(), "n": torch.tensor(3)}
+    b = {"w": torch.randn(5, 3, generator=gen).bfloat16(), "n": torch.tensor(3)}
+    point = interpolate(a, b, 0.3, dtype=torch.float32)
+    assert point["w"].dtype == torch.float32 and point["n"].dtype == torch.int64
+    # exactly the point of float32 copies: nothing rounded to bfloat16 on the way
+    wide = interpolate({"w": a["w"].float()}, {"w": b["w"].float()}, 0.3)
+    assert torch.equal(point["w"], wide["w"])
+    assert interpolate(a, b, 0.3)["w"].dtype == torch.bfloat16  # default: as stored

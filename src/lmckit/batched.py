@@ -144,6 +144,7 @@ def _loop(
             total += torch.stack([loss, metric])
             units += y.numel()
         rows.append(total.cpu())
+        del params  # freed before the next point is built: one point in memory at a time
     return torch.stack(rows), units
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
 from lmckit.batched import Batching, point_sums
@@ -339,6 +340,7 @@ def evaluate_path(
     progress: bool = False,
     task: Task = CLASSIFICATION,
     batching: Batching | None = None,
+    dtype: torch.dtype | None = None,
 ) -> PathResult:
     """Evaluate the linear path ``(1 - t) theta_a + t theta_b`` between two parameter sets.
 
@@ -347,12 +349,15 @@ def evaluate_path(
         params_a, params_b: endpoints (A at t=0, B at t=1).
         batches, ts, points, prepare, meta, progress, task, batching: as for
             :func:`evaluate_along`.
+        dtype: floating dtype each point is built and evaluated in (default: the
+            endpoints'): bfloat16 endpoints kept as stored and measured in float32 cost
+            one float32 point at a time instead of two float32 copies.
     """
     model = as_module(model)
     check_compatible(params_a, params_b)
     return evaluate_along(
         model,
-        lambda t: interpolate(params_a, params_b, t),
+        lambda t: interpolate(params_a, params_b, t, dtype=dtype),
         batches,
         ts=ts,
         points=points,

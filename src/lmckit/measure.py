@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import torch
 from torch import Tensor, nn
 
 from lmckit.data import Dataset, batches
@@ -102,6 +103,8 @@ class EvalSettings:
             BatchNorm, else ``none``.
         stat_batches: training batches used for BatchNorm reset, REPAIR and
             activation statistics.
+        dtype: floating dtype every point of a path is evaluated in (default: the
+            endpoints' own; see :func:`lmckit.evaluate.evaluate_path`).
     """
 
     split: str = "test"
@@ -109,6 +112,7 @@ class EvalSettings:
     batch_size: int | None = None
     fix: str = "auto"
     stat_batches: int = 20
+    dtype: torch.dtype | None = None
 
     def __post_init__(self) -> None:
         if self.split not in ("train", "test"):
@@ -186,6 +190,7 @@ def measure_path(
         prepare=prepare,
         meta={"split": settings.split, "fix": fix, **(meta or {})},
         progress=progress,
+        dtype=settings.dtype,
     )
 
 

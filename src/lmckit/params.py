@@ -169,16 +169,23 @@ def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> N
         raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
 
 
-def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[float]) -> Params:
+def weighted_average(
+    models: Sequence[Mapping[str, Tensor]],
+    weights: Sequence[float],
+    *,
+    dtype: torch.dtype | None = None,
+) -> Params:
     """``sum_k w_k theta_k`` over floating-point tensors; other tensors come from the first.
 
-    Each tensor keeps the first model's dtype; bfloat16 and float16 ones are summed in
-    float32 and rounded once.
+    Each tensor keeps the first model's dtype, or takes ``dtype``; bfloat16 and float16
+    ones are summed in float32 and rounded once (if at all).
 
     Args:
         models: parameter sets of one architecture.
         weights: one finite real weight per model (convex weights for a merge, but any
             are allowed).
+        dtype: floating dtype of the result's floating tensors (default: as stored);
+            e.g. float32 to evaluate an average of bfloat16 models without rounding it.
     """
     for w in weights:
         _check_weight(w, "each weight")
@@ -194,10 +201,12 @@ def weighted_average(models: Sequence[Mapping[str, Tensor]], weights: Sequence[f
             out[name] = first.clone()
             continue
         # summed in float32 at least, rounded once to the tensor's own dtype
-        acc = torch.zeros_like(first, dtype=torch.promote_types(first.dtype, torch.float32))
+        want = dtype or first.dtype
+        wide = torch.promote_types(torch.promote_types(first.dtype, torch.float32), want)
+        acc = torch.zeros_like(first, dtype=wide)
         for w, m in zip(weights, models, strict=True):
             acc.add_(m[name], alpha=float(w))
-        out[name] = acc.to(first.dtype)
+        out[name] = acc.to(want)
     return out
 
 
@@ -208,11 +217,17 @@ def _check_weight(value: object, what: str) -> None:
         raise ValueError(f"{what} must be a finite real number, got {value}")
 
 
-def interpolate(a: Mapping[str, Tensor], b: Mapping[str, Tensor], t: float) -> Params:
+def interpolate(
+    a: Mapping[str, Tensor],
+    b: Mapping[str, Tensor],
+    t: float,
+    *,
+    dtype: torch.dtype | None = None,
+) -> Params:
     """The point ``(1 - t) * a + t * b`` of the linear path (integer tensors from ``a``).
 
     ``t`` is a finite real number (0 gives ``a``, 1 gives ``b``; outside ``[0, 1]`` the
-    line is extrapolated).
+    line is extrapolated). ``dtype``: of the point's floating tensors (default: ``a``'s).
     """
     _check_weight(t, "t")
-    return weighted_average([a, b], [1.0 - t, t])
+    return weighted_average([a, b], [1.0 - t, t], dtype=dtype)

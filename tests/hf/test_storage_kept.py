@@ -145,3 +145,38 @@ def test_a_pair_stored_in_two_dtypes_is_refused(sharded_pair, tmp_path) -> None:
     assert result.exit_code == 1 and "Traceback" not in result.output
     assert "stored in different dtypes (bfloat16 and float32)" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_barrier_measures_bfloat16_folders_in_float32_as_stored(
+    sharded_pair, tmp_path, monkeypatch
+) -> None:
+    """The endpoints stay bfloat16 (no float32 copy of either); each point is built in
+    float32, so the path is the one measured on float32 loads of the same files."""
+    from tests.hf.test_cli_hf import _char_tokenizer
+
+    import lmckit.cli.barrier as barrier_cli
+    from lmckit.data import load_data
+    from lmckit.hf import load_hf
+    from lmckit.measure import EvalSettings, measure_path
+
+    seen: list[torch.dtype] = []
+    measure = barrier_cli.pair_barrier
+
+    def spy(a, b, *args, **kwargs):  # the endpoints as the path evaluation gets them
+        seen.extend({v.dtype for m in (a, b) for v in m.params.values()})
+        return measure(a, b, *args, **kwargs)
+
+    monkeypatch.setattr(barrier_cli, "pair_barrier", spy)
+    a, b = sharded_pair
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    spec = f"text:{text},tokenizer={_char_tokenizer(tmp_path / 'tok', text)},block=8"
+    _run("barrier", a, b, "--data", spec, "--points", 5, "--json", tmp_path / "p.json",
+         "--quiet")  # fmt: skip
+    path = json.loads((tmp_path / "p.json").read_text())
+    wide_a, wide_b = load_hf(a), load_hf(b)  # float32, as the command once loaded them
+    assert wide_a.params["lm_head.weight"].dtype == torch.float32
+    ref = measure_path(wide_a.module, wide_a.params, wide_b.params, load_data(spec),
+                       EvalSettings(points=5))  # fmt: skip
+    assert path["loss"] == pytest.approx(ref.loss, abs=1e-6)
+    assert set(seen) == {torch.bfloat16}

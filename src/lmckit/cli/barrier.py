@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+import torch
 
 from lmckit.atomic import write_json
 from lmckit.cli.common import (
@@ -122,7 +123,8 @@ def command(
         raise fail(f"--plot draws the simplex of 3 models, got {len(models)}")
     inputs = input_paths(*models, data_spec=data_spec)
     check_out_files(inputs, json=json_path, plot=plot_path)
-    settings = EvalSettings(split=split, points=points, fix=fix)
+    # bfloat16 or float16 models stay as stored; each point is built in float32
+    settings = EvalSettings(split=split, points=points, fix=fix, dtype=torch.float32)
     if simplex:
         check_simplex_size(len(models), resolution)
         _simplex(models, data_spec, settings, resolution=resolution, align=align_method,
@@ -130,7 +132,7 @@ def command(
                  plot_path=plot_path, quiet=quiet)  # fmt: skip
         return
     data = load_dataset(data_spec)
-    a, b = load_models(models, forms=True)
+    a, b = load_models(models, forms=True, dtype=None)
     meta = {"a": models[0], "b": models[1], "data": data_spec, "circuits": circuits}
     result = pair_barrier(a, b, data, settings, circuits=circuits, meta=meta, progress=not quiet)
     if result.meta.get("form"):

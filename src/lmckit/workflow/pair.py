@@ -3,14 +3,16 @@ multi-model barrier over a simplex."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from lmckit.checkpoint import CheckpointError, load_metadata
@@ -31,7 +33,7 @@ from lmckit.merge import has_batchnorm
 from lmckit.merge_methods import merge, merge_info, path_prepare
 from lmckit.models import ZooModel
 from lmckit.outputs import HF_MARKER
-from lmckit.params import IncompatibleModelsError, Params, check_compatible
+from lmckit.params import IncompatibleModelsError, Params, check_compatible, module_params
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
 from lmckit.recipe import aligned_form, spec_of, written_alike
 from lmckit.workflow.align import model_in_form
@@ -146,7 +148,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
                 or FORMS[choice.name].rms
             )
             if changes and recorded_form(model.path) is None:
-                form = model_in_form(model, choice)
+                form = model_in_form(_float32(model), choice)
                 formed.append((form.module, form.a))
                 if form.form:
                     name = model.path.name if model.path is not None else "the model"
@@ -171,6 +173,16 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
         module, pa, pb = form.module, form.a, form.b
     same = written_alike(module, a.module)
     return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
+
+
+def _float32(model: LoadedModel) -> LoadedModel:
+    """``model`` with float32 weights when some are bfloat16 or float16 (a copy): a
+    rewrite into another form computes as on a float32 load, whatever the stored dtype."""
+    low = (torch.bfloat16, torch.float16)
+    if not any(v.dtype in low for v in model.params.values()):
+        return model
+    module = copy.deepcopy(model.module).float()
+    return replace(model, module=module, params=module_params(module))
 
 
 def _config(module: nn.Module) -> Any:
