@@ -133,6 +133,9 @@ def command(
         return
     data = load_dataset(data_spec)
     a, b = load_models(models, forms=True, dtype=None)
+    if any(v.dtype == torch.float64 for m in (a, b) for v in m.params.values()):
+        # read as float32 like every point, refusing by name a value float32 cannot hold
+        a, b = load_models(models, forms=True)
     meta = {"a": models[0], "b": models[1], "data": data_spec, "circuits": circuits}
     result = pair_barrier(a, b, data, settings, circuits=circuits, meta=meta, progress=not quiet)
     if result.meta.get("form"):
