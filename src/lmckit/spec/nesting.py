@@ -60,7 +60,8 @@ def batched_by(an: Analysis) -> dict[int, set[int]]:
 def head_kinds(an: Analysis) -> dict[int, str]:
     """Leaf variables (by ``id``) of attention operands' feature axes: ``"qk"`` for the
     query/key features a score contracts, ``"value"`` for the value features, ``"basis"``
-    for one variable that is both (a fused projection whose chunks share their units)."""
+    for one variable that is both (a fused projection split where its axis is not one
+    variable that can be cut into blocks: the chunks share their units)."""
     kinds: dict[int, str] = {}
 
     def mark(node_name: str, kind: str) -> None:
