@@ -92,9 +92,9 @@ class TracedGraph:
         if self.outputs is None:
             return frozenset()
         node = next(n for n in self.graph.nodes if n.op == "output")
-        returned = [a for a in node.args[0] if isinstance(a, Node)]
-        judged = {returned[i].name for i in self.outputs if i < len(returned)}
-        return frozenset(a.name for a in returned if a.name not in judged)
+        returned = list(node.args[0])  # positions as in ``outputs`` (constants included)
+        judged = {returned[i].name for i in self.outputs if isinstance(returned[i], Node)}
+        return frozenset(a.name for a in returned if isinstance(a, Node) and a.name not in judged)
 
 
 def module_path(node: Node) -> str:
