@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from lmckit.hf.files import read_hf_header, shard_map, weights_path
+from lmckit.hf.shardfile import stored_dtype, write_safetensors
 
 __all__ = ["INDEX_FILE", "StoredLayout", "reshard", "stored_layout"]
 
@@ -79,8 +79,9 @@ def reshard(folder: Path, shards: dict[str, str]) -> None:
     """Rewrite the safetensors weights in ``folder`` as the shards ``shards`` names.
 
     A weight the layout does not name (e.g. an LM head written apart after untying) goes
-    to the shard of the last weight named. Tensors are moved one shard at a time (the
-    files are memory-mapped), and the old files are removed once the new ones exist.
+    to the shard of the last weight named. Tensors are moved one at a time (read from
+    the memory-mapped files, written by :func:`lmckit.hf.shardfile.write_safetensors`,
+    let go), and the old files are removed once the new ones exist.
     """
     where = _written_tensors(folder)
     old_files = set(where.values())
@@ -91,19 +92,27 @@ def reshard(folder: Path, shards: dict[str, str]) -> None:
     total = 0
     weight_map: dict[str, str] = {}
     written = []
+    shapes: dict[str, tuple[torch.dtype, list[int]]] = {}
+    for file in old_files:  # the headers only: no tensor is read here
+        with safe_open(file, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 -- a safetensors handle, not a dict
+                part = f.get_slice(name)
+                shapes[name] = (stored_dtype(part.get_dtype()), part.get_shape())
+
+    def read(name: str) -> torch.Tensor:
+        # opened per tensor, so that the pages read are unmapped again once it is written
+        with safe_open(where[name], framework="pt") as f:
+            return f.get_tensor(name)
+
     for shard, names in plan.items():
         if not names:
             continue
-        tensors = {}
-        for name in names:
-            with safe_open(where[name], framework="pt") as f:
-                tensors[name] = f.get_tensor(name)
-        total += sum(t.numel() * t.element_size() for t in tensors.values())
         staging = folder / (shard + ".partial")
-        save_file(tensors, staging, metadata={"format": "pt"})
+        # one tensor in memory at a time: read, written, let go
+        block = {name: shapes[name] for name in names}
+        total += write_safetensors(staging, block, read, metadata={"format": "pt"})
         written.append((staging, folder / shard))
         weight_map.update(dict.fromkeys(names, shard))
-        del tensors
     for file in old_files:
         file.unlink()
     index = folder / INDEX_FILE

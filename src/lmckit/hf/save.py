@@ -220,6 +220,7 @@ def save_hf(
         # build_module checked names and shapes; this guards against silent re-tying.
         if key in built and not torch.equal(built[key], value):
             raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
+    del built  # its tensors are the module's: freed with it once it is written
 
     copies, not_copied = _files_to_copy(like.path)
     source_card = next((f for f in copies if f.name == CARD_FILE), None)
