@@ -25,8 +25,7 @@ pair is aligned in by default is :mod:`lmckit.forms`.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
 
@@ -167,7 +166,7 @@ def orthogonal_route(
     untied: dict[str, str] = {}
     refused = untie_refused(module) if fa.tied else None
     if refused:
-        fa = dataclasses.replace(fa, skipped=(*fa.skipped, refused))
+        fa = replace(fa, skipped=(*fa.skipped, refused))
     elif fa.tied and not isinstance(module, ZooModel):
         # a tied reader (an output head sharing the embedding) gets its own copy
         untied = fa.tied

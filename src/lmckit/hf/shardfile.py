@@ -62,7 +62,7 @@ def write_safetensors(
     for name, (dtype, shape) in shapes.items():
         if dtype not in _DTYPES:
             raise ValueError(f"tensor {name!r}: safetensors cannot store {dtype}")
-        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        size = torch.Size(shape).numel() * dtype.itemsize
         header[name] = {"dtype": _DTYPES[dtype], "shape": list(shape),
                         "data_offsets": [at, at + size]}  # fmt: skip
         at += size
