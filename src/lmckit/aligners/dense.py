@@ -5,8 +5,9 @@ aligned model as a differentiable function of it. :func:`apply_dense` contracts 
 use of a space with the matrix itself, which is exact for the groups whose readers
 move by ``T`` too (:attr:`lmckit.groups.Group.self_dual`: permutations, head and
 padded permutations, orthogonal maps; elementwise parameters of a permutation move as
-``P v``). :func:`straight_through` turns a continuous matrix into the group element
-it stands for, keeping the gradient.
+``P v``); the readers of the other groups (scalings, invertible maps) take the reader
+matrix ``T^{-T}`` given beside it (:func:`reader_matrices`). :func:`straight_through`
+turns a continuous matrix into the group element it stands for, keeping the gradient.
 """
 
 from __future__ import annotations
@@ -22,16 +23,24 @@ from lmckit.params import Params
 from lmckit.spaces import with_region
 from lmckit.symmetry import SymmetrySpec, act_on_axis
 
-__all__ = ["apply_dense", "straight_through"]
+__all__ = ["apply_dense", "reader_matrices", "straight_through"]
 
 
-def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tensor]) -> Params:
+def apply_dense(
+    spec: SymmetrySpec,
+    params: Params,
+    matrices: Mapping[str, Tensor],
+    readers: Mapping[str, Tensor] | None = None,
+) -> Params:
     """Params with each space's dense ``(m, n)`` matrix applied along all its uses.
 
-    Differentiable in ``matrices``. Spaces not in ``matrices`` are left alone; integer
-    tensors pass through.
+    Differentiable in ``matrices`` (and ``readers``). Spaces not in ``matrices`` are
+    left alone; integer tensors pass through. ``readers`` holds, for spaces whose
+    readers do not move by the matrix itself, the ``(m, n)`` matrix their reader axes
+    are contracted with instead (:func:`reader_matrices`).
     """
-    unknown = set(matrices) - set(spec.names)
+    readers = readers or {}
+    unknown = (set(matrices) | set(readers)) - set(spec.names)
     if unknown:
         raise KeyError(f"matrices name unknown spaces {sorted(unknown)}")
     out: Params = {}
@@ -42,12 +51,27 @@ def apply_dense(spec: SymmetrySpec, params: Params, matrices: Mapping[str, Tenso
         for space, use in spec.uses_of(name):
             if space.name not in matrices:
                 continue
-            mat = matrices[space.name].to(value.dtype)
+            mat = matrices[space.name]
+            if use.role == "read" and space.name in readers:
+                mat = readers[space.name]
+            mat = mat.to(value.dtype)
             act = functools.partial(_left_multiply, mat)
             moved = act_on_axis(use.region(value), use, space.n, act)
             value = with_region(value, use.parts, moved)
         out[name] = value
     return out
+
+
+def reader_matrices(spec: SymmetrySpec, matrices: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """``T^{-T}`` of every square matrix in ``matrices`` whose group is not self-dual.
+
+    Differentiable in ``matrices`` (one ``n x n`` inverse per such space).
+    """
+    return {
+        name: torch.linalg.inv(mat).mT
+        for name, mat in matrices.items()
+        if not spec[name].group.self_dual
+    }
 
 
 def _left_multiply(mat: Tensor, x: Tensor) -> Tensor:

@@ -13,14 +13,18 @@ polar factor's own gradient (:meth:`lmckit.groups.Group.smooth_projection`), whi
 char-level GPT-2 pair took the barrier 0.478 -> 0.269 where straight-through did not
 improve on its start (``docs/experiments/reference_comparison.md``). Optionally,
 permutations are relaxed to Sinkhorn soft permutations ``sinkhorn(S / temperature)``
-during training and projected to the nearest permutation at the end.
+during training and projected to the nearest permutation at the end. Groups whose
+readers do not move by the element itself are learned too where the element is a
+smooth function of ``S`` (:attr:`lmckit.groups.Group.learned_by_inverse`): the positive
+diagonal of ``S`` for the scalings of gated units, ``S`` itself for invertible maps;
+their readers are contracted with ``P^{-T}``.
 
 Each step draws ``lambda ~ U(low, high)`` and minimises the training loss of
 ``(1 - lambda) theta_a + lambda T(theta_b)`` with AdamW on the ``S``; the loss is an
 argument (default: cross-entropy of logits against labels or next tokens). The transform
 is applied to B *differentiably*: every use of a space is contracted with the dense
-matrix (:mod:`lmckit.aligners.dense`; writers, readers and elementwise parameters alike:
-for the groups it accepts the reader matrix ``T^{-T}`` equals ``T``). Early stopping watches the
+matrix (:mod:`lmckit.aligners.dense`; writers, readers and elementwise parameters alike
+for self-dual groups, where the reader matrix ``T^{-T}`` equals ``T``). Early stopping watches the
 loss of the midpoint ``lambda = 1/2`` with the *hard* transform on a validation split;
 the best hard transform seen (including the initial one) is returned.
 
@@ -59,6 +63,7 @@ from lmckit.data import Dataset, batches
 from lmckit.distributed import any_rank
 from lmckit.groups import sinkhorn
 from lmckit.params import Params, check_compatible, check_finite
+from lmckit.spaces import Space
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import cross_entropy
 
@@ -162,9 +167,11 @@ def learned_matching(
     """Learned matching: learn the transform for the loss of the merged model.
 
     Args:
-        spec: the spec of ``model``; solved spaces need a group whose readers move by
+        spec: the spec of ``model``; learned spaces need a group whose readers move by
             the element itself (:attr:`lmckit.groups.Group.self_dual`: permutations,
-            head and padded permutations, orthogonal maps), at equal widths.
+            head and padded permutations, orthogonal maps) or by its inverse transpose
+            (:attr:`~lmckit.groups.Group.learned_by_inverse`: scalings, invertible
+            maps), at equal widths.
         params_a, params_b: reference and model to align; unchanged.
         config: steps, optimiser, lambda range, relaxation, early stopping.
         model: the module both parameter sets run through (required; not moved: a
@@ -179,8 +186,8 @@ def learned_matching(
         init: starting transform; with ``config.weight_matching_init`` weight matching
             starts from it (default identity).
         spaces: learn only these spaces (the others stay at the start transform);
-            default: every space whose group learned matching can learn
-            (:attr:`~lmckit.groups.Group.self_dual`), the others solved by weight matching.
+            default: every space whose group learned matching can learn (see ``spec``),
+            the others solved by weight matching.
         row_masks: passed to the weight-matching initialisation (rows left out of its
             similarities, e.g. embedding rows of tokens never seen in training).
         loss: ``loss(outputs, targets)`` minimised at the interpolated model and
@@ -299,19 +306,24 @@ def _draw_lambda(config: LearnedMatchingConfig, generator: torch.Generator) -> f
 
 def _spaces_to_learn(spec: SymmetrySpec, spaces: Sequence[str] | None) -> list[str]:
     """The spaces given, or every space whose group can be learned (the others, e.g.
-    scalings of gated units, come from weight matching and stay as it left them)."""
-    names = [n for n in spec.names if spec[n].group.self_dual] if spaces is None else list(spaces)
+    rectangular embeddings, come from weight matching and stay as it left them)."""
+    names = [n for n in spec.names if _learnable(spec[n])] if spaces is None else list(spaces)
     if not names:
         raise ValueError("learned matching needs at least one space to learn")
     for name in names:
-        group = spec[name].group
-        if not group.self_dual:
+        if not _learnable(spec[name]):
             raise ValueError(
-                f"learned matching cannot learn space {name!r} with group {group.name} "
-                "(its readers do not move by the element itself); pass spaces=... to "
-                "leave it out"
+                f"learned matching cannot learn space {name!r} with group "
+                f"{spec[name].group.name} (no differentiable element, readers not moved by "
+                "it); pass spaces=... to leave it out"
             )
     return names
+
+
+def _learnable(space: Space) -> bool:
+    """Whether learned matching can hold a continuous matrix for ``space``: self-dual
+    groups, and square groups whose readers it moves by the inverse transpose."""
+    return space.group.self_dual or space.group.learned_by_inverse
 
 
 def _fixed_part(spec: SymmetrySpec, base: Transform, names: Sequence[str]) -> Transform:

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.aligners.dense import apply_dense, straight_through
+from lmckit.aligners.dense import apply_dense, reader_matrices, straight_through
 from lmckit.data import Dataset, batches
 from lmckit.distributed import rank_rows, shard, sum_gradients, sum_over_ranks
 from lmckit.merge import has_batchnorm, reset_batchnorm
@@ -167,8 +167,9 @@ class Descent:
         """One AdamW step on the loss at ``lam`` for one batch; the loss (all ranks)."""
         mats = {n: relaxed(self.spec, n, self.conts[n], self.config) for n in self.names}
         self.opt.zero_grad(set_to_none=True)
+        moved = apply_dense(self.spec, self.b, mats, reader_matrices(self.spec, mats))
         value = batch_gradient(
-            self.model, self.a, apply_dense(self.spec, self.b, mats), self.buffers, lam, xb, yb,
+            self.model, self.a, moved, self.buffers, lam, xb, yb,
             self.loss, batchnorm=self.batchnorm, device=self.device,
         )  # fmt: skip
         (value,) = sum_gradients(list(self.conts.values()), [value], mean=self.batchnorm)

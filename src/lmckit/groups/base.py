@@ -83,6 +83,11 @@ class Group(abc.ABC, Generic[E]):
     #: orthonormal columns): a dense, differentiable stand-in can be applied to every
     #: use alike, which is what learned matching does.
     self_dual: ClassVar[bool] = False
+    #: learned matching can learn the group although its readers do not move by the
+    #: element itself: :meth:`smooth_projection` is defined, and readers are contracted
+    #: with the inverse transpose of the learned matrix (positive scalings, general
+    #: invertible maps).
+    learned_by_inverse: ClassVar[bool] = False
     #: :meth:`solve` returns the exact maximiser of ``<T, C>``, so coordinate descent
     #: accepts a new element only when it raises the objective. Otherwise (least
     #: squares, heuristics) any element that differs from the current one is taken.

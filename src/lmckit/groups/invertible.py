@@ -27,6 +27,7 @@ class Invertible(MatrixGroup):
     elementwise_ok = False
     exact = False
     least_squares = True
+    learned_by_inverse = True
     natural_statistic = "covariance"
     #: :meth:`validate` refuses condition numbers above this (float32 cannot invert
     #: such a map reliably).
@@ -57,6 +58,9 @@ class Invertible(MatrixGroup):
 
     def project(self, dense: Tensor) -> Tensor:
         return dense.detach().float().cpu()
+
+    def smooth_projection(self, dense: Tensor) -> Tensor:
+        return dense
 
     def validate(self, element: object, n: int) -> None:
         mat = check_tensor(element, self, ndim=2, integer=False)

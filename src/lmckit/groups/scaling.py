@@ -22,6 +22,9 @@ from lmckit.groups.base import Group, Role, Subproblem, check_square, check_tens
 
 __all__ = ["Scaling"]
 
+#: smallest scale learned matching may reach (a unit scaled to zero cannot be undone)
+MIN_LEARNED_SCALE = 1e-3
+
 
 def _fit(alpha: Tensor, beta: Tensor, gamma: Tensor, delta: Tensor) -> Tensor:
     """Per unit, ``argmin_{s > 0} alpha s^2 - 2 beta s + gamma / s^2 - 2 delta / s``.
@@ -67,6 +70,7 @@ class Scaling(Group[Tensor]):
     exact = False
     least_squares = True
     fits_readers = True
+    learned_by_inverse = True
 
     def identity(self, n: int) -> Tensor:
         return torch.ones(n)
@@ -116,6 +120,14 @@ class Scaling(Group[Tensor]):
         delta = torch.diagonal(problem.readers[0]).double().cpu()
         gamma = torch.diagonal(problem.readers[1]).double().cpu()
         return _fit(alpha, beta, gamma, delta).float()
+
+    def project(self, dense: Tensor) -> Tensor:
+        """The scales on ``dense``'s diagonal, at least :data:`MIN_LEARNED_SCALE`."""
+        return torch.diagonal(dense.detach()).float().cpu().clamp_min(MIN_LEARNED_SCALE)
+
+    def smooth_projection(self, dense: Tensor) -> Tensor:
+        """The matrix of :meth:`project`, differentiable in ``dense``."""
+        return torch.diag(torch.diagonal(dense).clamp_min(MIN_LEARNED_SCALE))
 
     def objective(self, element: Tensor, sim: Tensor) -> float:
         return float((element.double().to(sim.device) * torch.diagonal(sim).double()).sum())
