@@ -12,12 +12,13 @@ changed at positions ``J`` only, the term changes by a product of rank ``|J|``::
     A_u B~_u,new^T = A_u B~_u,old^T + A_u[J] (B~_u,new[J] - B~_u,old[J])^T
 
 (slices along that axis; both sides laid out with the space's units first).
-:class:`SimilarityCache` keeps, per space, the sum of such terms and the index maps it
-was computed at. A space's other terms (next to orthogonal or invertible maps, attention
-circuits) are computed afresh at each update. After the first sweeps coordinate descent
-moves a few percent of a permutation per update, so most updates cost a small part of
-the full products. When more than half of the tracked columns moved, the sum is
-recomputed, which also discards the round-off that the updates accumulate.
+:class:`SimilarityCache` keeps, per space solved more than once, the sum of such terms
+and the index maps it was computed at. A space's other terms (next to orthogonal or
+invertible maps, attention circuits) are computed afresh at each update. After the first
+sweeps coordinate descent moves a few percent of a permutation per update, so most
+updates cost a small part of the full products. When more than half of the tracked
+columns moved, the sum is recomputed, which also discards the round-off that the updates
+accumulate.
 
 :meth:`SimilarityCache.depends_on` names the spaces whose elements a subproblem reads,
 so that coordinate descent can skip a space none of whose inputs changed since it was
@@ -72,6 +73,8 @@ class _Plan:
     fresh: list[Use]
     circuits: bool
     cached: Tensor | None = None
+    #: the space was solved once: its next sum is kept
+    seen: bool = False
 
 
 class SimilarityCache:
@@ -220,6 +223,18 @@ class SimilarityCache:
     def _tracked_sum(self, space: Space, plan: _Plan, transform: Transform) -> Tensor:
         """The cached sum of the tracked terms, brought up to ``transform``."""
         maps = [self._sources(t.space, t.use, transform) for t in plan.tracked]
+        if not plan.seen:
+            # kept from the second solve on: a run that converges in one sweep (large
+            # models far apart) never holds a sum it would not read again
+            plan.seen = True
+            once: Tensor | None = None
+            for t, new in zip(plan.tracked, maps, strict=True):
+                once = add_use_term(
+                    once, self.ref[t.use.param], _gather(self.other[t.use.param], new), t.use,
+                    space.n,
+                )  # fmt: skip
+            assert once is not None
+            return once
         if plan.cached is not None:
             moved = total = 0
             changes: list[tuple[_Tracked, int, Tensor, dict[int, Tensor]]] = []
