@@ -121,14 +121,14 @@ def spec_of(
 def _permutations_only(spec: SymmetrySpec) -> SymmetrySpec:
     """The discrete part of ``spec``: orthogonal streams become permutation spaces, and
     continuous maps inside heads (value and query/key bases) are left out."""
-    kept = tuple(s for s in spec if s.nest is None or s.group.units(s.n) is not None)
+    kept = tuple(s for s in spec if not s.enclosed or s.group.units(s.n) is not None)
     rotations = {s.name: Permutation() for s in kept if isinstance(s.group, Orthogonal)}
     return SymmetrySpec(kept, spec.meta).with_groups(**rotations)
 
 
 def has_rotations(spec: SymmetrySpec) -> bool:
     """Whether a stream (a space not nested inside heads) admits rotations."""
-    return any(isinstance(s.group, Orthogonal) for s in spec if s.nest is None)
+    return any(isinstance(s.group, Orthogonal) for s in spec if not s.enclosed)
 
 
 @dataclass(frozen=True)

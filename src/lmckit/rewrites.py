@@ -80,7 +80,7 @@ def _analysis(module: ZooModel) -> SymmetryAnalysis:
         module, module.example_inputs(), names=module.space_names, check=False
     )
     shapes = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    outer = tuple(_tiled(s, shapes) for s in analysis.spec if s.nest is None)
+    outer = tuple(_tiled(s, shapes) for s in analysis.spec if not s.enclosed)
     return dataclasses.replace(analysis, spec=SymmetrySpec(outer, analysis.spec.meta))
 
 

@@ -183,7 +183,10 @@ class Space:
 
     ``circuits`` (attention head spaces only) makes weight matching compare heads by
     their QK/OV circuits instead of by the plain weights of the uses. ``nest`` places
-    the space inside one unit of a permutation space (see :class:`Nest`).
+    the space inside one unit of a permutation space (see :class:`Nest`). ``within``
+    names a space that moves whole units (attention heads) in every unit of which this
+    one acts alike (the value basis of the one key/value head every query head reads):
+    not nested, it commutes with that space's permutation and shares its axes.
     """
 
     name: str
@@ -193,6 +196,13 @@ class Space:
     probes: tuple[Probe, ...] = ()
     circuits: HeadCircuits | None = None
     nest: Nest | None = None
+    within: str | None = None
+
+    @property
+    def enclosed(self) -> bool:
+        """Whether the space lives inside the units of another (nested in one unit, or
+        alike in all): a basis inside heads, not a stream or a set of units."""
+        return self.nest is not None or self.within is not None
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -240,7 +250,11 @@ class SymmetrySpec:
             for use in space.uses:
                 key = (use.param, use.axis)
                 for other, other_use in seen.get(key, []):
-                    if not _disjoint(use, other_use) and not self._related(space, other):
+                    if not (
+                        _disjoint(use, other_use)
+                        or self._related(space, other)
+                        or _alike_in_every_unit(space, use, other, other_use)
+                    ):
                         raise ValueError(
                             f"axis {use.axis} of {use.param!r} is used by both "
                             f"{other.name!r} and {space.name!r}"
@@ -389,6 +403,21 @@ def _ranges(use: Use) -> dict[int, tuple[int, int]]:
         lo = out.get(part.axis, (0, 0))[0] + part.start
         out[part.axis] = (lo, lo + part.length)
     return out
+
+
+def _alike_in_every_unit(a: Space, use_a: Use, b: Space, use_b: Use) -> bool:
+    """Whether ``a`` or ``b`` acts alike in every unit of the other (:attr:`Space.within`),
+    laid out so on this axis: the two maps commute, so they may share the axis."""
+    for mover, use_m, inside, use_i in ((a, use_a, b, use_b), (b, use_b, a, use_a)):
+        units = mover.group.units(mover.n)
+        if inside.within != mover.name or units is None or use_m.parts != use_i.parts:
+            continue
+        if (
+            use_i.outer == use_m.outer * units
+            and use_i.inner * inside.n * units == use_m.inner * mover.n
+        ):
+            return True
+    return False
 
 
 def _disjoint(a: Use, b: Use) -> bool:

@@ -50,7 +50,7 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
     "bart": (_ATTENTION, 0.99),
     "vit": (_ATTENTION, 0.99),
     "bloom": ({"residual", "units"}, 0.99),
-    "falcon": ({"residual", "heads", "units"}, 0.99),
+    "falcon": ({"residual", "heads", "qk", "value", "units"}, 0.99),
     "clip": ({"heads", "value", "qk", "units"}, 0.7),
     "convnext": ({"residual", "units"}, 0.99),
     "resnet": ({"residual", "units"}, 0.99),
@@ -69,12 +69,14 @@ PLANTED = {name: None for name in ALL_FAMILIES} | {"deberta-v2": "permutation"}
 
 def components(spec: SymmetrySpec) -> set[str]:
     """What the spaces of ``spec`` move: ``residual``, ``heads``, ``units`` (any other
-    space of the model), and the kinds of spaces nested in units (``query``, ``value``,
-    ``qk``, ``basis``, ``units`` of experts)."""
+    space of the model), and the kinds of spaces nested in units or shared by every head
+    (``query``, ``value``, ``qk``, ``basis``, ``units`` of experts)."""
     found = set()
     for space in spec:
         if space.nest is not None:
             found.add(re.sub(r"\d+$", "", space.nest.kind))
+        elif shared := re.fullmatch(r"heads\.\d+\.([a-z]+)", space.name):
+            found.add(shared.group(1))  # a basis every head shares (multi-query attention)
         elif space.name.startswith("residual"):
             found.add("residual")
         elif space.name.startswith("heads"):

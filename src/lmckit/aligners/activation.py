@@ -330,8 +330,8 @@ def activation_matching(
     # spaces nested inside heads or units (value and query/key bases, query heads of a
     # group) are not seen by any probe of their own: they are solved from the weights,
     # given what the activations decided for the spaces around them
-    nested = [name for name in requested if spec[name].nest is not None]
-    probed = [name for name in requested if spec[name].nest is None]
+    nested = [name for name in requested if spec[name].enclosed]
+    probed = [name for name in requested if not spec[name].enclosed]
     for name in probed:
         if spec[name].group.least_squares:
             raise ValueError(

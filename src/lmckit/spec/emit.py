@@ -1,31 +1,25 @@
 """From an analysed graph to a :class:`~lmckit.symmetry.SymmetrySpec`.
 
-Each parameter axis is read as its factors (leaf variables). Its outermost live
-(unpinned) variable is the axis's space: the factors before it are the use's ``outer``
-blocks, the ones after it its ``inner`` extent. Live variables inside it become *nested*
-spaces, one per unit of the outer one (:class:`~lmckit.symmetry.Nest`), when they are
-batched by it (:mod:`lmckit.spec.nesting`): the query heads of each key/value group, the
-value basis and the query/key basis of each head. Each nested use lives in the slice of
-the parameter that its unit holds (:class:`~lmckit.symmetry.Part`). An inner live
-variable that is not batched by the outer one (the same for every unit) is pinned: a
-parameter axis carries one space per level of nesting.
-
-Spaces are then named, given a group from their level, probes (the inputs of the
-modules that read them, for activation matching) and, for attention heads computed by
-projections, their QK/OV circuits (:mod:`lmckit.spec.heads`).
+The graph's parameter axes are read as drafts of spaces (:mod:`lmckit.spec.drafts`: the
+variable each axis moves, the variables nested in it or shared by all its units). Spaces
+are then named, given a group from their level, probes (the inputs of the modules that
+read them, for activation matching) and, for attention heads computed by projections,
+their QK/OV circuits (:mod:`lmckit.spec.heads`). Nested spaces get one space per unit of
+their parent (:class:`~lmckit.symmetry.Nest`); a basis that every head holds alike is one
+space beside the heads, ``<heads>.value`` or ``<heads>.qk``.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 
-from lmckit.spec.analysis import Analysis, Role
+from lmckit.spec.analysis import Analysis
+from lmckit.spec.drafts import Inner, SpaceDraft, read_drafts, settle
 from lmckit.spec.heads import head_circuits
 from lmckit.spec.lattice import Level, Var
-from lmckit.spec.nesting import batched_by, head_kinds, nests
+from lmckit.spec.nesting import batched_by, head_kinds
 from lmckit.spec.probes import probes
 from lmckit.symmetry import (
     CenteredOrthogonal,
@@ -40,87 +34,7 @@ from lmckit.symmetry import (
     Use,
 )
 
-__all__ = ["SpaceDraft", "emit_spaces"]
-
-_ROLE_ORDER: tuple[Role, ...] = ("write", "read", "elementwise")
-
-
-@dataclass(frozen=True)
-class _Inner:
-    """Where a nested variable sits on one parameter axis: the axis (narrowed by ``pre``)
-    is ``(outer, units, ...)`` with the parent's ``units`` of ``unit_span`` entries each;
-    inside a unit (narrowed by ``piece``, a block of a cut variable) the layout is
-    ``(middle, var, after)``."""
-
-    param: str
-    axis: int
-    role: Role
-    outer: int
-    middle: int
-    after: int
-    compare: bool
-    pre: tuple[Part, ...] = ()
-    unit_span: int = 0
-    piece: Part | None = None
-
-
-@dataclass(frozen=True)
-class _View:
-    """A parameter axis, or the block of it that slices cut out (``parts``), read as the
-    factor list ``leaves``."""
-
-    parts: tuple[Part, ...]
-    leaves: list[Var]
-
-
-def _views(an: Analysis, var: Var, axis: int) -> list[_View]:
-    """The views of a parameter axis: itself, or, when its leading variable was cut into
-    blocks (a fused projection's query, key and value rows), one view per block."""
-    return _expand(an, an.lattice.leaves([var]), axis, ())
-
-
-def _expand(an: Analysis, leaves: list[Var], axis: int, parts: tuple[Part, ...]) -> list[_View]:
-    blocks = an.lattice.pieces(leaves[0]) if leaves else None
-    if blocks is None:
-        return [_View(parts, leaves)]
-    after = math.prod(v.size for v in leaves[1:])
-    out: list[_View] = []
-    for start, piece in blocks:
-        inside = (*parts, Part(axis, start * after, piece.size * after))
-        out += _expand(an, an.lattice.leaves([piece]) + leaves[1:], axis, inside)
-    return out
-
-
-def _is_live(an: Analysis, var: Var) -> bool:
-    return var.level > Level.FREE and an.lattice.pieces(var) is None
-
-
-def _live_leaves(an: Analysis, leaves: list[Var]) -> list[Var]:
-    """The live variables of a view, in order: the blocks of a cut variable right after
-    the first live one count as nested in it."""
-    out: list[Var] = []
-    for at, leaf in enumerate(leaves):
-        blocks = an.lattice.pieces(leaf)
-        if blocks is None:
-            if leaf.level > Level.FREE and leaf not in out:
-                out.append(leaf)
-        elif out and at > 0 and leaves[at - 1] is out[0]:
-            for _, piece in blocks:
-                out += [v for v in an.lattice.leaves([piece]) if _is_live(an, v) and v not in out]
-    return out
-
-
-@dataclass
-class SpaceDraft:
-    """A space before naming: its leaf variable and the uses found for it; for nested
-    variables, their places inside each unit of this space."""
-
-    var: Var
-    uses: list[Use]
-    order: int
-    inner: dict[int, tuple[Var, list[_Inner]]] = field(default_factory=dict)
-    #: pinned query/key variables batched by this space: nested spaces to propose
-    pending: dict[int, tuple[Var, list[_Inner]]] = field(default_factory=dict)
+__all__ = ["Candidate", "Emitted", "emit_spaces"]
 
 
 @dataclass(frozen=True)
@@ -135,6 +49,8 @@ class Candidate:
         units: one space per unit of the parent: the uses of each.
         size: the variable's size (the spaces' ``n`` before the group's layout).
         cuts: offsets where slices of the graph cut the variable's axis.
+        shared: one space, the same for every unit of the parent (a multi-query
+            attention's key head): ``units`` holds its uses alone.
     """
 
     parent: str
@@ -142,6 +58,8 @@ class Candidate:
     units: tuple[tuple[Use, ...], ...]
     size: int
     cuts: tuple[int, ...]
+    #: one space for all the parent's units (``units`` holds its uses), not nested
+    shared: bool = False
 
 
 @dataclass(frozen=True)
@@ -150,102 +68,6 @@ class Emitted:
 
     spaces: list[Space]
     candidates: list[Candidate]
-
-
-def _live(an: Analysis, views: list[_View]) -> list[Var]:
-    """The live variables of every view of one parameter axis."""
-    out: list[Var] = []
-    for view in views:
-        out += [v for v in _live_leaves(an, view.leaves) if v not in out]
-    return out
-
-
-def _settle(an: Analysis, together: dict[int, set[int]]) -> None:
-    """Pin until every used parameter axis holds one live variable (with a role) and
-    variables nested in it."""
-    used = {
-        an.traced.params[n.name]
-        for n in an.traced.graph.nodes
-        if n.op == "placeholder" and n.users and n.name in an.traced.params
-    }
-    changed = True
-    while changed:
-        changed = False
-        for key, axes in an.param_vars.items():
-            if key not in used:
-                continue
-            for i, var in enumerate(axes):
-                views = _views(an, var, i)
-                live = _live(an, views)
-                if live and not an.roles.get((key, i)):
-                    an.note(f"{key} (axis {i}) is used in a way lmckit does not understand")
-                    an.lattice.pin(live, f"{key} axis {i}: unknown use")
-                    changed = True
-                    continue
-                for view in views:
-                    here = _live_leaves(an, view.leaves)
-                    stray = [v for v in here[1:] if not nests(an, here[0], v, together)]
-                    if stray:
-                        an.lattice.pin(stray, "one space per parameter axis (heads kept)")
-                        changed = True
-
-
-def _drafts(
-    an: Analysis, together: dict[int, set[int]], kinds: Mapping[int, str]
-) -> list[SpaceDraft]:
-    drafts: dict[int, SpaceDraft] = {}
-    traced = an.traced
-    for order, (key, axes) in enumerate(an.param_vars.items()):
-        for i, var in enumerate(axes):
-            if not an.roles.get((key, i)):
-                continue
-            roles = an.roles[(key, i)]
-            role = next(r for r in _ROLE_ORDER if r in roles)
-            compare = key not in traced.statistics
-            for view in _views(an, var, i):
-                live = _live_leaves(an, view.leaves)
-                if not live:
-                    continue
-                unit, leaves = live[0], view.leaves
-                pos = leaves.index(unit)
-                outer = math.prod(v.size for v in leaves[:pos])
-                span = math.prod(v.size for v in leaves[pos + 1 :])
-                draft = drafts.setdefault(id(unit), SpaceDraft(unit, [], order))
-                draft.uses.append(Use(key, i, role, outer, span, compare, view.parts))
-                here = _Inner(key, i, role, outer, 1, 1, compare, view.parts, span)
-                for place in _children(an, leaves, pos):
-                    child, middle, after, piece = place
-                    if child in live:
-                        found = draft.inner
-                    elif kinds.get(id(child)) == "qk" and nests(an, unit, child, together):
-                        found = draft.pending  # pinned by positions: check decides
-                    else:
-                        continue
-                    _, places = found.setdefault(id(child), (child, []))
-                    places.append(replace(here, middle=middle, after=after, piece=piece))
-    return sorted(drafts.values(), key=lambda d: d.order)
-
-
-def _children(an: Analysis, leaves: list[Var], pos: int) -> list[tuple[Var, int, int, Part | None]]:
-    """The variables inside each unit of ``leaves[pos]``: ``(var, middle, after, piece)``,
-    the layout ``(middle, var, after)`` of the unit, or of its block ``piece`` when the
-    variable right after the unit was cut into blocks."""
-    out: list[tuple[Var, int, int, Part | None]] = []
-    for at, child in enumerate(leaves[pos + 1 :], start=pos + 1):
-        middle = math.prod(v.size for v in leaves[pos + 1 : at])
-        after = math.prod(v.size for v in leaves[at + 1 :])
-        blocks = an.lattice.pieces(child)
-        if blocks is None:
-            out.append((child, middle, after, None))
-        elif at == pos + 1:
-            for start, block in blocks:
-                piece = Part(0, start * after, block.size * after)
-                inside = an.lattice.leaves([block])
-                for k, var in enumerate(inside):
-                    before = math.prod(v.size for v in inside[:k])
-                    rest = math.prod(v.size for v in inside[k + 1 :]) * after
-                    out.append((var, before, rest, piece))
-    return out
 
 
 def _group(unit: Var, uses: list[Use]) -> tuple[Group, int, list[Use]]:
@@ -261,7 +83,7 @@ def _group(unit: Var, uses: list[Use]) -> tuple[Group, int, list[Use]]:
     return Permutation(blocks=unit.blocks), unit.size, uses
 
 
-def _nested_uses(var: Var, places: list[_Inner], units: int, unit: int) -> list[Use]:
+def _nested_uses(var: Var, places: list[Inner], units: int, unit: int) -> list[Use]:
     """The uses of nested variable ``var`` inside unit ``unit`` of ``units``: per outer
     block of each axis, the slice that unit holds, laid out ``(middle, var, after)``."""
     uses = []
@@ -352,16 +174,19 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
     """The spaces of an analysed graph (see the module docstring), and the nested
     spaces to propose that only a check of the function can decide."""
     together = batched_by(an)
-    _settle(an, together)
+    settle(an, together)
     kinds = head_kinds(an)
-    drafts = _drafts(an, together, kinds)
+    drafts, loose = read_drafts(an, together, kinds)
     circuits = head_circuits(an)
     spaces: list[Space] = []
     candidates: list[Candidate] = []
     taken: set[str] = set()
     shared = [d for d in drafts if d.var.residual and not d.var.heads]
     head_count = 0
+    by_unit: dict[int, str] = {}
     for draft in drafts:
+        if draft.shared_in is not None:
+            continue  # named after its head space, below
         group, n, uses = _group(draft.var, draft.uses)
         is_shared = draft in shared
         if draft.var.heads:
@@ -379,6 +204,21 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             head = next((circuits[u.param] for u in uses if u.param in circuits), None)
         space = Space(name, n, group, tuple(uses), tuple(probes(an, draft.var, n)), head)
         spaces.append(space)
+        by_unit[id(draft.var)] = name
         spaces += _nested_spaces(space, draft, kinds, head)
         candidates += _candidates(an, space, draft)
+    for draft in drafts:
+        parent = by_unit.get(id(draft.shared_in)) if draft.shared_in is not None else None
+        if parent is not None:
+            group, n, uses = _group(draft.var, draft.uses)
+            name = f"{parent}.{kinds.get(id(draft.var), 'units')}"
+            at = max(i for i, s in enumerate(spaces) if s.name == parent or (
+                s.nest is not None and s.nest.parent == parent))  # fmt: skip
+            spaces.insert(at + 1, Space(name, n, group, tuple(uses), within=parent))
+    for lo in loose:
+        parent = by_unit.get(id(lo.heads))
+        if parent is not None:
+            cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) is lo.var})
+            units = (tuple(lo.uses),)
+            candidates.append(Candidate(parent, "qk", units, lo.var.size, tuple(cuts), True))
     return Emitted(spaces, candidates)

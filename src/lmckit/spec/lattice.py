@@ -50,8 +50,8 @@ class Var:
     """
 
     __slots__ = (
-        "blocks", "heads", "id", "level", "parent", "parts", "pieces", "reasons", "residual",
-        "size", "whole",
+        "blocks", "factored", "heads", "id", "joined", "leads", "level", "parent", "parts",
+        "pieces", "reasons", "residual", "size", "whole",
     )  # fmt: skip
 
     def __init__(self, vid: int, size: int, level: Level) -> None:
@@ -67,6 +67,13 @@ class Var:
         self.pieces: list[tuple[int, Var]] | None = None
         #: for a piece, the variable it was cut from
         self.whole: Var | None = None
+        #: for the leading factor of a product (see :meth:`Lattice.split`): that product
+        self.leads: Var | None = None
+        #: for a product turned into a direct sum by :meth:`Lattice.cut_leading`: the
+        #: factors it had, which the slices of its reshaped axes still name
+        self.factored: list[Var] | None = None
+        #: unified with another variable (other axes name it: it cannot be re-cut)
+        self.joined = False
         #: GroupNorm: units must move in ``blocks`` contiguous groups.
         self.blocks = 1
         #: the batch axis of attention (heads): permuted as whole heads.
@@ -193,7 +200,49 @@ class Lattice:
             # a GroupNorm's blocks cannot be cut by a reshape we do not understand
             self.pin(parts, "a reshape splits GroupNorm groups")
         root.parts = parts
+        parts[0].leads = root
         return parts
+
+    def cut_leading(
+        self, lead: Var, start: int, length: int, rest: Sequence[Var]
+    ) -> list[Var] | None:
+        """The block ``[start, start + length)`` of the leading factor ``lead`` of a
+        product ``[lead, *rest]``, as the factors ``[piece, *rest']`` of a block of the
+        product itself; or None.
+
+        A fused projection viewed as ``[heads + 2, head_dim]`` and cut along the first
+        axis (a multi-query attention's query heads, its key head, its value head) is a
+        direct sum of blocks of the whole axis, each a product of its own: the query
+        heads' ``head_dim`` is not the value head's. Only a product whose factors no other
+        axis names yet is re-cut (the slices right after a reshape); else None, and the
+        caller cuts ``lead`` alone.
+        """
+        lead = self.find(lead)
+        whole = lead.leads if lead.leads is not None else None
+        if whole is None:
+            return None
+        whole = self.find(whole)
+        rest = [self.find(v) for v in rest]
+        factors = [lead, *rest]
+        if whole.factored is None:
+            if whole.parts is None or self.leaves(whole.parts) != factors:
+                return None
+            if any(v.joined or v.pieces or v.parts is not None for v in factors):
+                return None
+            whole.factored, whole.parts = factors, None
+        elif [self.find(v) for v in whole.factored] != factors:
+            return None
+        inner = math.prod(v.size for v in rest)
+        piece = self.cut(whole, start * inner, length * inner)
+        if piece is None:
+            return None
+        if piece.parts is None:
+            new = self.split(piece, [length, *(v.size for v in rest)])
+            for part, old in zip(new, factors, strict=True):
+                part.level = min(part.level, old.level) if part.size > 1 else Level.FREE
+                part.reasons += [r for r in old.reasons if r not in part.reasons]
+                part.heads, part.residual = old.heads, old.residual
+        return [self.find(v) for v in piece.parts or []]
 
     def _collapse(self, root: Var, reason: str) -> None:
         """Forget the blocks of a cut variable and pin it (it is one axis again)."""
@@ -208,6 +257,7 @@ class Lattice:
             if cut.pieces:  # blocks of two variables need not line up: keep neither
                 self._collapse(cut, "an axis cut into blocks meets another axis")
         rb.parent = ra
+        ra.joined = rb.joined = True
         if rb.level < ra.level:
             ra.level = rb.level
         ra.reasons += [r for r in rb.reasons if r not in ra.reasons]

@@ -38,6 +38,10 @@ def candidate_groups(size: int, cuts: Iterable[int]) -> list[Group]:
 
 
 def _spaces(candidate: Candidate, group: Group) -> list[Space]:
+    if candidate.shared:
+        (uses,) = candidate.units
+        name = f"{candidate.parent}.{candidate.kind}"
+        return [Space(name, candidate.size, group, uses, within=candidate.parent)]
     out = []
     for unit, uses in enumerate(candidate.units):
         name = f"{candidate.parent}.{candidate.kind}.{unit}"
@@ -50,9 +54,9 @@ def _with(spaces: Sequence[Space], added: Sequence[Space]) -> SymmetrySpec:
     """``spaces`` with ``added`` placed after their parents' other nested spaces."""
     order = list(spaces)
     for space in added:
-        assert space.nest is not None
-        family = [i for i, s in enumerate(order) if s.name == space.nest.parent or (
-            s.nest is not None and s.nest.parent == space.nest.parent)]  # fmt: skip
+        parent = space.nest.parent if space.nest else space.within
+        family = [i for i, s in enumerate(order) if s.name == parent or (
+            s.nest is not None and s.nest.parent == parent)]  # fmt: skip
         order.insert(family[-1] + 1, space)
     return SymmetrySpec(tuple(order))
 

@@ -59,6 +59,9 @@ def _take(an: Analysis, node: Node, x: Value, dim: int, start: int, step: int, w
             if 0 < cut < size:
                 an.cuts.append((leaves[0], cut))
         if not _is_free(an, x.axes[dim]) and not x.const:
+            block = _product_block(an, x, dim, start, shape[dim])
+            if block is not None:
+                return block
             # a block of one feature variable (a fused projection's query block): the
             # block becomes a variable of its own
             piece = an.lattice.cut(leaves[0], start, shape[dim])
@@ -68,6 +71,32 @@ def _take(an: Analysis, node: Node, x: Value, dim: int, start: int, step: int, w
     if not _is_free(an, x.axes[dim]):
         an.pin([Value([x.axes[dim]])], why, notable=not x.const)
     out.axes[dim] = [an.lattice.fresh(shape[dim], Level.FREE, "slice")]
+    return out
+
+
+def _product_block(an: Analysis, x: Value, dim: int, start: int, length: int) -> Value | None:
+    """``x`` cut to ``[start, start + length)`` along ``dim`` where ``dim`` and the axes
+    after it are the factors of one variable, reshaped just before (a fused query/key/value
+    projection viewed as ``[heads + 2, head_dim]``): a block of that variable, with a
+    head dimension of its own (:meth:`~lmckit.spec.lattice.Lattice.cut_leading`)."""
+    lead = an.lattice.leaves(x.axes[dim])
+    origin = an.lattice.find(lead[0]).leads
+    if len(lead) != 1 or origin is None:
+        return None
+    whole = an.lattice.find(origin)
+    count = len(whole.factored or whole.parts or []) - 1
+    if count < 1 or dim + count >= x.ndim:
+        return None
+    following = [an.lattice.leaves(a) for a in x.axes[dim + 1 : dim + 1 + count]]
+    if any(len(f) != 1 for f in following):
+        return None
+    factors = an.lattice.cut_leading(lead[0], start, length, [f[0] for f in following])
+    if factors is None:
+        return None
+    out = copy_value(x)
+    for k, var in enumerate(factors):
+        out.axes[dim + k] = [var]
+        out.src[dim + k] = frozenset()
     return out
 
 

@@ -1,0 +1,133 @@
+"""Multi-query attention written out by hand: every query head reads one key/value head.
+
+The fused projection is viewed as ``[heads + 2, head_dim]`` and cut along its first axis
+(query heads, the key head, the value head), as Falcon does. Besides the query heads'
+permutation, the key/value head's value basis (undone on the output columns of every
+query head) and its query/key basis (applied to the key head and to every query head)
+are symmetries, one map shared by all heads. The planted transforms below are written
+by hand, without lmckit's spec.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.groups import Orthogonal, RotaryPlanes
+from lmckit.params import module_params
+from lmckit.spec import analyze_symmetries
+from lmckit.symmetry import HeadPermutation, Part, Space, SymmetrySpec, Use
+
+HEADS, HEAD_DIM, WIDTH, T = 4, 6, 10, 5
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+class MultiQuery(nn.Module):
+    """``x -> x + dense(attention(split(fused(x))))``, one key/value head."""
+
+    def __init__(self, rotary: bool) -> None:
+        super().__init__()
+        self.fused = nn.Linear(WIDTH, (HEADS + 2) * HEAD_DIM, bias=False)
+        self.dense = nn.Linear(HEADS * HEAD_DIM, WIDTH, bias=False)
+        self.rotary = rotary
+        freqs = 1.0 / 10.0 ** (torch.arange(HEAD_DIM // 2) / (HEAD_DIM // 2))
+        angles = torch.arange(T)[:, None] * freqs[None, :]
+        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1), persistent=False)
+        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        qkv = self.fused(x).view(b, t, HEADS + 2, HEAD_DIM)
+        q, k, v = qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, d)
+        if self.rotary:
+            q = q * self.cos + _rotate_half(q) * self.sin
+            k = k * self.cos + _rotate_half(k) * self.sin
+        out = F.scaled_dot_product_attention(q, k, v)  # k, v broadcast to every query head
+        return x + self.dense(out.transpose(1, 2).reshape(b, t, -1))
+
+
+def _planted(params: dict[str, Tensor], rotary: bool, seed: int) -> dict[str, Tensor]:
+    """B: query heads permuted, the value basis rotated, the query/key basis rotated (a
+    rotation of each rotary plane with positions, any rotation without)."""
+    gen = torch.Generator().manual_seed(seed)
+    w = params["fused.weight"].double().view(HEADS + 2, HEAD_DIM, WIDTH)
+    o = params["dense.weight"].double().view(WIDTH, HEADS, HEAD_DIM)
+    perm = torch.randperm(HEADS, generator=gen)
+    value = torch.linalg.qr(torch.randn(HEAD_DIM, HEAD_DIM, generator=gen, dtype=torch.float64))[0]
+    if rotary:
+        half = HEAD_DIM // 2
+        angle = torch.rand(half, generator=gen, dtype=torch.float64) * 2 * math.pi
+        qk = torch.zeros(HEAD_DIM, HEAD_DIM, dtype=torch.float64)
+        i = torch.arange(half)
+        qk[i, i], qk[i + half, i + half] = angle.cos(), angle.cos()
+        qk[i, i + half], qk[i + half, i] = -angle.sin(), angle.sin()
+    else:
+        qk = torch.linalg.qr(torch.randn(HEAD_DIM, HEAD_DIM, generator=gen, dtype=torch.float64))[0]
+    q = torch.einsum("ij,hjk->hik", qk, w[:HEADS][perm])
+    k, v = qk @ w[HEADS], value @ w[HEADS + 1]
+    moved_o = torch.einsum("whj,ij->whi", o[:, perm], value)
+    return {
+        "fused.weight": torch.cat([q, k[None], v[None]]).reshape(-1, WIDTH).float(),
+        "dense.weight": moved_o.reshape(WIDTH, -1).float(),
+    }
+
+
+def _distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
+    return sum(float((a[k] - b[k]).double().norm() ** 2) for k in a) ** 0.5
+
+
+@pytest.mark.parametrize("rotary", [False, True], ids=["no-positions", "rotary"])
+def test_the_shared_key_value_head_bases_are_found_and_a_planted_pair_recovered(
+    rotary: bool,
+) -> None:
+    torch.manual_seed(0)
+    module = MultiQuery(rotary).eval()
+    x = torch.randn(2, T, WIDTH)
+    analysis = analyze_symmetries(module, (x,))
+    groups = {s.name: s.group for s in analysis.spec}
+    assert isinstance(groups["heads.0"], HeadPermutation), analysis.report()
+    assert isinstance(groups["heads.0.value"], Orthogonal), analysis.report()
+    expected = RotaryPlanes if rotary else Orthogonal
+    assert isinstance(groups["heads.0.qk"], expected), analysis.report()
+
+    a = module_params(module)
+    b = _planted(a, rotary, seed=1)
+    torch.testing.assert_close(  # the planted map keeps the function: it is a symmetry
+        functional_call(module, b, (x,)), functional_call(module, a, (x,)), atol=1e-5, rtol=0
+    )
+    result = weight_matching(analysis.spec, a, b, WeightMatchingConfig(max_iter=50))
+    moved = result.apply(b)
+    assert _distance(a, moved) < 1e-4 * _distance(a, b)
+
+
+def test_a_space_alike_in_every_unit_shares_the_axis_of_the_unit_permutation() -> None:
+    heads = Space("heads", HEADS * HEAD_DIM, HeadPermutation(HEADS, HEAD_DIM),
+                  (Use("o", 1, "read"),))  # fmt: skip
+    use = Use("o", 1, "read", outer=HEADS)
+    inside = Space("inside", HEAD_DIM, Orthogonal(), (use,), within="heads")
+    assert len(SymmetrySpec((heads, inside))) == 2  # the maps commute
+    # without saying so, two spaces on one axis are refused
+    with pytest.raises(ValueError, match="axis 1 of 'o' is used by both 'heads' and 'inside'"):
+        SymmetrySpec((heads, replace(inside, within=None)))
+    # a map across heads (not one block per head) does not commute with their order
+    across = Space("across", HEAD_DIM, Orthogonal(), (Use("o", 1, "read", inner=HEADS),),
+                   within="heads")  # fmt: skip
+    with pytest.raises(ValueError, match="used by both 'heads' and 'across'"):
+        SymmetrySpec((heads, across))
+    # nor does one over a slice the heads' use does not cover alike
+    part = (Part(1, 0, HEADS * HEAD_DIM),)
+    sliced = replace(inside, name="sliced", uses=(replace(use, parts=part),))
+    with pytest.raises(ValueError, match="used by both 'heads' and 'sliced'"):
+        SymmetrySpec((heads, sliced))
