@@ -85,6 +85,17 @@ def test_self_dual_groups_read_with_the_element_itself(case: Case) -> None:
         assert not same
 
 
+def test_learnable_groups_read_a_dense_matrix_as_their_readers_do(case: Case) -> None:
+    if not case.group.learned_by_inverse:
+        return
+    element = case.random(8)
+    mat = case.group.matrix(element).requires_grad_()
+    reader = case.group.dense_reader(mat)
+    torch.testing.assert_close(reader.detach(), case.group.reader_matrix(element))
+    reader.sum().backward()  # differentiable: learned matching follows its gradient
+    assert mat.grad is not None and bool(torch.isfinite(mat.grad).all())
+
+
 def test_embedding_is_a_member_of_the_wide_shape(case: Case) -> None:
     element = case.group.embedding(case.n, case.m)
     case.group.validate(element, case.n)

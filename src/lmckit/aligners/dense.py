@@ -65,10 +65,11 @@ def apply_dense(
 def reader_matrices(spec: SymmetrySpec, matrices: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """``T^{-T}`` of every square matrix in ``matrices`` whose group is not self-dual.
 
-    Differentiable in ``matrices`` (one ``n x n`` inverse per such space).
+    Differentiable in ``matrices`` (:meth:`lmckit.groups.Group.dense_reader`: one
+    ``n x n`` inverse per such space, ``1 / s`` for a scaling).
     """
     return {
-        name: torch.linalg.inv(mat).mT
+        name: spec[name].group.dense_reader(mat)
         for name, mat in matrices.items()
         if not spec[name].group.self_dual
     }

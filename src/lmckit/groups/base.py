@@ -7,7 +7,7 @@ an aligner never asks which group it holds, and a new group is one new module:
 
 - algebra: :meth:`~Group.identity`, :meth:`~Group.random`, :meth:`~Group.embedding`,
   :meth:`~Group.compose`, :meth:`~Group.inverse`, :meth:`~Group.matrix`,
-  :meth:`~Group.reader_matrix`, :meth:`~Group.dims`;
+  :meth:`~Group.reader_matrix`, :meth:`~Group.dense_reader`, :meth:`~Group.dims`;
 - action on a parameter axis laid out ``(outer, n, inner)``: :meth:`~Group.act`;
 - the linear subproblem of coordinate descent, ``argmax_T <T, C>``:
   :meth:`~Group.solve` and :meth:`~Group.objective`; :meth:`~Group.project` (the
@@ -153,6 +153,12 @@ class Group(abc.ABC, Generic[E]):
     def reader_matrix(self, element: E) -> Tensor:
         """Matrix ``L^T`` (``m x n``) applied along a reader's axis, where ``L T = I``."""
         return torch.linalg.pinv(self.matrix(element)).T
+
+    def dense_reader(self, mat: Tensor) -> Tensor:
+        """``T^{-T}`` of an element's dense matrix ``mat``, differentiable in ``mat`` (the
+        reader matrix learned matching contracts readers with, for groups that are not
+        self-dual)."""
+        return torch.linalg.inv(mat).mT
 
     def act(self, x: Tensor, element: E, role: Role) -> Tensor:
         """Act on ``x`` of shape ``(outer, n, inner)`` along the middle axis."""

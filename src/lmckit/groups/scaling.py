@@ -129,6 +129,9 @@ class Scaling(Group[Tensor]):
         """The matrix of :meth:`project`, differentiable in ``dense``."""
         return torch.diag(torch.diagonal(dense).clamp_min(MIN_LEARNED_SCALE))
 
+    def dense_reader(self, mat: Tensor) -> Tensor:
+        return torch.diag(1.0 / torch.diagonal(mat))  # no n x n inverse for a diagonal
+
     def objective(self, element: Tensor, sim: Tensor) -> float:
         return float((element.double().to(sim.device) * torch.diagonal(sim).double()).sum())
 
