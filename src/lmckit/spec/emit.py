@@ -211,7 +211,10 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
         parent = by_unit.get(id(draft.shared_in)) if draft.shared_in is not None else None
         if parent is not None:
             group, n, uses = _group(draft.var, draft.uses)
-            name = f"{parent}.{kinds.get(id(draft.var), 'units')}"
+            name = base = f"{parent}.{kinds.get(id(draft.var), 'units')}"
+            while name in taken:  # two bases of one kind (extra projections)
+                name = f"{base}{len(taken)}"
+            taken.add(name)
             at = max(i for i, s in enumerate(spaces) if s.name == parent or (
                 s.nest is not None and s.nest.parent == parent))  # fmt: skip
             spaces.insert(at + 1, Space(name, n, group, tuple(uses), within=parent))

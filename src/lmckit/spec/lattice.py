@@ -218,10 +218,9 @@ class Lattice:
         caller cuts ``lead`` alone.
         """
         lead = self.find(lead)
-        whole = lead.leads if lead.leads is not None else None
-        if whole is None:
+        if lead.leads is None:
             return None
-        whole = self.find(whole)
+        whole = self.find(lead.leads)
         rest = [self.find(v) for v in rest]
         factors = [lead, *rest]
         if whole.factored is None:
@@ -239,7 +238,7 @@ class Lattice:
         if piece.parts is None:
             new = self.split(piece, [length, *(v.size for v in rest)])
             for part, old in zip(new, factors, strict=True):
-                part.level = min(part.level, old.level) if part.size > 1 else Level.FREE
+                part.level = min(part.level, old.level)
                 part.reasons += [r for r in old.reasons if r not in part.reasons]
                 part.heads, part.residual = old.heads, old.residual
         return [self.find(v) for v in piece.parts or []]

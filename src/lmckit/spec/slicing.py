@@ -80,8 +80,8 @@ def _product_block(an: Analysis, x: Value, dim: int, start: int, length: int) ->
     projection viewed as ``[heads + 2, head_dim]``): a block of that variable, with a
     head dimension of its own (:meth:`~lmckit.spec.lattice.Lattice.cut_leading`)."""
     lead = an.lattice.leaves(x.axes[dim])
-    origin = an.lattice.find(lead[0]).leads
-    if len(lead) != 1 or origin is None:
+    origin = an.lattice.find(lead[0]).leads if len(lead) == 1 else None
+    if origin is None:
         return None
     whole = an.lattice.find(origin)
     count = len(whole.factored or whole.parts or []) - 1
