@@ -18,6 +18,11 @@ data-dependent control flow on activations; random ops), when the points' parame
 differ in names or shapes, or when the stacked parameters do not fit the memory budget.
 Both ways give the same sums up to float rounding (the tests hold them to 1e-5).
 
+Point by point, a large point of a linear path (:class:`lmckit.streamed.LinearPoint`) is
+not built whole: each module's tensors are built as the forward pass reaches it
+(:func:`lmckit.streamed.streamed_call`), unless a module reads another's tensors, when
+the points are built whole (said in a log message).
+
 Loss and metric sums are taken per point and batch as :meth:`lmckit.task.Task.batch_totals`
 does, in float64, and summed over processes (:mod:`lmckit.distributed`).
 """
@@ -40,6 +45,7 @@ from tqdm.auto import tqdm
 
 from lmckit.distributed import shard, sum_over_ranks
 from lmckit.params import Params
+from lmckit.streamed import STREAM_BYTES, LinearPoint, streamed_call
 from lmckit.task import Task
 
 __all__ = ["CPU_MEMORY_BYTES", "Batching", "point_sums"]
@@ -77,12 +83,17 @@ class Batching:
             passes under ``torch.autocast`` (meant for GPUs; sums stay float64). On the
             CPU autocast does not reach ``vmap``'s batched products, so there mixed
             precision runs point by point.
+        stream_bytes: a point of a linear path whose floating tensors take more bytes
+            than this, run point by point, is built module by module as the forward
+            pass reaches each (:mod:`lmckit.streamed`; the numbers are the same): one
+            module's part of the point in memory instead of all of it.
     """
 
     mode: Mode = "auto"
     points_per_call: int | None = None
     memory_bytes: int | None = None
     precision: Precision = "float32"
+    stream_bytes: int = STREAM_BYTES
 
     def __post_init__(self) -> None:
         if self.mode not in ("auto", "batched", "loop"):
@@ -91,6 +102,8 @@ class Batching:
             raise ValueError(f"points_per_call must be >= 1 or None, got {self.points_per_call}")
         if self.memory_bytes is not None and self.memory_bytes < 1:
             raise ValueError(f"memory_bytes must be >= 1 or None, got {self.memory_bytes}")
+        if self.stream_bytes < 0:
+            raise ValueError(f"stream_bytes must be >= 0, got {self.stream_bytes}")
         if self.precision not in ("float32", "bfloat16", "float16"):
             raise ValueError(
                 f"precision must be 'float32', 'bfloat16' or 'float16', got {self.precision!r}"
@@ -102,9 +115,15 @@ class _Fallback(Exception):
 
 
 def _device(model: nn.Module, params: Mapping[str, Tensor]) -> torch.device:
-    for value in chain(params.values(), model.parameters(), model.buffers()):
+    stored = params.a if isinstance(params, LinearPoint) else params  # nothing built
+    for value in chain(stored.values(), model.parameters(), model.buffers()):
         return value.device
     return torch.device("cpu")
+
+
+def _whole(params: Mapping[str, Tensor]) -> Params:
+    """A point as a dict of built tensors (a :class:`LinearPoint` is built here)."""
+    return params if isinstance(params, dict) else dict(params)
 
 
 def _autocast(device: torch.device, precision: Precision) -> contextlib.AbstractContextManager:
@@ -123,7 +142,7 @@ def _sums(task: Task, outputs: object, y: Tensor) -> tuple[Tensor, Tensor]:
 def _loop(
     model: nn.Module,
     count: int,
-    point: Callable[[int], Params],
+    point: Callable[[int], Mapping[str, Tensor]],
     batches: Callable[[], Batches],
     task: Task,
     precision: Precision,
@@ -132,15 +151,29 @@ def _loop(
     """``(count, 2)`` loss and metric sums point by point, and the units per point."""
     rows: list[Tensor] = []
     units = 0
+    stream = True  # until a module turns out to read another's tensors
     for i in tqdm(range(count), desc="path", unit="point", disable=not progress, leave=False):
         params = point(i)
+        if not stream:
+            params = _whole(params)
         device = _device(model, params)
         total = torch.zeros(2, dtype=torch.float64, device=device)
         units = 0
         for x, y in shard(batches()):
             x, y = x.to(device), y.to(device)
             with _autocast(device, precision):
-                loss, metric = _sums(task, functional_call(model, params, (x,)), y)
+                if isinstance(params, LinearPoint):
+                    try:
+                        out = streamed_call(model, params, x)
+                    except Exception as err:
+                        if i > 0 or units > 0:  # it ran before: not the streaming
+                            raise
+                        log.info("building each point whole: streaming fails: %s", err)
+                        stream, params = False, _whole(params)
+                        out = functional_call(model, _whole(params), (x,))
+                else:
+                    out = functional_call(model, _whole(params), (x,))
+                loss, metric = _sums(task, out, y)
             total += torch.stack([loss, metric])
             units += y.numel()
         rows.append(total.cpu())
@@ -196,7 +229,7 @@ def _budget(device: torch.device, batching: Batching) -> int:
 def _batched(
     model: nn.Module,
     count: int,
-    point: Callable[[int], Params],
+    point: Callable[[int], Mapping[str, Tensor]],
     batches: Callable[[], Batches],
     task: Task,
     batching: Batching,
@@ -207,7 +240,7 @@ def _batched(
     run (``made`` collects the points built, so the loop need not rebuild them)."""
     it = iter(shard(batches()))
     first = next(it, None)
-    made.append(point(0))
+    made.append(_whole(point(0)))
     device = _device(model, made[0])
     if batching.precision != "float32" and device.type == "cpu":
         # CPU autocast leaves matmul alone, and vmap runs linear layers as matmuls
@@ -236,7 +269,7 @@ def _batched(
     per_call = min(count, per_call)
     if per_call < 2:
         raise _Fallback(f"one batch's activations ({act:,} bytes) leave room for one point")
-    made.extend(point(i) for i in range(1, count))
+    made.extend(_whole(point(i)) for i in range(1, count))
     stacked = _stack(made)
 
     def chunk_sums(x: Tensor, y: Tensor, start: int) -> tuple[Tensor, Tensor]:
@@ -281,7 +314,7 @@ def _check_probe(plain: float, batched: float, precision: Precision) -> None:
 def point_sums(
     model: nn.Module,
     count: int,
-    point: Callable[[int], Params],
+    point: Callable[[int], Mapping[str, Tensor]],
     batches: Callable[[], Batches],
     *,
     task: Task,
@@ -330,7 +363,7 @@ def point_sums(
             if sums is None:
                 built = made  # points the batched attempt built are not built again
 
-                def get(i: int) -> Params:
+                def get(i: int) -> Mapping[str, Tensor]:
                     return built[i] if i < len(built) else point(i)
 
                 sums, units = _loop(model, count, get, batches, task, batching.precision, progress)

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from lmckit.batched import Batching, point_sums
 from lmckit.params import Params, as_module, as_params, check_compatible, interpolate
 from lmckit.record import JsonRecord
+from lmckit.streamed import LinearPoint
 from lmckit.task import CLASSIFICATION, Task
 
 __all__ = [
@@ -264,7 +265,7 @@ def _path_grid(ts: Sequence[float] | None = None, points: int = 11) -> list[floa
 
 def evaluate_along(
     model: nn.Module,
-    point: Callable[[float], Params],
+    point: Callable[[float], Mapping[str, Tensor]],
     batches: Callable[[], Batches] | Iterable[tuple[Tensor, Tensor]],
     *,
     ts: Sequence[float] | None = None,
@@ -308,9 +309,9 @@ def evaluate_along(
     source = _batch_source(batches)
     grid = _path_grid(ts, points)
 
-    def theta(i: int) -> Params:
+    def theta(i: int) -> Mapping[str, Tensor]:
         p = point(grid[i])
-        return p if prepare is None else prepare(p, grid[i])
+        return p if prepare is None else prepare(dict(p), grid[i])
 
     sums, units = point_sums(
         model, len(grid), theta, source, task=task, batching=batching, progress=progress
@@ -351,13 +352,23 @@ def evaluate_path(
             :func:`evaluate_along`.
         dtype: floating dtype each point is built and evaluated in (default: the
             endpoints'): bfloat16 endpoints kept as stored and measured in float32 cost
-            one float32 point at a time instead of two float32 copies.
+            one float32 point at a time instead of two float32 copies. A point larger
+            than ``batching.stream_bytes`` evaluated point by point (on the CPU) is not
+            even built whole: each module's part is built as the forward pass reaches
+            it.
     """
     model = as_module(model)
     check_compatible(params_a, params_b)
+
+    def point(t: float) -> Mapping[str, Tensor]:
+        lazy = LinearPoint(params_a, params_b, t, dtype)
+        if prepare is None and lazy.nbytes() > (batching or Batching()).stream_bytes:
+            return lazy  # built module by module as the forward pass reaches it
+        return interpolate(params_a, params_b, t, dtype=dtype)
+
     return evaluate_along(
         model,
-        lambda t: interpolate(params_a, params_b, t, dtype=dtype),
+        point,
         batches,
         ts=ts,
         points=points,

@@ -17,6 +17,7 @@ __all__ = [
     "Params",
     "as_module",
     "as_params",
+    "average_tensor",
     "check_compatible",
     "check_finite",
     "first_nonfinite",
@@ -195,19 +196,26 @@ def weighted_average(
         )
     for other in models[1:]:
         check_compatible(models[0], other)
-    out: Params = {}
-    for name, first in models[0].items():
-        if not first.is_floating_point():
-            out[name] = first.clone()
-            continue
-        # summed in float32 at least, rounded once to the tensor's own dtype
-        want = dtype or first.dtype
-        wide = torch.promote_types(torch.promote_types(first.dtype, torch.float32), want)
-        acc = torch.zeros_like(first, dtype=wide)
-        for w, m in zip(weights, models, strict=True):
-            acc.add_(m[name], alpha=float(w))
-        out[name] = acc.to(want)
-    return out
+    return {
+        name: average_tensor([m[name] for m in models], weights, dtype=dtype) for name in models[0]
+    }
+
+
+def average_tensor(
+    values: Sequence[Tensor], weights: Sequence[float], *, dtype: torch.dtype | None = None
+) -> Tensor:
+    """``sum_k w_k v_k`` for one tensor of :func:`weighted_average` (a copy of the first
+    for integer tensors): summed in float32 at least, rounded once to ``dtype`` (default:
+    the first's)."""
+    first = values[0]
+    if not first.is_floating_point():
+        return first.clone()
+    want = dtype or first.dtype
+    wide = torch.promote_types(torch.promote_types(first.dtype, torch.float32), want)
+    acc = torch.zeros_like(first, dtype=wide)
+    for w, v in zip(weights, values, strict=True):
+        acc.add_(v, alpha=float(w))
+    return acc.to(want)
 
 
 def _check_weight(value: object, what: str) -> None:
