@@ -45,7 +45,7 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
     "roberta": (_ATTENTION, 0.99),
     "distilbert": (_ATTENTION, 0.99),
     "electra": (_ATTENTION, 0.99),
-    "deberta-v2": ({"residual", "heads", "units"}, 0.99),
+    "deberta-v2": ({"residual", "heads", "qk", "value", "units"}, 0.99),
     "t5": (_ATTENTION, 0.99),
     "bart": (_ATTENTION, 0.99),
     "vit": (_ATTENTION, 0.99),
@@ -60,11 +60,9 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
 #: convolutions, the output is the stream)
 ORTHOGONAL = ("llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "phi3", "gpt_neox", "gptj",
               "opt", "falcon")  # fmt: skip
-#: the symmetry each family's whole planted group is drawn from (default: every inferred
-#: space). DeBERTa's disentangled attention has no QK/OV circuits lmckit reads, and heads
-#: compared by raw projections are not paired reliably when every head's inner bases
-#: are planted at once: its discrete group is planted (docs/families.md).
-PLANTED = {name: None for name in ALL_FAMILIES} | {"deberta-v2": "permutation"}
+#: the symmetry each family's whole planted group is drawn from: every inferred space
+#: (DeBERTa's written-out attention included, whose heads are compared by circuits).
+PLANTED = {name: None for name in ALL_FAMILIES}
 
 
 def components(spec: SymmetrySpec) -> set[str]:

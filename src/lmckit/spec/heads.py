@@ -226,7 +226,10 @@ def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
         if len(parts) != 3 or not isinstance(out_weight, Node) or out_weight.name not in params:
             continue
         query = nodes[site.query].meta["val"]
-        heads, head_dim = int(query.shape[-3]), int(query.shape[-1])
+        head_dim = int(query.shape[-1])
+        # heads merged into the batch axis (DeBERTa's (batch * heads, time, dim)): the
+        # query projection's rows say how many
+        heads = int(query.shape[-3]) if query.dim() == 4 else rows[0] // head_dim
         if rows[0] != heads * head_dim or rows[1] % head_dim or rows[1] != rows[2]:
             continue  # projections that are not whole heads of this attention
         out[parts[0].param] = HeadCircuits(

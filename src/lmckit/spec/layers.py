@@ -17,6 +17,7 @@ import torch
 from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, AttentionSite, ExpertSite, ScaleSite, Value
+from lmckit.spec.eager_attention import eager_site
 from lmckit.spec.lattice import Level, Var
 from lmckit.spec.rules import _ops, axis_size, out_shapes, register, register_named
 
@@ -99,7 +100,11 @@ def _matmul_letters(na: int, nb: int) -> tuple[str, str, str]:
 def _matmul(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     a, b = args[0], args[1]
     la, lb, lo = _matmul_letters(a.ndim, b.ndim)
-    return contract(an, node, [(a, la), (b, lb)], lo)
+    out = contract(an, node, [(a, la), (b, lb)], lo)
+    site = eager_site(an, node)  # attention weights applied to values, written out
+    if site is not None:
+        an.attention.append(site)
+    return out
 
 
 @register(aten.addmm, aten.baddbmm, aten.addmv)
