@@ -100,6 +100,10 @@ def test_what_inference_finds(name: str, hf_folder) -> None:
     expected, share = EXPECTED[name]
     assert expected <= components(analysis.spec), (components(analysis.spec), analysis.left_out)
     assert _moved_share(analysis.spec, model.params) >= share
+    # activation matching sees every space not inside heads (Falcon's layers are written
+    # x @ W.T: their inputs are probes too); a mixture's experts have no module of their own
+    unseen = {s.name for s in analysis.spec if not s.enclosed and not s.probes}
+    assert {u for u in unseen if not u.startswith("experts.")} == set()
 
 
 def _distance(a: dict, b: dict) -> float:

@@ -19,7 +19,17 @@ from lmckit.symmetry import Probe
 
 __all__ = ["probes"]
 
-_READERS = {"linear": 0, "addmm": 1, "conv1d": 0, "conv2d": 0, "conv3d": 0, "convolution": 0}
+_READERS = {"linear": 0, "addmm": 1, "conv1d": 0, "conv2d": 0, "conv3d": 0, "convolution": 0,
+            "matmul": 0}  # fmt: skip
+
+
+def _reads_a_weight(an: Analysis, node: Node) -> bool:
+    """Whether a reader node multiplies its input by a parameter (``x @ W.T``, as
+    Falcon's linear layers are written), not by another activation."""
+    if op_name(node) != "matmul":
+        return True
+    other = an.values.get(node.args[1].name) if isinstance(node.args[1], Node) else None
+    return isinstance(other, Value) and any(other.src)
 
 
 def _module_input(node: Node, module: str) -> Node | None:
@@ -41,6 +51,8 @@ def probes(an: Analysis, unit: Var, n: int) -> list[Probe]:
             calls.setdefault(str(path), set()).add(str(key))
     for node in an.traced.graph.nodes:
         if node.op != "call_function" or op_name(node) not in _READERS:
+            continue
+        if not _reads_a_weight(an, node):
             continue
         module = module_path(node)
         if not module or len(calls.get(module, ())) != 1:
