@@ -4,8 +4,9 @@ The fused projection is viewed as ``[heads + 2, head_dim]`` and cut along its fi
 (query heads, the key head, the value head), as Falcon does. Besides the query heads'
 permutation, the key/value head's value basis (undone on the output columns of every
 query head) and its query/key basis (applied to the key head and to every query head)
-are symmetries, one map shared by all heads. The planted transforms below are written
-by hand, without lmckit's spec.
+are symmetries, one map shared by all heads; with ``scaled_dot_product_attention`` and
+with the attention written out (the key head broadcast against the query heads in plain
+products). The planted transforms below are written by hand, without lmckit's spec.
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def _rotate_half(x: Tensor) -> Tensor:
 class MultiQuery(nn.Module):
     """``x -> x + dense(attention(split(fused(x))))``, one key/value head."""
 
-    def __init__(self, rotary: bool) -> None:
+    def __init__(self, rotary: bool, eager: bool = False) -> None:
         super().__init__()
+        self.eager = eager
         self.fused = nn.Linear(WIDTH, (HEADS + 2) * HEAD_DIM, bias=False)
         self.dense = nn.Linear(HEADS * HEAD_DIM, WIDTH, bias=False)
         self.rotary = rotary
@@ -54,7 +56,11 @@ class MultiQuery(nn.Module):
         if self.rotary:
             q = q * self.cos + _rotate_half(q) * self.sin
             k = k * self.cos + _rotate_half(k) * self.sin
-        out = F.scaled_dot_product_attention(q, k, v)  # k, v broadcast to every query head
+        if self.eager:  # written out: k and v broadcast against the query heads
+            scores = (q @ k.transpose(-2, -1)) / math.sqrt(HEAD_DIM)
+            out = scores.softmax(-1) @ v
+        else:
+            out = F.scaled_dot_product_attention(q, k, v)  # k, v broadcast to every head
         return x + self.dense(out.transpose(1, 2).reshape(b, t, -1))
 
 
@@ -88,12 +94,13 @@ def _distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
     return sum(float((a[k] - b[k]).double().norm() ** 2) for k in a) ** 0.5
 
 
+@pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "written-out"])
 @pytest.mark.parametrize("rotary", [False, True], ids=["no-positions", "rotary"])
 def test_the_shared_key_value_head_bases_are_found_and_a_planted_pair_recovered(
-    rotary: bool,
+    rotary: bool, eager: bool
 ) -> None:
     torch.manual_seed(0)
-    module = MultiQuery(rotary).eval()
+    module = MultiQuery(rotary, eager).eval()
     x = torch.randn(2, T, WIDTH)
     analysis = analyze_symmetries(module, (x,))
     groups = {s.name: s.group for s in analysis.spec}

@@ -42,7 +42,10 @@ def contract(an: Analysis, node: Node, operands: list[tuple[Value, str]], out: s
         for v, j in rest:
             an.unify(v0.axes[j0], v.axes[j], what)
         factors[letter] = list(v0.axes[j0])
-        if letter in out and rest:
+        # an axis of size one broadcast against it (one key head for every query head)
+        # batches the product as much as a full one does
+        batched = len(where) > 1 and all(not v.src[j] for v, j in where)
+        if letter in out and (rest or batched):
             an.lattice.lower(factors[letter], Level.PERM, f"{what} runs per slice")
             if all(not v.src[j] for v, j in full):  # two activations: attention heads
                 for leaf in an.lattice.leaves(factors[letter]):
