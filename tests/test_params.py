@@ -134,3 +134,18 @@ def test_a_point_of_bfloat16_models_is_built_in_the_dtype_asked() -> None:
     wide = interpolate({"w": a["w"].float()}, {"w": b["w"].float()}, 0.3)
     assert torch.equal(point["w"], wide["w"])
     assert interpolate(a, b, 0.3)["w"].dtype == torch.bfloat16  # default: as stored
+
+
+def test_a_large_rounded_average_is_summed_in_blocks_with_the_same_result(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import lmckit.params as params
+
+    gen = torch.Generator().manual_seed(0)
+    a, b, c = (torch.randn(301, 70, generator=gen).to(torch.bfloat16) for _ in range(3))
+    weights = [0.3, 0.5, 0.2]
+    monkeypatch.setattr(params, "WIDE_CHUNK_BYTES", 2**40)
+    whole = params.weighted_average([{"w": a}, {"w": b}, {"w": c}], weights)["w"]
+    monkeypatch.setattr(params, "WIDE_CHUNK_BYTES", 1000)  # a few rows at a time
+    blocks = params.weighted_average([{"w": a}, {"w": b}, {"w": c}], weights)["w"]
+    assert blocks.dtype == torch.bfloat16 and torch.equal(blocks, whole)

@@ -27,6 +27,11 @@ __all__ = [
 ]
 
 
+#: a merge rounded to a narrower dtype than it is summed in is summed this many bytes at a
+#: time (rows of the tensor)
+WIDE_CHUNK_BYTES = 2**24
+
+
 class Float32View(MutableMapping[str, Tensor]):
     """The floating-point tensors of ``params`` read as float32 on ``device``.
 
@@ -212,12 +217,25 @@ def average_tensor(
         return first.clone()
     want = dtype or first.dtype
     wide = torch.promote_types(torch.promote_types(first.dtype, torch.float32), want)
+    if want != wide and first.dim() and first.numel() * wide.itemsize > WIDE_CHUNK_BYTES:
+        # a bfloat16 result summed in float32 a block of rows at a time: no float32 copy
+        # of a large tensor (an embedding) beside the result
+        out = torch.empty_like(first, dtype=want)
+        rows = max(1, WIDE_CHUNK_BYTES * first.shape[0] // (first.numel() * wide.itemsize))
+        for start in range(0, first.shape[0], rows):
+            block = [v[start : start + rows] for v in values]
+            out[start : start + rows] = _summed(block, weights, wide)
+        return out
+    return _summed(values, weights, wide).to(want)
+
+
+def _summed(values: Sequence[Tensor], weights: Sequence[float], wide: torch.dtype) -> Tensor:
     # the first term written, not added to zeros: one pass less over the tensor (a
     # streamed path point is rebuilt for every batch), the same sums
-    acc = first.to(wide, copy=True).mul_(float(weights[0]))
+    acc = values[0].to(wide, copy=True).mul_(float(weights[0]))
     for w, v in zip(weights[1:], values[1:], strict=True):
         acc.add_(v, alpha=float(w))
-    return acc.to(want)
+    return acc
 
 
 def _check_weight(value: object, what: str) -> None:
