@@ -10,13 +10,13 @@ and write a folder that `from_pretrained` loads and that computes B's function.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from click.testing import CliRunner
+from tests.planters import orthogonal, plane_rotation
 
 from lmckit.cli import main
 from lmckit.hf import load_hf
@@ -25,27 +25,11 @@ D_MODEL, HEADS, KV_HEADS, LAYERS = 32, 4, 2, 2
 HEAD_DIM, PER_GROUP = D_MODEL // HEADS, HEADS // KV_HEADS
 
 
-def _orthogonal(n: int, gen: torch.Generator) -> torch.Tensor:
-    q, r = torch.linalg.qr(torch.randn(n, n, generator=gen, dtype=torch.float64))
-    return q * torch.sign(torch.diagonal(r))
-
-
-def _planes(gen: torch.Generator) -> torch.Tensor:
-    """A rotation of each rotary plane (dims ``i`` and ``i + head_dim / 2``)."""
-    out = torch.zeros(HEAD_DIM, HEAD_DIM, dtype=torch.float64)
-    half = HEAD_DIM // 2
-    for i in range(half):
-        angle = 2 * math.pi * float(torch.rand((), generator=gen))
-        c, s = math.cos(angle), math.sin(angle)
-        out[i, i], out[i + half, i + half], out[i, i + half], out[i + half, i] = c, c, -s, s
-    return out
-
-
 def _plant(state: dict[str, torch.Tensor], *, continuous: bool, seed: int) -> dict:
     """B's state dict from A's: every symmetry above, drawn at random."""
     gen = torch.Generator().manual_seed(seed)
     s = {k: v.double().clone() for k, v in state.items()}
-    rot = _orthogonal(D_MODEL, gen) if continuous else torch.eye(D_MODEL, dtype=torch.float64)
+    rot = orthogonal(D_MODEL, gen) if continuous else torch.eye(D_MODEL, dtype=torch.float64)
     if continuous:  # fold every norm scale into the layers reading it (RMSNorm form)
         for i in range(LAYERS):
             pre = f"model.layers.{i}."
@@ -88,7 +72,7 @@ def _plant(state: dict[str, torch.Tensor], *, continuous: bool, seed: int) -> di
             within = torch.randperm(PER_GROUP, generator=gen)
             q[g], o[:, g] = q[g][within], o[:, g][:, within]
             if continuous:
-                planes, basis = _planes(gen), _orthogonal(HEAD_DIM, gen)
+                planes, basis = plane_rotation(HEAD_DIM, gen), orthogonal(HEAD_DIM, gen)
                 k[g] = planes @ k[g]
                 q[g] = torch.einsum("ij,hjd->hid", planes, q[g])
                 v[g] = basis @ v[g]

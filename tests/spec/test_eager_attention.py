@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+from tests.planters import distance, orthogonal, plane_rotation, rotary_tables, rotate_half
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -21,11 +22,6 @@ HEADS, HEAD_DIM, T = 3, 4, 6
 WIDTH = HEADS * HEAD_DIM
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
 class EagerAttention(nn.Module):
     """``x + proj(softmax(q k^T / sqrt(d) + causal mask) v)``, a fused ``qkv`` split."""
 
@@ -34,37 +30,22 @@ class EagerAttention(nn.Module):
         self.qkv = nn.Linear(WIDTH, 3 * WIDTH, bias=False)
         self.proj = nn.Linear(WIDTH, WIDTH, bias=False)
         self.rotary = rotary
-        freqs = 1.0 / 10.0 ** (torch.arange(HEAD_DIM // 2) / (HEAD_DIM // 2))
-        angles = torch.arange(T)[:, None] * freqs[None, :]
-        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1), persistent=False)
-        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1), persistent=False)
+        cos, sin = rotary_tables(HEAD_DIM, T)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(x).split(c, dim=2)
         q, k, v = (z.view(b, t, HEADS, HEAD_DIM).transpose(1, 2) for z in (q, k, v))
         if self.rotary:
-            q = q * self.cos + _rotate_half(q) * self.sin
-            k = k * self.cos + _rotate_half(k) * self.sin
+            q = q * self.cos + rotate_half(q) * self.sin
+            k = k * self.cos + rotate_half(k) * self.sin
         att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(HEAD_DIM))
         causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
         att = att.masked_fill(~causal, float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, c)
         return x + self.proj(y)
-
-
-def _rotation(gen: torch.Generator, rotary: bool) -> Tensor:
-    if not rotary:
-        return torch.linalg.qr(torch.randn(HEAD_DIM, HEAD_DIM, generator=gen, dtype=torch.float64))[
-            0
-        ]
-    half = HEAD_DIM // 2
-    angle = torch.rand(half, generator=gen, dtype=torch.float64) * 2 * math.pi
-    r = torch.zeros(HEAD_DIM, HEAD_DIM, dtype=torch.float64)
-    i = torch.arange(half)
-    r[i, i], r[i + half, i + half] = angle.cos(), angle.cos()
-    r[i, i + half], r[i + half, i] = -angle.sin(), angle.sin()
-    return r
 
 
 def _planted(params: dict[str, Tensor], rotary: bool, seed: int) -> dict[str, Tensor]:
@@ -76,7 +57,8 @@ def _planted(params: dict[str, Tensor], rotary: bool, seed: int) -> dict[str, Te
     w, o = w[:, perm], o[:, perm]
     q, k, v, out = [], [], [], []
     for h in range(HEADS):
-        qk, value = _rotation(gen, rotary), _rotation(gen, False)
+        qk = plane_rotation(HEAD_DIM, gen) if rotary else orthogonal(HEAD_DIM, gen)
+        value = orthogonal(HEAD_DIM, gen)
         q.append(qk @ w[0, h])
         k.append(qk @ w[1, h])
         v.append(value @ w[2, h])
@@ -86,10 +68,6 @@ def _planted(params: dict[str, Tensor], rotary: bool, seed: int) -> dict[str, Te
         "qkv.weight": fused.float(),
         "proj.weight": torch.stack(out, 1).reshape(WIDTH, -1).float(),
     }
-
-
-def _distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    return sum(float((a[k] - b[k]).double().norm() ** 2) for k in a) ** 0.5
 
 
 def test_eager_attention_is_read_as_attention_and_a_planted_pair_recovered() -> None:
@@ -112,7 +90,7 @@ def test_eager_attention_is_read_as_attention_and_a_planted_pair_recovered() -> 
             functional_call(module, b, (x,)), functional_call(module, a, (x,)), atol=1e-5, rtol=0
         )
         moved = weight_matching(spec, a, b, WeightMatchingConfig(max_iter=50)).apply(b)
-        assert _distance(a, moved) < 1e-4 * _distance(a, b), rotary
+        assert distance(a, moved) < 1e-4 * distance(a, b), rotary
 
 
 class Pooling(nn.Module):

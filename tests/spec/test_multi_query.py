@@ -17,6 +17,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from tests.planters import distance, orthogonal, plane_rotation, rotary_tables, rotate_half
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -29,11 +30,6 @@ from lmckit.symmetry import HeadPermutation, Part, Space, SymmetrySpec, Use
 HEADS, HEAD_DIM, WIDTH, T = 4, 6, 10, 5
 
 
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
 class MultiQuery(nn.Module):
     """``x -> x + dense(attention(split(fused(x))))``, one key/value head."""
 
@@ -43,10 +39,9 @@ class MultiQuery(nn.Module):
         self.fused = nn.Linear(WIDTH, (HEADS + 2) * HEAD_DIM, bias=False)
         self.dense = nn.Linear(HEADS * HEAD_DIM, WIDTH, bias=False)
         self.rotary = rotary
-        freqs = 1.0 / 10.0 ** (torch.arange(HEAD_DIM // 2) / (HEAD_DIM // 2))
-        angles = torch.arange(T)[:, None] * freqs[None, :]
-        self.register_buffer("cos", torch.cat([angles.cos()] * 2, -1), persistent=False)
-        self.register_buffer("sin", torch.cat([angles.sin()] * 2, -1), persistent=False)
+        cos, sin = rotary_tables(HEAD_DIM, T)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape
@@ -54,8 +49,8 @@ class MultiQuery(nn.Module):
         q, k, v = qkv[..., :-2, :], qkv[..., [-2], :], qkv[..., [-1], :]
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))  # (b, heads, t, d)
         if self.rotary:
-            q = q * self.cos + _rotate_half(q) * self.sin
-            k = k * self.cos + _rotate_half(k) * self.sin
+            q = q * self.cos + rotate_half(q) * self.sin
+            k = k * self.cos + rotate_half(k) * self.sin
         if self.eager:  # written out: k and v broadcast against the query heads
             scores = (q @ k.transpose(-2, -1)) / math.sqrt(HEAD_DIM)
             out = scores.softmax(-1) @ v
@@ -71,16 +66,8 @@ def _planted(params: dict[str, Tensor], rotary: bool, seed: int) -> dict[str, Te
     w = params["fused.weight"].double().view(HEADS + 2, HEAD_DIM, WIDTH)
     o = params["dense.weight"].double().view(WIDTH, HEADS, HEAD_DIM)
     perm = torch.randperm(HEADS, generator=gen)
-    value = torch.linalg.qr(torch.randn(HEAD_DIM, HEAD_DIM, generator=gen, dtype=torch.float64))[0]
-    if rotary:
-        half = HEAD_DIM // 2
-        angle = torch.rand(half, generator=gen, dtype=torch.float64) * 2 * math.pi
-        qk = torch.zeros(HEAD_DIM, HEAD_DIM, dtype=torch.float64)
-        i = torch.arange(half)
-        qk[i, i], qk[i + half, i + half] = angle.cos(), angle.cos()
-        qk[i, i + half], qk[i + half, i] = -angle.sin(), angle.sin()
-    else:
-        qk = torch.linalg.qr(torch.randn(HEAD_DIM, HEAD_DIM, generator=gen, dtype=torch.float64))[0]
+    value = orthogonal(HEAD_DIM, gen)
+    qk = plane_rotation(HEAD_DIM, gen) if rotary else orthogonal(HEAD_DIM, gen)
     q = torch.einsum("ij,hjk->hik", qk, w[:HEADS][perm])
     k, v = qk @ w[HEADS], value @ w[HEADS + 1]
     moved_o = torch.einsum("whj,ij->whi", o[:, perm], value)
@@ -88,10 +75,6 @@ def _planted(params: dict[str, Tensor], rotary: bool, seed: int) -> dict[str, Te
         "fused.weight": torch.cat([q, k[None], v[None]]).reshape(-1, WIDTH).float(),
         "dense.weight": moved_o.reshape(WIDTH, -1).float(),
     }
-
-
-def _distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> float:
-    return sum(float((a[k] - b[k]).double().norm() ** 2) for k in a) ** 0.5
 
 
 @pytest.mark.parametrize("eager", [False, True], ids=["sdpa", "written-out"])
@@ -116,7 +99,7 @@ def test_the_shared_key_value_head_bases_are_found_and_a_planted_pair_recovered(
     )
     result = weight_matching(analysis.spec, a, b, WeightMatchingConfig(max_iter=50))
     moved = result.apply(b)
-    assert _distance(a, moved) < 1e-4 * _distance(a, b)
+    assert distance(a, moved) < 1e-4 * distance(a, b)
 
 
 def test_a_space_alike_in_every_unit_shares_the_axis_of_the_unit_permutation() -> None:

@@ -158,3 +158,9 @@ class Analysis:
         if isinstance(arg, list | tuple):
             return type(arg)(self.value(a) for a in arg)
         return arg
+
+    def is_activation(self, arg: object) -> bool:
+        """Whether a node argument holds activations: neither constants nor a parameter's
+        values (an axis with parameter provenance)."""
+        value = self.values.get(arg.name) if isinstance(arg, Node) else None
+        return isinstance(value, Value) and not value.const and not any(value.src)

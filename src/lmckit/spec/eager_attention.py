@@ -50,16 +50,6 @@ def _back(node: object, through: set[str], stop: set[str], depth: int = 0) -> No
     return None
 
 
-def _activation(an: Analysis, node: object) -> bool:
-    """Whether ``node`` holds activations: neither constants nor a parameter's values."""
-    value = an.values.get(node.name) if isinstance(node, Node) else None
-    return (
-        value is not None
-        and not getattr(value, "const", True)
-        and not any(getattr(value, "src", []))
-    )
-
-
 def _untransposed(node: object) -> Node | None:
     """The keys whose last two axes ``node`` swaps (through a scaling), else None."""
     found = _back(node, _KEY_SCALE, {"transpose", "t"})
@@ -81,14 +71,14 @@ def eager_site(an: Analysis, node: Node) -> AttentionSite | None:
     """The attention whose weights the product ``node`` applies to its values, or None."""
     probs, values = node.args[0], node.args[1]
     softmax = _back(probs, _TO_VALUES, _SOFTMAX)
-    if softmax is None or not _activation(an, values):
+    if softmax is None or not an.is_activation(values):
         return None
     scores = _back(softmax.args[0], _TO_SOFTMAX, _PRODUCTS)
     if scores is None:
         return None
     queries, keys_t = scores.args[0], scores.args[1]
     keys = _untransposed(keys_t)
-    if keys is None or not (_activation(an, queries) and _activation(an, keys)):
+    if keys is None or not (an.is_activation(queries) and an.is_activation(keys)):
         return None
     assert isinstance(queries, Node) and isinstance(values, Node)
     return AttentionSite(node.name, queries.name, keys.name, values.name)

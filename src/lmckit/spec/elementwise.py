@@ -111,7 +111,7 @@ def _elementwise(an: Analysis, node: Node, args: tuple[Any, ...], kind: str) -> 
         elif len(full) >= 2 and kind == "add":
             for v, j in full:
                 an.mark(v, j, "write")
-            live = [a for a in node.args if isinstance(a, Node) and _activation(an, a)]
+            live = [a for a in node.args if isinstance(a, Node) and an.is_activation(a)]
             if len({_origin(a) for a in live}) >= 2:
                 for leaf in an.lattice.leaves(factors):
                     leaf.residual = True  # outputs of two layers summed: a residual stream
@@ -128,11 +128,6 @@ def _elementwise(an: Analysis, node: Node, args: tuple[Any, ...], kind: str) -> 
         keep = len(full) == 1 and len(tensors) == 1 and kind in ("mul", "add")
         src.append(base.src[j0] if keep else frozenset())
     return Value(axes, src, square, all(t.const for t in tensors))
-
-
-def _activation(an: Analysis, node: Node) -> bool:
-    value = an.values.get(node.name)
-    return isinstance(value, Value) and not value.const and not any(value.src)
 
 
 def _origin(node: Node) -> Node:
