@@ -50,7 +50,9 @@ class Subproblem(NamedTuple):
 
     Attributes:
         sim: ``(m, n)`` similarity ``C`` between reference units (rows) and the other
-            model's units (columns), e.g. ``C = sum_u A_u B_u^T``.
+            model's units (columns), e.g. ``C = sum_u A_u B_u^T``. For a
+            :attr:`Group.unitwise` group this and the other square matrices may be
+            given by their diagonals, ``(n,)``.
         gram: ``(n, n)`` Gram matrix of the other model's writers, for least-squares
             groups (:attr:`Group.least_squares`), else ``None``.
         norms: ``(m,)`` and ``(n,)`` Euclidean norms of the two models' unit
@@ -101,6 +103,11 @@ class Group(abc.ABC, Generic[E]):
     fits_readers: ClassVar[bool] = False
     #: :meth:`solve` compares units by cosine and needs both models' unit norms.
     needs_norms: ClassVar[bool] = False
+    #: each unit is solved alone (a scaling): :meth:`solve_subproblem` and
+    #: :meth:`objective` read only the diagonals of the subproblem's square matrices, so
+    #: an aligner may pass those diagonals as ``(n,)`` vectors (``n K`` work per use
+    #: instead of ``n^2 K`` for the full products).
+    unitwise: ClassVar[bool] = False
     #: :meth:`act` only gathers along the axis (square index permutations): it works on
     #: integer index tensors, so an aligner can follow where each slice of a parameter
     #: came from and update a similarity by the slices that moved

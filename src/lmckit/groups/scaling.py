@@ -62,6 +62,13 @@ def _fit(alpha: Tensor, beta: Tensor, gamma: Tensor, delta: Tensor) -> Tensor:
     return out
 
 
+def _diagonal(matrix: Tensor) -> Tensor:
+    """The diagonal of a square matrix, or the ``(n,)`` diagonal itself
+    (:attr:`~lmckit.groups.base.Group.unitwise`), in float64 on the CPU."""
+    diagonal = matrix if matrix.ndim == 1 else torch.diagonal(matrix)
+    return diagonal.double().cpu()
+
+
 @dataclass(frozen=True)
 class Scaling(Group[Tensor]):
     """Positive scales of each of ``n`` units (a scaling of each unit)."""
@@ -71,6 +78,7 @@ class Scaling(Group[Tensor]):
     least_squares = True
     fits_readers = True
     learned_by_inverse = True
+    unitwise = True
 
     def identity(self, n: int) -> Tensor:
         return torch.ones(n)
@@ -110,15 +118,15 @@ class Scaling(Group[Tensor]):
         return element[index.to(element.device)]
 
     def solve_subproblem(self, problem: Subproblem) -> Tensor:
-        beta = torch.diagonal(problem.sim).double().cpu()
+        beta = _diagonal(problem.sim)
         if problem.gram is None:  # a dense matrix's nearest element: its positive diagonal
             return torch.where(beta > 1e-12, beta, 1.0).float()
-        alpha = torch.diagonal(problem.gram).double().cpu()
+        alpha = _diagonal(problem.gram)
         if problem.readers is None:
             zero = torch.zeros_like(alpha)
             return _fit(alpha, beta, zero, zero).float()
-        delta = torch.diagonal(problem.readers[0]).double().cpu()
-        gamma = torch.diagonal(problem.readers[1]).double().cpu()
+        delta = _diagonal(problem.readers[0])
+        gamma = _diagonal(problem.readers[1])
         return _fit(alpha, beta, gamma, delta).float()
 
     def project(self, dense: Tensor) -> Tensor:
@@ -133,7 +141,11 @@ class Scaling(Group[Tensor]):
         return torch.diag(1.0 / torch.diagonal(mat))  # no n x n inverse for a diagonal
 
     def objective(self, element: Tensor, sim: Tensor) -> float:
-        return float((element.double().to(sim.device) * torch.diagonal(sim).double()).sum())
+        return float((element.double() * _diagonal(sim)).sum())
+
+    def close(self, first: Tensor, second: Tensor, *, atol: float = 1e-6) -> bool:
+        # the scales themselves: no n x n matrices
+        return first.shape == second.shape and bool(torch.allclose(first, second, atol=atol))
 
     def validate(self, element: object, n: int) -> None:
         scale = check_tensor(element, self, ndim=1, integer=False)

@@ -63,13 +63,28 @@ def use_width(x: Tensor, use: Use) -> int:
     return shape[use.axis % len(shape)] // (use.outer * use.inner)
 
 
-def add_use_term(total: Tensor | None, a: Tensor, b: Tensor, use: Use, n: int) -> Tensor:
+def add_use_term(
+    total: Tensor | None, a: Tensor, b: Tensor, use: Use, n: int, *, diagonal: bool = False
+) -> Tensor:
     """``total + A_u B_u^T`` for parameters ``a`` (reference) and ``b`` (other, already
-    moved by the other spaces) of one use; ``total`` (if given) is updated in place."""
+    moved by the other spaces) of one use; ``total`` (if given) is updated in place.
+    With ``diagonal``, only the product's ``(n,)`` diagonal."""
     a_mat, b_mat = unit_major(a, use, use_width(a, use)), unit_major(b, use, n)
+    if diagonal:
+        return _add(total, _row_products(a_mat, b_mat))
     if total is None:
         return a_mat @ b_mat.T
     return total.addmm_(a_mat, b_mat.T)
+
+
+def _row_products(a_mat: Tensor, b_mat: Tensor) -> Tensor:
+    """The diagonal of ``a_mat @ b_mat.T``: each row's inner product, ``(n,)``."""
+    return torch.einsum("nk,nk->n", a_mat, b_mat)
+
+
+def _gram(b_mat: Tensor, diagonal: bool) -> Tensor:
+    """``b_mat @ b_mat.T``, or its diagonal (each row's squared norm)."""
+    return _row_products(b_mat, b_mat) if diagonal else b_mat @ b_mat.T
 
 
 def _add(total: Tensor | None, term: Tensor) -> Tensor:
@@ -85,6 +100,7 @@ def space_problem(
     *,
     circuits: bool = True,
     with_gram: bool = False,
+    diagonals: bool | None = None,
 ) -> Subproblem:
     """The subproblem of ``space`` with ``transform``'s other elements applied to B.
 
@@ -95,8 +111,11 @@ def space_problem(
             linearise terms in which it appears twice (circuits, QK-like uses).
         circuits: replace raw attention projections by circuit terms (module docstring).
         with_gram: also return the writer Gram for a group that does not need it.
+        diagonals: give the square matrices by their ``(n,)`` diagonals (default: when
+            the group reads nothing else, :attr:`~lmckit.groups.base.Group.unitwise`).
     """
     group = space.group
+    diagonal = group.unitwise if diagonals is None else diagonals
     if space.circuits is not None:
         # attention heads are compared through their QK/OV circuits (aligners.weight.circuits)
         moved = {
@@ -114,6 +133,8 @@ def space_problem(
     replaced: frozenset[str] = frozenset()
     if circuits and not group.least_squares:
         sim, replaced = circuit_terms(spec, space, ref, other, transform)
+        if diagonal and sim is not None:
+            sim = torch.diagonal(sim).clone()
     read_sim: Tensor | None = None
     read_gram: Tensor | None = None
     for use in space.uses:
@@ -124,18 +145,18 @@ def space_problem(
                 b = apply_to_param(
                     spec, use.param, other[use.param], transform, skip_use=(space.name, use)
                 )
-                read_sim = add_use_term(read_sim, ref[use.param], b, use, space.n)
-                b_mat = unit_major(b, use, space.n)
-                read_gram = _add(read_gram, b_mat @ b_mat.T)
+                read_sim = add_use_term(
+                    read_sim, ref[use.param], b, use, space.n, diagonal=diagonal
+                )
+                read_gram = _add(read_gram, _gram(unit_major(b, use, space.n), diagonal))
             continue  # least squares fits the writers (readers move by T^{-T})
         # the space's own element stays on its other axes of this parameter (both sides
         # of a QK circuit): the term is the objective's linearisation at that element
         b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=(space.name, use))
         a = ref[use.param]
-        sim = add_use_term(sim, a, b, use, space.n)
+        sim = add_use_term(sim, a, b, use, space.n, diagonal=diagonal)
         if (with_gram or group.least_squares) and use.role == "write":
-            b_mat = unit_major(b, use, space.n)
-            gram = _add(gram, b_mat @ b_mat.T)
+            gram = _add(gram, _gram(unit_major(b, use, space.n), diagonal))
         if group.needs_norms:
             m = use_width(a, use)
             sq_a = _add(sq_a, unit_major(a, use, m).double().pow(2).sum(1))
@@ -158,7 +179,7 @@ def space_similarity(
     """``(C, G)`` of :func:`space_problem` (same arguments): ``C`` is ``(m, n)``, ``G``
     the other model's writer Gram ``(n, n)`` with ``with_gram`` (or when the group
     needs it), else ``None``."""
-    problem = space_problem(spec, space, ref, other, transform, **options)
+    problem = space_problem(spec, space, ref, other, transform, diagonals=False, **options)
     return problem.sim, problem.gram
 
 
