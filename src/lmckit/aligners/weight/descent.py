@@ -41,7 +41,8 @@ def coordinate_descent(
     *,
     cache: SimilarityCache | None = None,
 ) -> tuple[Transform, int, bool, list[float]]:
-    """Sweep over ``names`` in random order until no space improves.
+    """Sweep over ``names`` in random order until no space improves, or a sweep
+    changes the objective by at most ``config.sweep_tol`` of it.
 
     Each update costs the products of what moved since the space was last solved
     (:class:`~lmckit.aligners.weight.incremental.SimilarityCache`, built here unless given) and
@@ -87,9 +88,16 @@ def coordinate_descent(
         history.append(sum(current.values()))
         bar.update(1)
         bar.set_postfix(objective=f"{history[-1]:.5g}")
-        if not improved:
+        if not improved or _stalled(history, config.sweep_tol):
             return transform, sweep, True, history
     return transform, config.max_iter, False, history
+
+
+def _stalled(history: Sequence[float], sweep_tol: float) -> bool:
+    """The last sweep changed the total objective by at most ``sweep_tol`` of it."""
+    if len(history) < 2:
+        return False
+    return abs(history[-1] - history[-2]) <= sweep_tol * abs(history[-1])
 
 
 @dataclass(frozen=True)
