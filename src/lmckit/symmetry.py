@@ -22,7 +22,7 @@ are re-exported here.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
@@ -221,11 +221,12 @@ def apply_to_param(
     *,
     skip: str | None = None,
     skip_use: tuple[str, Use] | None = None,
+    uses: Sequence[tuple[Space, Use]] | None = None,
 ) -> Tensor:
     """Apply ``transform`` to one parameter; ``skip`` leaves one space out, ``skip_use``
     one ``(space name, use)`` (a space may act on several axes of one parameter, e.g. a
     QK circuit; equal uses of different spaces, a unit space and a scaling nested in it,
-    stay apart).
+    stay apart); ``uses`` (default: every use of the parameter) only those.
 
     Spaces act in spec order (a nested space after its parent). A use that lives in a
     slice of the parameter (:class:`~lmckit.spaces.Part`) acts on that slice of a private
@@ -233,7 +234,7 @@ def apply_to_param(
     """
     out = value
     owned = False
-    for space, use in spec.uses_of(name):
+    for space, use in spec.uses_of(name) if uses is None else uses:
         skipped = space.name == skip or (space.name, use) == skip_use
         if skipped or space.name not in transform.elements:
             continue

@@ -109,7 +109,8 @@ def test_a_subproblem_reads_only_the_spaces_it_depends_on(case: str) -> None:
 
 
 # the loops below both start from the identity: what is compared is the sweep loop
-FROM_IDENTITY = WeightMatchingConfig(start="identity")
+#: the textbook loop below sweeps until no space improves: no stall rule either
+FROM_IDENTITY = WeightMatchingConfig(start="identity", sweep_tol=0.0)
 
 
 def _plain_weight_matching(
@@ -202,3 +203,35 @@ def test_cuda_products_give_the_cpu_answer(case: str) -> None:
     assert _total(spec, ref, other, on_gpu.transform) == pytest.approx(
         _total(spec, ref, other, on_cpu.transform), rel=1e-5
     )
+
+
+def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter() -> None:
+    # a Llama with grouped-query heads: query heads within groups, value bases and rotary
+    # planes live in slices of q/k/v/o_proj, which the residual map rotates across
+    transformers = pytest.importorskip("transformers")
+    from tests.tiny_models import FAMILIES
+
+    from lmckit.aligners.weight.similarity import moved_region
+    from lmckit.recipe import aligned_form
+    from lmckit.symmetry import apply_to_param
+
+    family = FAMILIES["llama"]
+    config = getattr(transformers, family.config)(**family.kwargs, use_cache=False)
+    pair = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        module = getattr(transformers, family.model)(config).eval()
+        pair.append({k: v.detach().clone() for k, v in module.state_dict().items()})
+    form = aligned_form(module, pair[0], pair[1], symmetry="orthogonal")
+    transform = random_transform(form.spec, torch.Generator().manual_seed(3))
+    sliced = 0
+    for space in form.spec:
+        for use in space.uses:
+            value = form.b[use.param]
+            got = moved_region(form.spec, use, value, transform, (space.name, use))
+            whole = apply_to_param(
+                form.spec, use.param, value, transform, skip_use=(space.name, use)
+            )
+            torch.testing.assert_close(got, use.region(whole), rtol=1e-5, atol=1e-6)
+            sliced += bool(use.parts)
+    assert sliced >= 8  # the slices were there to be moved alone

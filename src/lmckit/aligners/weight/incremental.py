@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import Tensor
@@ -39,11 +39,12 @@ from lmckit.aligners.weight.similarity import (
     add_use_term,
     circuit_partners,
     circuit_terms,
+    moved_region,
     space_problem,
     use_width,
 )
 from lmckit.groups.base import Subproblem
-from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
+from lmckit.symmetry import Space, SymmetrySpec, Transform, Use
 
 __all__ = ["MIN_COLUMNS", "REFRESH", "SimilarityCache"]
 
@@ -192,10 +193,9 @@ class SimilarityCache:
         if plan.circuits:
             sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform)
         for use in plan.fresh:
-            b = apply_to_param(
-                self.spec, use.param, self.other[use.param], transform, skip_use=(space.name, use)
-            )
-            sim = add_use_term(sim, self.ref[use.param], b, use, space.n)
+            b = moved_region(self.spec, use, self.other[use.param], transform, (space.name, use))
+            a = use.region(self.ref[use.param])
+            sim = add_use_term(sim, a, b, replace(use, parts=()), space.n)
         if plan.tracked:
             cached = self._tracked_sum(space, plan, transform)
             sim = cached if sim is None else sim.add_(cached)

@@ -113,8 +113,13 @@ class WeightMatchingConfig:
     schedule: Schedule = "sequential"
 
     def __post_init__(self) -> None:
-        if (self.max_iter < 1 or self.restarts < 0 or self.tol < 0 or self.sweep_tol < 0
-                or self.select_targets < 1):
+        if (
+            self.max_iter < 1
+            or self.restarts < 0
+            or self.tol < 0
+            or self.sweep_tol < 0
+            or self.select_targets < 1
+        ):
             raise ValueError(f"invalid weight matching config {self}")
         if self.start not in START_OPTIONS:
             raise ValueError(f"start must be one of {', '.join(START_OPTIONS)}, got {self.start!r}")

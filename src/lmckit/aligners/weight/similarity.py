@@ -19,6 +19,7 @@ current map).
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -37,6 +38,7 @@ __all__ = [
     "circuit_partners",
     "circuit_terms",
     "fold_single_use_params",
+    "moved_region",
     "space_problem",
     "space_similarity",
     "unit_major",
@@ -61,6 +63,34 @@ def use_width(x: Tensor, use: Use) -> int:
     """How many units of its space a use of parameter ``x`` holds."""
     shape = use.region_shape(x.shape)
     return shape[use.axis % len(shape)] // (use.outer * use.inner)
+
+
+def moved_region(
+    spec: SymmetrySpec, use: Use, value: Tensor, transform: Transform, skip_use: tuple[str, Use]
+) -> Tensor:
+    """``use.region(apply_to_param(spec, use.param, value, transform, skip_use=skip_use))``:
+    the use's region of B's parameter with the other spaces applied.
+
+    Spaces that act across the region (on an axis it does not narrow, over the whole
+    axis) commute with narrowing, so they act on the region alone: a query group's rows
+    of ``q_proj`` are rotated by the residual map, not the whole projection.
+    """
+    if not use.parts:
+        return apply_to_param(spec, use.param, value, transform, skip_use=skip_use)
+    ndim = value.ndim
+    narrowed = {p.axis % ndim for p in use.parts}
+    inside, across = [], []
+    for space, other in spec.uses_of(use.param):
+        touched = {other.axis % ndim} | {p.axis % ndim for p in other.parts}
+        (inside if touched & narrowed else across).append((space, other))
+    # an axis that some use inside acts on or slices: what acts across must not touch it
+    held = {other.axis % ndim for _, other in inside}
+    held |= {p.axis % ndim for _, other in inside for p in other.parts}
+    if any(other.parts or other.axis % ndim in held for _, other in across):
+        return use.region(apply_to_param(spec, use.param, value, transform, skip_use=skip_use))
+    x = apply_to_param(spec, use.param, value, transform, skip_use=skip_use, uses=inside)
+    return apply_to_param(spec, use.param, use.region(x), transform, skip_use=skip_use,
+                          uses=across)  # fmt: skip
 
 
 def add_use_term(
@@ -142,30 +172,34 @@ def space_problem(
             continue
         if group.least_squares and use.role != "write":
             if group.fits_readers and use.role == "read":
-                b = apply_to_param(
-                    spec, use.param, other[use.param], transform, skip_use=(space.name, use)
-                )
-                read_sim = add_use_term(
-                    read_sim, ref[use.param], b, use, space.n, diagonal=diagonal
-                )
-                read_gram = _add(read_gram, _gram(unit_major(b, use, space.n), diagonal))
+                a, b, flat = _use_operands(spec, space, use, ref, other, transform)
+                read_sim = add_use_term(read_sim, a, b, flat, space.n, diagonal=diagonal)
+                read_gram = _add(read_gram, _gram(unit_major(b, flat, space.n), diagonal))
             continue  # least squares fits the writers (readers move by T^{-T})
         # the space's own element stays on its other axes of this parameter (both sides
         # of a QK circuit): the term is the objective's linearisation at that element
-        b = apply_to_param(spec, use.param, other[use.param], transform, skip_use=(space.name, use))
-        a = ref[use.param]
-        sim = add_use_term(sim, a, b, use, space.n, diagonal=diagonal)
+        a, b, flat = _use_operands(spec, space, use, ref, other, transform)
+        sim = add_use_term(sim, a, b, flat, space.n, diagonal=diagonal)
         if (with_gram or group.least_squares) and use.role == "write":
-            gram = _add(gram, _gram(unit_major(b, use, space.n), diagonal))
+            gram = _add(gram, _gram(unit_major(b, flat, space.n), diagonal))
         if group.needs_norms:
-            m = use_width(a, use)
-            sq_a = _add(sq_a, unit_major(a, use, m).double().pow(2).sum(1))
-            sq_b = _add(sq_b, unit_major(b, use, space.n).double().pow(2).sum(1))
+            m = use_width(a, flat)
+            sq_a = _add(sq_a, unit_major(a, flat, m).double().pow(2).sum(1))
+            sq_b = _add(sq_b, unit_major(b, flat, space.n).double().pow(2).sum(1))
     if sim is None:
         raise ValueError(f"space {space.name!r} has no use to compare the two models on")
     norms = None if sq_a is None or sq_b is None else (sq_a.sqrt(), sq_b.sqrt())
     readers = None if read_sim is None or read_gram is None else (read_sim, read_gram)
     return Subproblem(sim, gram, norms, readers)
+
+
+def _use_operands(
+    spec: SymmetrySpec, space: Space, use: Use, ref: Named, other: Named, transform: Transform
+) -> tuple[Tensor, Tensor, Use]:
+    """A's and moved B's regions of one use of ``space``, and the use with no parts left
+    to narrow (:func:`moved_region`)."""
+    b = moved_region(spec, use, other[use.param], transform, (space.name, use))
+    return use.region(ref[use.param]), b, replace(use, parts=())
 
 
 def space_similarity(
