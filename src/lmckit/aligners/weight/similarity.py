@@ -79,7 +79,8 @@ def moved_region(
         return apply_to_param(spec, use.param, value, transform, skip_use=skip_use)
     ndim = value.ndim
     narrowed = {p.axis % ndim for p in use.parts}
-    inside, across = [], []
+    inside: list[tuple[Space, Use]] = []
+    across: list[tuple[Space, Use]] = []
     for space, other in spec.uses_of(use.param):
         touched = {other.axis % ndim} | {p.axis % ndim for p in other.parts}
         (inside if touched & narrowed else across).append((space, other))
