@@ -213,3 +213,21 @@ def test_an_op_the_rules_do_not_understand_is_left_out_and_reported() -> None:
     assert analysis.spec.names == ("b",)  # a's units are sorted; b's are free to move
     assert any("sort" in line for line in analysis.left_out)
     assert "left out:" in analysis.report()
+
+
+def test_a_decoder_that_returns_its_cache_by_default_is_traced_without_it() -> None:
+    # transformers decoders return a key-value cache unless told not to; export cannot
+    # flatten it, and it is state for the next call, not part of the function
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(
+        vocab_size=23, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    assert model.config.use_cache
+    x = torch.randint(0, 23, (2, 8))
+    spec = infer_spec(model, x)
+    assert "residual" in spec.names and any(name.startswith("heads.") for name in spec.names)
+    assert max(check_spec(model, spec, x).values()) < 1e-4
+    assert model.config.use_cache  # the user's model is left as it was

@@ -227,7 +227,7 @@ def check_spec(
     """
     module = as_module(module, "module")
     spec = as_spec(spec)
-    example_inputs, kwargs = split_inputs(example_inputs, kwargs)
+    example_inputs, kwargs = split_inputs(example_inputs, kwargs, module=module)
     bind_inputs(module, example_inputs, kwargs)
     params = dict(module_params(module) if params is None else params)
     spec.validate(params)

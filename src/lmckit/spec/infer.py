@@ -106,7 +106,7 @@ def analyze_symmetries(
             :class:`~lmckit.spec.check.SpecCheckError`) outputs that are not
             deterministic, or spaces that keep the outputs alone but not together.
     """
-    args, kw = split_inputs(example_inputs, kwargs)
+    args, kw = split_inputs(example_inputs, kwargs, module=module)
     traced = trace(module, args, kwargs=kw)
     values = module_params(module) if params is None else params
     constant = frozenset(uniform)

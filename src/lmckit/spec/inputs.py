@@ -33,7 +33,10 @@ _EXPECTED = (
 
 
 def split_inputs(
-    example_inputs: object, kwargs: Mapping[str, Any] | None = None
+    example_inputs: object,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    module: nn.Module | None = None,
 ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(positional, keyword)`` inputs from example inputs in any accepted form.
 
@@ -41,12 +44,20 @@ def split_inputs(
         example_inputs: a tensor, a tuple/list of positional inputs, or a dict of
             keyword inputs (string keys).
         kwargs: further keyword inputs (given apart); may not repeat a dict's keys.
+        module: the module the inputs are for: when its ``forward`` takes ``use_cache``
+            and it is not given, ``use_cache=False`` is added. A decoder's key-value
+            cache is state for the next call, not part of the function, and
+            ``torch.export`` cannot flatten it (``transformers`` decoders return one by
+            default).
 
     Raises:
         TypeError: any other type, naming it and what is expected; a dict with a
             non-string key; a keyword given twice.
     """
     extra = dict(kwargs or {})
+    if module is not None and "use_cache" not in extra and _takes(module, "use_cache"):
+        if not (isinstance(example_inputs, Mapping) and "use_cache" in example_inputs):
+            extra["use_cache"] = False
     if isinstance(example_inputs, Tensor):
         return (example_inputs,), extra
     if isinstance(example_inputs, (tuple, list)):
@@ -61,6 +72,14 @@ def split_inputs(
             raise TypeError(f"keyword input {twice[0]!r} is given twice (in the dict and kwargs)")
         return (), {**dict(example_inputs), **extra}
     raise TypeError(f"example inputs must be {_EXPECTED}; got {_kind(example_inputs)}")
+
+
+def _takes(module: nn.Module, name: str) -> bool:
+    """Whether ``module.forward`` has a parameter called ``name``."""
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _kind(value: object) -> str:
