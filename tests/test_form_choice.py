@@ -22,7 +22,7 @@ def gpt2():
 def test_default_is_the_first_preferred_form_the_model_can_take(gpt2) -> None:
     module, params = gpt2
     for (method, symmetry), order in PREFERRED_FORMS.items():
-        choice = choose_form(module, params, method=method, symmetry=symmetry)
+        choice = choose_form(module, method=method, symmetry=symmetry)
         assert choice.name == order[0] and choice.chosen
         assert choice.circuits == FORMS[order[0]].circuits
         assert not choice.to_zoo  # already lmckit's own model
@@ -31,39 +31,37 @@ def test_default_is_the_first_preferred_form_the_model_can_take(gpt2) -> None:
 def test_a_changed_preference_is_a_change_of_data(gpt2, monkeypatch) -> None:
     module, params = gpt2
     monkeypatch.setitem(PREFERRED_FORMS, ("weight", "permutation"), ("projected", "circuits"))
-    assert choose_form(module, params, symmetry="permutation").name == "projected"
+    assert choose_form(module, symmetry="permutation").name == "projected"
     monkeypatch.setitem(PREFERRED_FORMS, ("weight", "permutation"), ("circuits", "projected"))
-    assert choose_form(module, params, symmetry="permutation").name == "circuits"
+    assert choose_form(module, symmetry="permutation").name == "circuits"
 
 
 def test_forms_a_model_cannot_take_fall_through(gpt2, monkeypatch) -> None:
     monkeypatch.setitem(PREFERRED_FORMS, ("weight", None), ("circuits", "projected"))
     mlp = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
-    params = {k: v.detach() for k, v in mlp.state_dict().items()}
-    choice = choose_form(mlp, params, example_inputs=(X,))
+    choice = choose_form(mlp)
     assert choice.name == "projected" and not choice.circuits
     # bases inside heads are aligned in the projected form only
     module, gparams = gpt2
-    assert choose_form(module, gparams, head_bases=True).name == "projected"
+    assert choose_form(module, head_bases=True).name == "projected"
 
 
 def test_forced_forms_and_their_refusals(gpt2) -> None:
     module, params = gpt2
-    forced = choose_form(module, params, circuits=False)
+    forced = choose_form(module, circuits=False)
     assert forced.name == "projected" and not forced.chosen
     mlp = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
-    mp = {k: v.detach() for k, v in mlp.state_dict().items()}
     with pytest.raises(ValueError, match="--circuits rewrites lmckit's own transformers"):
-        choose_form(mlp, mp, circuits=True, example_inputs=(X,))
+        choose_form(mlp, circuits=True)
     with pytest.raises(ValueError, match="--head-bases"):
-        choose_form(module, params, circuits=True, head_bases=True)
+        choose_form(module, circuits=True, head_bases=True)
     with pytest.raises(ValueError, match="symmetry must be one of"):
-        choose_form(module, params, symmetry="rotations")
+        choose_form(module, symmetry="rotations")
 
 
 def test_the_chosen_form_is_the_form_aligned_in(gpt2) -> None:
     module, params = gpt2
-    choice = choose_form(module, params, symmetry="orthogonal", circuits=True)
+    choice = choose_form(module, symmetry="orthogonal", circuits=True)
     form = aligned_form(module, params, params, symmetry=choice.symmetry, circuits=choice.circuits)
     assert form.module.config.kwargs["attention"] == "circuits"
     assert "circuit form" in form.form

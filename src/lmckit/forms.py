@@ -19,16 +19,9 @@ from torch import nn
 
 from lmckit.groups import HeadPermutation
 from lmckit.models import ZooModel
-from lmckit.params import Params
 from lmckit.recipe import (
     SYMMETRIES,
-    default_inputs,
-    has_rotations,
-    layernorm_error,
-    orthogonal_route,
-    spec_of,
 )
-from lmckit.spec.inputs import ExampleInputs
 
 __all__ = [
     "FORMS",
@@ -180,19 +173,17 @@ def possible_forms(
 
 def choose_form(
     module: nn.Module,
-    params: Params,
     *,
     method: str = "weight",
     symmetry: str | None = None,
     circuits: bool | None = None,
     head_bases: bool = False,
     convertible: bool = False,
-    example_inputs: ExampleInputs | None = None,
 ) -> FormChoice:
     """The form to align a pair of ``module``'s architecture in (decided, not done).
 
     Args:
-        module, params: the architecture and one model of it (for the orthogonal route).
+        module: the architecture.
         method: the aligner's short name (``weight``, ``activation``, ``learned``).
         symmetry: as :func:`lmckit.recipe.aligned_form`.
         circuits: ``True`` / ``False`` force the circuit / projected form; ``None``: the
@@ -201,7 +192,6 @@ def choose_form(
         convertible: ``module`` is not a zoo model but can be converted into one (e.g. a
             Hugging Face GPT-2 or ViT folder): forms that need the zoo's rewrites stay
             available, with ``to_zoo`` set.
-        example_inputs: inputs for tracing (default: :func:`default_inputs`).
 
     Raises:
         ValueError: a symmetry or form the architecture cannot have, saying why.
@@ -226,12 +216,8 @@ def choose_form(
         name, chosen = ("circuits" if circuits else "projected"), False
     form = FORMS[name]
     to_zoo = not zoo and _needs_rewrites(form)
-    if symmetry == "orthogonal" and not zoo and not to_zoo:
-        # the stream's route to rotations decides whether a zoo rewrite is needed anyway
-        spec = spec_of(module, example_inputs)
-        if not has_rotations(spec):
-            inputs = example_inputs if example_inputs is not None else default_inputs(module)
-            to_zoo = orthogonal_route(module, params, params, inputs).route == "rmsnorm"
-            if to_zoo and not convertible:
-                raise layernorm_error(module)
+    # whether the stream admits rotations (and how) is decided by the aligned form
+    # itself (lmckit.recipe.orthogonal_route), which refuses a model with no route in one
+    # line before any alignment: deciding it here too would trace and check the model
+    # twice more
     return FormChoice(name, symmetry, form.circuits, form.path_circuits, to_zoo, chosen)

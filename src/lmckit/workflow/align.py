@@ -93,13 +93,11 @@ def choose_pair_form(
     symmetry: str | None = None,
     circuits: bool | None = None,
     head_bases: bool = False,
-    example_inputs: ExampleInputs | None = None,
 ) -> FormChoice:
     """:func:`lmckit.forms.choose_form` for a loaded model (Hugging Face GPT-2 and ViT
     folders may take the zoo's forms)."""
-    return choose_form(a.module, a.params, method=method, symmetry=symmetry, circuits=circuits,
-                       head_bases=head_bases, convertible=convertible(a),
-                       example_inputs=example_inputs)  # fmt: skip
+    return choose_form(a.module, method=method, symmetry=symmetry, circuits=circuits,
+                       head_bases=head_bases, convertible=convertible(a))  # fmt: skip
 
 
 def pair_form(
@@ -205,9 +203,8 @@ def align_models(
     if data is not None:
         check_data_fits(a.module, data)
     choice = choose_pair_form(
-        a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases,
-        example_inputs=example_inputs,
-    )  # fmt: skip
+        a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases
+    )
     if method == "weight" and config is None and data is not None:
         config = WeightMatchingConfig(start="best")
     candidates = [choice]
