@@ -205,7 +205,7 @@ def test_cuda_products_give_the_cpu_answer(case: str) -> None:
     )
 
 
-def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter() -> None:
+def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter(monkeypatch) -> None:
     # a Llama with grouped-query heads: query heads within groups, value bases and rotary
     # planes live in slices of q/k/v/o_proj, which the residual map rotates across
     transformers = pytest.importorskip("transformers")
@@ -228,10 +228,24 @@ def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter() -> 
     for space in form.spec:
         for use in space.uses:
             value = form.b[use.param]
-            got = moved_region(form.spec, use, value, transform, (space.name, use))
+            got = moved_region(form.spec, use.param, use.parts, value, transform,
+                               skip_use=(space.name, use))  # fmt: skip
             whole = apply_to_param(
                 form.spec, use.param, value, transform, skip_use=(space.name, use)
             )
             torch.testing.assert_close(got, use.region(whole), rtol=1e-5, atol=1e-6)
             sliced += bool(use.parts)
     assert sliced >= 8  # the slices were there to be moved alone
+    # heads nested in one key/value group read that group's rows only: its circuits
+    # are the same from the moved rows as from the whole moved projections
+    from lmckit.aligners.weight import similarity
+
+    nested = [s for s in form.spec if s.circuits is not None and s.nest is not None]
+    assert nested
+    shapes = {k: v.shape for k, v in form.b.items()}
+    assert all(similarity._unit_slices(s, shapes) for s in nested)
+    sliced_sims = [space_problem(form.spec, s, form.a, form.b, transform).sim for s in nested]
+    monkeypatch.setattr(similarity, "_unit_slices", lambda space, shapes: {})
+    whole_sims = [space_problem(form.spec, s, form.a, form.b, transform).sim for s in nested]
+    for got, want in zip(sliced_sims, whole_sims, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

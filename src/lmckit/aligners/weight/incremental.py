@@ -193,7 +193,9 @@ class SimilarityCache:
         if plan.circuits:
             sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform)
         for use in plan.fresh:
-            b = moved_region(self.spec, use, self.other[use.param], transform, (space.name, use))
+            value = self.other[use.param]
+            b = moved_region(self.spec, use.param, use.parts, value, transform,
+                             skip_use=(space.name, use))  # fmt: skip
             a = use.region(self.ref[use.param])
             sim = add_use_term(sim, a, b, replace(use, parts=()), space.n)
         if plan.tracked:

@@ -26,10 +26,12 @@ from torch import Tensor
 
 from lmckit.aligners.weight.circuits import (
     circuit_params,
+    head_counts,
     head_similarity_matrix,
     residual_circuit_similarity,
 )
 from lmckit.groups.base import Subproblem
+from lmckit.spaces import Part, region
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
 
 __all__ = [
@@ -66,32 +68,103 @@ def use_width(x: Tensor, use: Use) -> int:
 
 
 def moved_region(
-    spec: SymmetrySpec, use: Use, value: Tensor, transform: Transform, skip_use: tuple[str, Use]
+    spec: SymmetrySpec,
+    param: str,
+    parts: tuple[Part, ...],
+    value: Tensor,
+    transform: Transform,
+    *,
+    skip: str | None = None,
+    skip_use: tuple[str, Use] | None = None,
 ) -> Tensor:
-    """``use.region(apply_to_param(spec, use.param, value, transform, skip_use=skip_use))``:
-    the use's region of B's parameter with the other spaces applied.
+    """``region(apply_to_param(spec, param, value, transform, ...), parts)``: a slice of
+    B's parameter with the other spaces applied (``skip``, ``skip_use`` as for
+    :func:`~lmckit.symmetry.apply_to_param`).
 
-    Spaces that act across the region (on an axis it does not narrow, over the whole
-    axis) commute with narrowing, so they act on the region alone: a query group's rows
+    Spaces that act across the slice (on an axis it does not narrow, over the whole
+    axis) commute with narrowing, so they act on the slice alone: a query group's rows
     of ``q_proj`` are rotated by the residual map, not the whole projection.
     """
-    if not use.parts:
-        return apply_to_param(spec, use.param, value, transform, skip_use=skip_use)
+
+    def moved(x: Tensor, uses: list[tuple[Space, Use]] | None = None) -> Tensor:
+        return apply_to_param(spec, param, x, transform, skip=skip, skip_use=skip_use, uses=uses)
+
+    if not parts:
+        return moved(value)
     ndim = value.ndim
-    narrowed = {p.axis % ndim for p in use.parts}
+    narrowed = {p.axis % ndim for p in parts}
     inside: list[tuple[Space, Use]] = []
     across: list[tuple[Space, Use]] = []
-    for space, other in spec.uses_of(use.param):
+    for space, other in spec.uses_of(param):
         touched = {other.axis % ndim} | {p.axis % ndim for p in other.parts}
         (inside if touched & narrowed else across).append((space, other))
     # an axis that some use inside acts on or slices: what acts across must not touch it
     held = {other.axis % ndim for _, other in inside}
     held |= {p.axis % ndim for _, other in inside for p in other.parts}
     if any(other.parts or other.axis % ndim in held for _, other in across):
-        return use.region(apply_to_param(spec, use.param, value, transform, skip_use=skip_use))
-    x = apply_to_param(spec, use.param, value, transform, skip_use=skip_use, uses=inside)
-    return apply_to_param(spec, use.param, use.region(x), transform, skip_use=skip_use,
-                          uses=across)  # fmt: skip
+        return region(moved(value), parts)
+    return moved(region(moved(value, inside), parts), across)
+
+
+def _moved_circuit_params(
+    spec: SymmetrySpec, space: Space, other: Named, transform: Transform
+) -> dict[str, Tensor]:
+    """B's parameters that head space ``space``'s circuits read, every other space applied.
+
+    A space nested in one unit of a head space reads the rows of that unit's heads only
+    (:func:`~lmckit.aligners.weight.circuits.head_similarity_matrix`): where those rows
+    are one slice of their parameter, only they are moved (:func:`moved_region`) and
+    the rest is left zero, unread."""
+    values = {p: other[p] for p in circuit_params(space.circuits)}
+    slices = _unit_slices(space, {p: v.shape for p, v in values.items()})
+    out = {}
+    for p, value in values.items():
+        part = slices.get(p)
+        if part is None:
+            out[p] = apply_to_param(spec, p, value, transform, skip=space.name)
+            continue
+        full = torch.zeros_like(value)
+        moved = moved_region(spec, p, (part,), value, transform, skip=space.name)
+        region(full, (part,)).copy_(moved)
+        out[p] = full
+    return out
+
+
+def _unit_slices(space: Space, shapes: Mapping[str, torch.Size]) -> dict[str, Part]:
+    """Per parameter, the one slice that holds what a head space nested in one unit
+    compares: its query heads' rows, their key/value heads' rows, their output columns.
+    Parameters whose rows are not one slice (heads interleaved) or that hold several
+    projections (fused QKV) are left out."""
+    circuits = space.circuits
+    if circuits is None or space.nest is None or space.nest.unit is None:
+        return {}
+    _, heads, kv_heads = head_counts(space)
+    per = space.group.units(space.n) or 1
+    span = (space.nest.unit * per, (space.nest.unit + 1) * per)
+    group = heads // kv_heads
+    kv_span = (span[0] // group, (span[1] - 1) // group + 1)
+    wanted = [
+        (part, count, rows)
+        for part, count, rows in (
+            (circuits.query, heads, span), (circuits.query_bias, heads, span),
+            (circuits.key, kv_heads, kv_span), (circuits.key_bias, kv_heads, kv_span),
+            (circuits.value, kv_heads, kv_span), (circuits.value_bias, kv_heads, kv_span),
+        )
+        if part is not None
+    ]  # fmt: skip
+    found: dict[str, list[Part | None]] = {}
+    for part, count, (lo, hi) in wanted:
+        axis = 1 if part.transposed else 0
+        index = part.index(shapes[part.param][axis], count)
+        rows = None
+        if isinstance(index, slice):
+            width = (index.stop - index.start) // count
+            rows = Part(axis, index.start + lo * width, (hi - lo) * width)
+        found.setdefault(part.param, []).append(rows)
+    axis = 0 if circuits.output_transposed else 1  # the output's columns, head by head
+    width = shapes[circuits.output][axis] // heads
+    found.setdefault(circuits.output, []).append(Part(axis, span[0] * width, per * width))
+    return {p: got[0] for p, got in found.items() if len(got) == 1 and got[0] is not None}
 
 
 def add_use_term(
@@ -149,10 +222,7 @@ def space_problem(
     diagonal = group.unitwise if diagonals is None else diagonals
     if space.circuits is not None:
         # attention heads are compared through their QK/OV circuits (aligners.weight.circuits)
-        moved = {
-            p: apply_to_param(spec, p, other[p], transform, skip=space.name)
-            for p in circuit_params(space.circuits)
-        }
+        moved = _moved_circuit_params(spec, space, other, transform)
         # units that are key/value groups pair their query heads as well as the spec
         # lets them: best pairing if nested head spaces permute them, else in order
         within = any(s.circuits is not None for s in spec.nested_in(space.name))
@@ -199,7 +269,8 @@ def _use_operands(
 ) -> tuple[Tensor, Tensor, Use]:
     """A's and moved B's regions of one use of ``space``, and the use with no parts left
     to narrow (:func:`moved_region`)."""
-    b = moved_region(spec, use, other[use.param], transform, (space.name, use))
+    value = other[use.param]
+    b = moved_region(spec, use.param, use.parts, value, transform, skip_use=(space.name, use))
     return use.region(ref[use.param]), b, replace(use, parts=())
 
 
