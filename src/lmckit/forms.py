@@ -19,9 +19,7 @@ from torch import nn
 
 from lmckit.groups import HeadPermutation
 from lmckit.models import ZooModel
-from lmckit.recipe import (
-    SYMMETRIES,
-)
+from lmckit.recipe import SYMMETRIES
 
 __all__ = [
     "FORMS",

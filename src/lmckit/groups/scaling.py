@@ -141,7 +141,7 @@ class Scaling(Group[Tensor]):
         return torch.diag(1.0 / torch.diagonal(mat))  # no n x n inverse for a diagonal
 
     def objective(self, element: Tensor, sim: Tensor) -> float:
-        return float((element.double() * _diagonal(sim)).sum())
+        return float((element.double().cpu() * _diagonal(sim)).sum())
 
     def close(self, first: Tensor, second: Tensor, *, atol: float = 1e-6) -> bool:
         # the scales themselves: no n x n matrices

@@ -82,8 +82,7 @@ class WeightMatchingConfig:
             (orthogonal maps, rotations, scalings) approach their optimum only in the
             limit, by less each sweep; on a trained Llama pair (orthogonal residual)
             ``1e-5`` stops after 11 sweeps where ``0`` takes 24, at the same barrier to
-            four decimals (BENCHMARKS.md). ``0`` sweeps on until no space
-            improves.
+            four decimals (BENCHMARKS.md). ``0`` sweeps on until no space improves.
         restarts: extra runs from random initial transforms; the best total wins.
         residual_circuits: spaces that attention heads read or write (the residual
             stream) compare those heads by circuits instead of raw projection weights.
