@@ -420,3 +420,16 @@ def test_the_sweep_limit_is_reported_not_a_silent_stop() -> None:
     # the history tells rising from oscillating
     assert "still rising" in sweep_limit_note([1.0, 2.0, 2.5, 2.5], 3)
     assert "oscillating" in sweep_limit_note([1.0, 2.0, 1.5, 2.0], 3)
+
+
+def test_the_progress_bar_counts_the_spaces_of_each_sweep(capsys) -> None:
+    # a sweep of a large model takes minutes: the bar shows where in it the descent is
+    module, a = create_model("mlp", in_features=12, hidden=[16, 16, 16], out_features=3, seed=0)
+    _, b = create_model("mlp", in_features=12, hidden=[16, 16, 16], out_features=3, seed=1)
+    spec = module.symmetry_spec()
+    result = weight_matching(spec, a, b, WeightMatchingConfig(start="identity"), progress=True)
+    shown = capsys.readouterr().err
+    last = f"weight matching, sweep {result.iterations}"
+    assert last in shown and f"sweep {result.iterations + 1}" not in shown
+    assert f"{len(spec.names)}/{len(spec.names)}" in shown
+    assert "objective=" in shown

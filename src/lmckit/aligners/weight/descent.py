@@ -68,6 +68,9 @@ def coordinate_descent(
     for sweep in range(1, config.max_iter + 1):
         improved = False
         order = [names[i] for i in torch.randperm(len(names), generator=generator).tolist()]
+        # a sweep of a large model takes minutes: the bar counts its spaces
+        bar.reset(total=len(names))
+        bar.set_description_str(f"weight matching, sweep {sweep}", refresh=False)
         for step in sweep_steps(order, deps, nested, config.schedule):
             inputs = {name: tuple(version[d] for d in deps[name]) for name in step}
             # a space none of whose inputs changed since its last solve would come out
@@ -85,8 +88,8 @@ def coordinate_descent(
                 solved_at[sol.name] = inputs[sol.name]
                 improved = improved or sol.gain
                 current[sol.name] = sol.new if sol.gain else sol.old
+            bar.update(len(step))
         history.append(sum(current.values()))
-        bar.update(1)
         bar.set_postfix(objective=f"{history[-1]:.5g}")
         if not improved or _stalled(history, config.sweep_tol):
             return transform, sweep, True, history

@@ -317,7 +317,8 @@ def weight_matching(
             ``params_a`` and a :class:`~lmckit.data.Dataset` whose training split
             decides the start); otherwise unused: weight matching is data-free.
         seed: order of spaces in each sweep and restart draws.
-        progress: show a progress bar over sweeps.
+        progress: show a progress bar: the spaces solved in the current sweep, its
+            number, and the objective after the last one.
         device: where the similarities are computed (default CPU); the solvers run on
             the CPU and the transform comes back there.
         init: initial transform (default identity, or plain embeddings).
@@ -365,7 +366,7 @@ def weight_matching(
     base = init or start
     if init is None and config.start != "identity":
         base = anchored_start(spec, ref, other, start, names=names)
-    bar = tqdm(desc="weight matching", unit="sweep", disable=not progress, leave=False)
+    bar = tqdm(desc="weight matching", unit="space", disable=not progress, leave=False)
     try:
         best, sweeps, converged, history = _descend_with_restarts(
             spec, names, ref, other, base, config, widths, seed, bar
