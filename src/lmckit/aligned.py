@@ -41,7 +41,7 @@ from lmckit.io import (
 from lmckit.measure import EvalSettings, measure_path, resolve_fix
 from lmckit.models import ZooModel
 from lmckit.outputs import REFERENCE_DIR, check_output_dir, check_output_file
-from lmckit.params import IncompatibleModelsError, Params
+from lmckit.params import IncompatibleModelsError, Params, stored_params
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import CLASSIFICATION, Task
@@ -425,7 +425,8 @@ def _aligned(
 ) -> Aligned:
     return Aligned(
         params=pair.params,
-        reference=pair.reference if pair.reference is not None else a.params,
+        # A in a folded form is computed when read: kept as stored, rounded once
+        reference=stored_params(pair.reference) if pair.reference is not None else a.params,
         spec=pair.result.transform.spec,
         result=pair.result,
         form=pair.form,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 
 import torch
@@ -14,15 +15,20 @@ Params = dict[str, Tensor]
 __all__ = [
     "Float32View",
     "IncompatibleModelsError",
+    "LazyParams",
     "Params",
     "as_module",
     "as_params",
     "average_tensor",
     "check_compatible",
     "check_finite",
+    "dtype_of",
     "first_nonfinite",
     "interpolate",
+    "layout",
     "module_params",
+    "stored_dtype",
+    "stored_params",
     "weighted_average",
 ]
 
@@ -32,6 +38,76 @@ __all__ = [
 WIDE_CHUNK_BYTES = 2**24
 
 
+class LazyParams(Mapping[str, Tensor], ABC):
+    """A state dict whose tensors are computed when read (a model with its norm scales
+    folded, a point on a path): it holds only what they are computed from, so a
+    bfloat16 model read in float32 never exists as a float32 copy.
+
+    Each read computes the tensor again; read a tensor once per use and let it go.
+    ``dict(lazy)`` builds them all.
+
+    Args:
+        source: the state dict the tensors are computed from; its keys are the keys.
+    """
+
+    def __init__(self, source: Mapping[str, Tensor]) -> None:
+        self.source = source
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.source)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.source
+
+    @abstractmethod
+    def dtype_of(self, key: str) -> torch.dtype:
+        """The dtype ``self[key]`` has, without computing it."""
+
+    def stored_dtype(self, key: str) -> torch.dtype:
+        """The dtype ``self[key]`` is stored in, and rounded to once when a result
+        computed from it is kept (default: the dtype it is read in)."""
+        return self.dtype_of(key)
+
+    def meta(self, key: str) -> Tensor:
+        """``self[key]``'s shape and dtype as a tensor on the meta device (default:
+        computed once; subclasses that know the shape say so without computing)."""
+        return torch.empty_like(self[key], device="meta")
+
+
+def dtype_of(params: Mapping[str, Tensor], key: str) -> torch.dtype:
+    """The dtype of ``params[key]`` (of a :class:`LazyParams`: without computing it)."""
+    return params.dtype_of(key) if isinstance(params, LazyParams) else params[key].dtype
+
+
+def stored_dtype(params: Mapping[str, Tensor], key: str) -> torch.dtype:
+    """The dtype a result computed from ``params[key]`` is kept in: its own, or for a
+    :class:`LazyParams` the dtype it is stored in (:meth:`LazyParams.stored_dtype`)."""
+    return params.stored_dtype(key) if isinstance(params, LazyParams) else params[key].dtype
+
+
+def layout(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Every tensor's shape and dtype as a tensor on the meta device, for checks of fit
+    that read no values (of a :class:`LazyParams`: without computing the tensors)."""
+    if isinstance(params, LazyParams):
+        return {k: params.meta(k) for k in params}
+    return {k: torch.empty_like(v, device="meta") for k, v in params.items()}
+
+
+def stored_params(params: Mapping[str, Tensor]) -> Params:
+    """A plain state dict of ``params``, each tensor in the dtype it is stored in (of a
+    :class:`LazyParams`: computed once and rounded to :meth:`LazyParams.stored_dtype`)."""
+    if not isinstance(params, LazyParams):
+        return dict(params)
+    out = {}
+    for key in params:
+        value = params[key]
+        out[key] = value.to(params.stored_dtype(key)) if value.is_floating_point() else value
+    return out
+
+
 class Float32View(MutableMapping[str, Tensor]):
     """The floating-point tensors of ``params`` read as float32 on ``device``.
 
@@ -39,7 +115,8 @@ class Float32View(MutableMapping[str, Tensor]):
     instead of copying them: a bfloat16 pair stays in its own bytes and each tensor is
     cast when it is read (a float32 tensor already on ``device`` is returned as it is,
     without a copy). Tensors assigned to the view (rows weighted, products folded) are
-    kept as given and shadow the source; the source is never changed.
+    kept as given and shadow the source; the source is never changed, nor read before it
+    is needed (a :class:`LazyParams` source computes each tensor when the view reads it).
 
     Args:
         params: the parameters (integer tensors are left out of the view).
@@ -47,14 +124,17 @@ class Float32View(MutableMapping[str, Tensor]):
     """
 
     def __init__(self, params: Mapping[str, Tensor], device: torch.device | str = "cpu") -> None:
-        self._source = {k: v.detach() for k, v in params.items() if v.is_floating_point()}
+        self._source = params
+        self._keys = {k: None for k in params if dtype_of(params, k).is_floating_point}
         self._device = torch.device(device)
         self._assigned: dict[str, Tensor] = {}
 
     def __getitem__(self, name: str) -> Tensor:
         if name in self._assigned:
             return self._assigned[name]
-        return self._source[name].to(self._device, torch.float32)
+        if name not in self._keys:
+            raise KeyError(name)
+        return self._source[name].detach().to(self._device, torch.float32)
 
     def __setitem__(self, name: str, value: Tensor) -> None:
         self._assigned[name] = value
@@ -63,17 +143,17 @@ class Float32View(MutableMapping[str, Tensor]):
         if name not in self:
             raise KeyError(name)
         self._assigned.pop(name, None)
-        self._source.pop(name, None)
+        self._keys.pop(name, None)
 
     def __contains__(self, name: object) -> bool:
-        return name in self._assigned or name in self._source
+        return name in self._assigned or name in self._keys
 
     def __iter__(self) -> Iterator[str]:
-        yield from self._source
-        yield from (k for k in self._assigned if k not in self._source)
+        yield from self._keys
+        yield from (k for k in self._assigned if k not in self._keys)
 
     def __len__(self) -> int:
-        return len(self._source) + sum(k not in self._source for k in self._assigned)
+        return len(self._keys) + sum(k not in self._keys for k in self._assigned)
 
 
 class IncompatibleModelsError(ValueError):

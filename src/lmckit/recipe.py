@@ -25,6 +25,7 @@ pair is aligned in by default is :mod:`lmckit.forms`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
@@ -61,7 +62,9 @@ class AlignForm:
 
     Attributes:
         module: the form's module (the given one unless ``rewritten``).
-        a, b: both models' parameters in that form (same functions as given).
+        a, b: both models' parameters in that form (same functions as given); with
+            norm scales folded, a :class:`~lmckit.spec.fold.FoldedParams` that computes
+            each folded weight when it is read (no float32 copy of a bfloat16 model).
         spec: the symmetry spec of that form, with the groups ``symmetry`` chose.
         rewritten: the module is a new architecture (RMSNorm form, circuits): results
             are only comparable with ``a`` in this form, and are written in lmckit's form.
@@ -73,8 +76,8 @@ class AlignForm:
     """
 
     module: nn.Module
-    a: Params
-    b: Params
+    a: Mapping[str, Tensor]
+    b: Mapping[str, Tensor]
     spec: SymmetrySpec
     rewritten: bool = False
     form: str = ""
@@ -140,8 +143,8 @@ class _OrthogonalRoute:
     zoo models only)."""
 
     route: str
-    a: Params | None = None
-    b: Params | None = None
+    a: Mapping[str, Tensor] | None = None
+    b: Mapping[str, Tensor] | None = None
     spec: SymmetrySpec | None = None
     scales: frozenset[str] = frozenset()
     module: nn.Module | None = None
@@ -149,7 +152,7 @@ class _OrthogonalRoute:
 
 
 def orthogonal_route(
-    module: nn.Module, a: Params, b: Params, inputs: ExampleInputs
+    module: nn.Module, a: Mapping[str, Tensor], b: Mapping[str, Tensor], inputs: ExampleInputs
 ) -> _OrthogonalRoute:
     """How the pair reaches a form with an orthogonal stream (module docstring).
 
@@ -188,8 +191,10 @@ def orthogonal_route(
 
 
 def _orthogonal(
-    module: nn.Module, a: Params, b: Params, inputs: ExampleInputs
-) -> tuple[nn.Module, Params, Params, SymmetrySpec, list[str], frozenset[str]]:
+    module: nn.Module, a: Mapping[str, Tensor], b: Mapping[str, Tensor], inputs: ExampleInputs
+) -> tuple[
+    nn.Module, Mapping[str, Tensor], Mapping[str, Tensor], SymmetrySpec, list[str], frozenset[str]
+]:
     """The pair in a form with an orthogonal stream (see the module docstring)."""
     route = orthogonal_route(module, a, b, inputs)
     if route.route == "fold":
@@ -200,8 +205,8 @@ def _orthogonal(
     if isinstance(module, ZooModel):
         from lmckit.rewrites import layernorm_to_rmsnorm
 
-        rms, ra = layernorm_to_rmsnorm(module, a)
-        _, rb = layernorm_to_rmsnorm(module, b)
+        rms, ra = layernorm_to_rmsnorm(module, dict(a))
+        _, rb = layernorm_to_rmsnorm(module, dict(b))
         return rms, ra, rb, rms.symmetry_spec(), ["RMSNorm form"], frozenset()
     raise layernorm_error(module)
 
@@ -226,8 +231,8 @@ def layernorm_error(module: nn.Module) -> ValueError:
 
 def aligned_form(
     module: nn.Module,
-    params_a: Params,
-    params_b: Params,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
     *,
     symmetry: str | None = None,
     circuits: bool = False,
@@ -287,8 +292,9 @@ def aligned_form(
             circuit = module  # already in circuit form: nothing to rewrite
         else:
             try:
-                circuit, a = heads_to_circuits(module, a)
-                _, b = heads_to_circuits(module, b)
+                # a zoo model's form is a plain state dict (only folding makes lazy ones)
+                circuit, a = heads_to_circuits(module, dict(a))
+                _, b = heads_to_circuits(module, dict(b))
             except ValueError:
                 name = module.config.name
                 raise ValueError(f"--circuits: {name} has no attention heads") from None

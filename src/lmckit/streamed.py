@@ -1,9 +1,11 @@
-"""A point of a path built layer by layer, as the forward pass reaches each module.
+"""Parameters computed when read, put into a module layer by layer as its forward pass
+reaches each module.
 
 A whole float32 point of a path between two bfloat16 models is as large as both models
 together. :class:`LinearPoint` holds only its ends and ``t``: each tensor is computed
 when it is read (exactly as :func:`lmckit.params.interpolate` computes it).
-:func:`streamed_call` runs a module on such a point without building it: a hook before
+:func:`streamed_call` runs a module on such a point (or on any
+:class:`~lmckit.params.LazyParams`) without building it: a hook before
 each module's forward puts that module's own tensors of the point in place, and one
 after its forward takes them out again, so one module's worth of the point exists at a
 time (recomputed for every batch: a forward pass costs far more per weight).
@@ -23,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmckit.params import average_tensor
+from lmckit.params import LazyParams, average_tensor
+from lmckit.params import dtype_of as read_dtype
 
 __all__ = ["STREAM_BYTES", "LinearPoint", "streamed_call"]
 
@@ -32,23 +35,18 @@ __all__ = ["STREAM_BYTES", "LinearPoint", "streamed_call"]
 STREAM_BYTES = 2**28
 
 
-class LinearPoint(Mapping[str, Tensor]):
+class LinearPoint(LazyParams):
     """``(1 - t) a + t b``, each tensor computed when read (``dtype``: of the floating
     tensors, default the stored one; integer tensors come from ``a``)."""
 
     def __init__(
         self, a: Mapping[str, Tensor], b: Mapping[str, Tensor], t: float, dtype: torch.dtype | None
     ) -> None:
+        super().__init__(a)
         self.a, self.b, self.t, self.dtype = a, b, t, dtype
 
     def __getitem__(self, key: str) -> Tensor:
         return average_tensor([self.a[key], self.b[key]], [1.0 - self.t, self.t], dtype=self.dtype)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.a)
-
-    def __len__(self) -> int:
-        return len(self.a)
 
     def nbytes(self) -> int:
         """Bytes of the point's floating tensors, were it built whole."""
@@ -60,11 +58,11 @@ class LinearPoint(Mapping[str, Tensor]):
         return out
 
     def dtype_of(self, key: str) -> torch.dtype:
-        value = self.a[key]
-        return (self.dtype or value.dtype) if value.is_floating_point() else value.dtype
+        dtype = read_dtype(self.a, key)
+        return (self.dtype or dtype) if dtype.is_floating_point else dtype
 
 
-def _slots(model: nn.Module, point: LinearPoint) -> dict[nn.Module, list[tuple[str, str, bool]]]:
+def _slots(model: nn.Module, point: LazyParams) -> dict[nn.Module, list[tuple[str, str, bool]]]:
     """Per module, ``(local name, key in point, is a buffer)`` of its own tensors that the
     point holds; a tensor tied under several names takes the name the point holds."""
     names: dict[int, str] = {}
@@ -91,7 +89,7 @@ def _table(module: nn.Module, buffer: bool) -> dict[str, Any]:
 
 
 @contextmanager
-def _streaming(model: nn.Module, point: LinearPoint) -> Iterator[None]:
+def _streaming(model: nn.Module, point: LazyParams) -> Iterator[None]:
     slots = _slots(model, point)
     originals = [
         (table, local, table[local])
@@ -129,11 +127,12 @@ def _streaming(model: nn.Module, point: LinearPoint) -> Iterator[None]:
             table[local] = value
 
 
-def streamed_call(model: nn.Module, point: LinearPoint, x: Tensor) -> object:
-    """``model(x)`` with ``point``'s tensors, each module's built only while it runs.
+def streamed_call(model: nn.Module, point: LazyParams, *args: Any, **kwargs: Any) -> Any:
+    """``model(*args, **kwargs)`` with ``point``'s tensors, each module's built only while
+    it runs.
 
     Raises whatever the module raises when one of its modules reads a tensor of another
     outside that module's forward (an empty tensor stands there).
     """
     with _streaming(model, point):
-        return model(x)
+        return model(*args, **kwargs)

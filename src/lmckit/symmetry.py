@@ -41,7 +41,7 @@ from lmckit.groups import (
     SemiPermutation,
     SemiPermutationElement,
 )
-from lmckit.params import Params, as_params
+from lmckit.params import Params, as_params, stored_dtype
 from lmckit.seeds import generator
 from lmckit.spaces import CircuitPart, HeadCircuits, Nest, Part, Probe, Space, SymmetrySpec, Use
 
@@ -300,7 +300,7 @@ def check_transform(spec: SymmetrySpec, params: Mapping[str, Tensor], transform:
 
 
 def apply(
-    spec: SymmetrySpec, params: Params, transform: Transform | Mapping[str, object]
+    spec: SymmetrySpec, params: Mapping[str, Tensor], transform: Transform | Mapping[str, object]
 ) -> Params:
     """Return new params with ``transform`` applied; ``params`` is not modified.
 
@@ -310,7 +310,9 @@ def apply(
     objects). Integer tensors (e.g. BatchNorm's ``num_batches_tracked``) are never
     transformed. Each parameter keeps its dtype; a bfloat16 or float16 one is moved in
     float32 and rounded once, unless only permutations move it (they gather entries,
-    exactly, in the parameter's own dtype).
+    exactly, in the parameter's own dtype). Of a :class:`~lmckit.params.LazyParams`
+    (a model with folded norm scales) each tensor is read once and kept in the dtype
+    it is stored in.
 
     Args:
         spec: the architecture's spec.
@@ -323,7 +325,8 @@ def apply(
         ValueError: an element that does not fit its space (see above).
     """
     spec = as_spec(spec)
-    params = dict(as_params(params))
+    # a LazyParams is read tensor by tensor (never built whole beside the result)
+    params = as_params(params)
     transform = as_transform(spec, transform)
     check_transform(spec, params, transform)
     acting: dict[str, list[Space]] = {}
@@ -331,18 +334,23 @@ def apply(
         for u in s.uses:
             acting.setdefault(u.param, []).append(s)
     out: dict[str, Tensor] = {}
-    for name, value in params.items():
-        spaces = acting.get(name, [])
-        if not spaces or not value.is_floating_point():
+    for name in params:
+        value = params[name]
+        if not value.is_floating_point():
             out[name] = value
+            continue
+        keep = stored_dtype(params, name)
+        spaces = acting.get(name, [])
+        if not spaces:
+            out[name] = value.to(keep)
         elif all(s.group.gathers for s in spaces):
             # permutations only gather entries: exact in any dtype, no wider copy
-            out[name] = apply_to_param(spec, name, value, transform)
+            out[name] = apply_to_param(spec, name, value, transform).to(keep)
         else:
             # computed in float32 at least, rounded once to the parameter's own dtype
             # (a rotation applied in bfloat16 would round the rotation first)
             wide = value.to(torch.promote_types(value.dtype, torch.float32))
-            out[name] = apply_to_param(spec, name, wide, transform).to(value.dtype)
+            out[name] = apply_to_param(spec, name, wide, transform).to(keep)
     return out
 
 

@@ -160,22 +160,61 @@ def test_check_spec_accepts_the_inferred_spec_to_float64_precision() -> None:
     assert errors["all"] < 1e-10
 
 
-def test_a_large_model_is_checked_in_float32_without_a_copy(monkeypatch) -> None:
+def test_a_large_model_is_checked_in_float32_module_by_module(monkeypatch) -> None:
     import lmckit.spec.check as check
 
-    module = _sequential_mlp()
+    module = _sequential_mlp().to(torch.bfloat16)
     x = torch.randn(4, 12)
     small = check.FunctionCheck(module, (x,))
     assert small.scale == 1.0 and small.params["0.weight"].dtype == torch.float64
     monkeypatch.setattr(check, "FLOAT64_CHECK_BYTES", 1000)  # the model is "large"
     large = check.FunctionCheck(module, (x,))
     assert large.scale == 1e3
-    assert large.params["0.weight"].data_ptr() == module.get_parameter("0.weight").data_ptr()
-    # it still tells a symmetry from what is not one
+    # each module computes in float32 on its own weights cast when it runs: the outputs
+    # of a whole float32 copy, exactly
+    whole = {k: v.float() for k, v in module_params(module).items()}
+    (expected,) = [functional_call(module, whole, (x,))]
+    assert torch.equal(large.reference[0], expected)
+    assert module.get_parameter("0.weight").dtype == torch.bfloat16  # the module is as it was
+    # it still tells a symmetry from what is not one, and a rejected element leaves the
+    # parameters as they were
     spec = infer_spec(module, (x,))
     assert large.random_error(spec, spec.names, seed=0) < 1e-5
+    rotated = spec.with_groups(**{"0": Orthogonal()})
+    assert large.random_error(rotated, ["0"], seed=0, keep_within=1e-2) > 1e-2
+    assert large.repeat_error() == 0.0
     with pytest.raises(SpecCheckError, match=r"space '0'"):
-        check_spec(module, spec.with_groups(**{"0": Orthogonal()}), (x,))
+        check_spec(module, rotated, (x,))
+
+
+class ReadsAnotherModulesWeight(nn.Module):
+    """The output layer reuses the input layer's weight, read outside its forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(6, 10)
+        self.mid = nn.Linear(10, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.relu(self.mid(torch.relu(self.inp(x))))
+        return h @ self.inp.weight
+
+
+def test_a_module_reading_another_modules_weight_is_checked_on_a_whole_copy(
+    monkeypatch,
+) -> None:
+    import lmckit.spec.check as check
+
+    torch.manual_seed(0)
+    module = ReadsAnotherModulesWeight()
+    x = torch.randn(4, 6)
+    monkeypatch.setattr(check, "FLOAT64_CHECK_BYTES", 100)
+    large = check.FunctionCheck(module, (x,))
+    assert torch.equal(large.reference[0], module(x))
+    spec = infer_spec(module, (x,))
+    assert spec.names == ("inp",)  # hidden units of both layers, tied by inp.weight
+    assert large.random_error(spec, spec.names, seed=0) < 1e-5
+    assert large.random_error(spec.with_groups(inp=Orthogonal()), ["inp"], seed=0) > 1e-2
 
 
 class DataDependent(nn.Module):

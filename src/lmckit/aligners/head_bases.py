@@ -86,7 +86,7 @@ def _output_columns(params: Mapping[str, Tensor], param: str, heads: int) -> Ten
 
 
 def _cross_products(
-    spec: SymmetrySpec, params_a: Params, params_b: Params
+    spec: SymmetrySpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
 ) -> dict[str, tuple[Tensor, Tensor]]:
     """Per head space, the ``(heads, head_dim, head_dim)`` QK and OV cross-products of
     A's heads against B's (whose polar factors are the best within-head maps)."""
@@ -110,7 +110,9 @@ def _cross_products(
     return out
 
 
-def match_head_bases(spec: SymmetrySpec, params_a: Params, params_b: Params) -> HeadBases:
+def match_head_bases(
+    spec: SymmetrySpec, params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor]
+) -> HeadBases:
     """Orthogonal within-head maps taking ``params_b``'s heads onto ``params_a``'s.
 
     ``params_b`` must already have its heads (and residual stream) aligned to
@@ -187,8 +189,8 @@ def _traces(maps: Sequence[Tensor], cross: Sequence[Tensor]) -> float:
 @register_aligner("head_bases", paper=GENERALIZED_LMC)
 def head_bases_matching(
     spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
     config: None = None,
     *,
     model: nn.Module | None = None,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import click
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lmckit.aligners.weight import START_OPTIONS
 from lmckit.checkpoint import save
@@ -281,7 +282,7 @@ def _write(
     path: str,
     like: LoadedModel,
     module: nn.Module,
-    params: dict,
+    params: Mapping[str, Tensor],
     same_architecture: bool,
     metadata: dict,
     force: bool = False,
@@ -293,4 +294,4 @@ def _write(
         save_model(path, like, params, metadata=metadata, overwrite=force, dtype=dtype)
     else:
         assert isinstance(module, ZooModel)  # a rewrite's new form is a zoo configuration
-        save(path, module, params, metadata=metadata, overwrite=force)
+        save(path, module, dict(params), metadata=metadata, overwrite=force)

@@ -25,4 +25,4 @@ def transformer_form(
     """
     form = aligned_form(module, params, params, symmetry="orthogonal", circuits=circuits)
     assert isinstance(form.module, ZooModel)
-    return form.module, form.a
+    return form.module, dict(form.a)

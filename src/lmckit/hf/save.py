@@ -86,14 +86,22 @@ def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     return copies, refused
 
 
-def _checked_params(params: Mapping[str, Tensor], target: Path) -> Params:
+def _checked_params(
+    params: Mapping[str, Tensor], target: Path, dtype: torch.dtype | None = None
+) -> Params:
+    """``params`` as a plain state dict, floating tensors in ``dtype`` (``None``: as
+    given), each rounded as it is read (a lazily computed float32 tensor never waits
+    beside the others)."""
     state: Params = {}
     for key, value in params.items():
         if not isinstance(key, str) or not isinstance(value, Tensor):
             raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
+        value = value.detach()
+        if dtype is not None and value.is_floating_point():
+            value = value.to(dtype)
         # contiguous: save_pretrained views every tensor flat (aligned weights may be
         # permuted views of another tensor)
-        state[key] = value.detach().contiguous()
+        state[key] = value.contiguous()
     try:
         check_finite(state, what=f"refusing to write {target}")
     except ValueError as err:
@@ -113,11 +121,9 @@ def _stored_state(
     params: Mapping[str, Tensor], dtype: torch.dtype | None, target: Path
 ) -> tuple[Params, torch.dtype | None]:
     """The checked params in the dtype they are stored in (``None``: as given), and it."""
-    state = _checked_params(params, target)
     if dtype is not None and not dtype.is_floating_point:
         raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
-    if dtype is not None:
-        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+    state = _checked_params(params, target, dtype)
     return state, _float_dtype(state, target)
 
 

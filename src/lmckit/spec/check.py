@@ -3,7 +3,9 @@
 This is the library's central invariant made executable. The check runs in float64
 where the module allows it, so a true symmetry leaves the outputs equal to ~1e-12 and
 any broken one (a forgotten bias, BatchNorm statistics that do not move, a nonlinearity
-that does not commute with rotations) shows as an error of order one.
+that does not commute with rotations) shows as an error of order one. A large model is
+checked in float32, module by module (:mod:`lmckit.streamed`): each module's parameters
+are cast and moved while it runs, so the check holds no copy of the model.
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.params import Params, as_module, module_params
+from lmckit.params import LazyParams, Params, as_module, layout, module_params
+from lmckit.params import dtype_of as read_dtype
 from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
 from lmckit.spec.trace import SpecInferenceError, prediction
+from lmckit.streamed import streamed_call
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param, as_spec, check_transform
 
 __all__ = [
@@ -67,19 +71,51 @@ def output_error(reference: Sequence[Tensor], other: Sequence[Tensor]) -> float:
 
 def _runner(
     module: nn.Module, example_inputs: Sequence[Any], kwargs: Mapping[str, Any], dtype: torch.dtype
-) -> Callable[[Params], list[Tensor]]:
+) -> Callable[[Mapping[str, Tensor]], list[Tensor]]:
+    """The module's outputs at given parameters: a whole state dict, or a
+    :class:`~lmckit.params.LazyParams` put in module by module as each runs."""
     inputs = [x.to(dtype) if isinstance(x, Tensor) and x.is_floating_point() else x
               for x in example_inputs]  # fmt: skip
 
-    def run(params: Params) -> list[Tensor]:
+    def run(params: Mapping[str, Tensor]) -> list[Tensor]:
         with torch.no_grad():
-            return _leaves(functional_call(module, params, tuple(inputs), dict(kwargs)))
+            if isinstance(params, LazyParams):
+                return _leaves(streamed_call(module, params, *inputs, **kwargs))
+            return _leaves(functional_call(module, dict(params), tuple(inputs), dict(kwargs)))
 
     return run
 
 
-def _cast(params: Params, dtype: torch.dtype) -> Params:
+def _cast(params: Mapping[str, Tensor], dtype: torch.dtype) -> Params:
     return {k: v.to(dtype) if v.is_floating_point() else v for k, v in params.items()}
+
+
+class _Moved(LazyParams):
+    """``source`` in ``dtype``, moved by ``moves`` in turn, each tensor computed when read."""
+
+    def __init__(self, source: Mapping[str, Tensor], dtype: torch.dtype) -> None:
+        super().__init__(source)
+        self.dtype = dtype
+        self.moves: list[tuple[SymmetrySpec, Transform]] = []
+
+    def __getitem__(self, key: str) -> Tensor:
+        value = self.source[key]
+        if not value.is_floating_point():
+            return value
+        value = value.detach().to(self.dtype)
+        for spec, transform in self.moves:
+            if any(s.name in transform.elements for s, _ in spec.uses_of(key)):
+                value = apply_to_param(spec, key, value, transform)
+        return value
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        dtype = read_dtype(self.source, key)
+        return self.dtype if dtype.is_floating_point else dtype
+
+    def meta(self, key: str) -> Tensor:
+        shape = (self.source.meta(key) if isinstance(self.source, LazyParams)
+                 else self.source[key]).shape  # fmt: skip
+        return torch.empty(shape, dtype=self.dtype_of(key), device="meta")
 
 
 def _random_element(space: Space, generator: torch.Generator) -> object:
@@ -98,7 +134,15 @@ class FunctionCheck:
     """A module's outputs at some parameters, and how far transformed parameters move
     them: in float64 where the module allows it and the copy is at most
     :data:`FLOAT64_CHECK_BYTES` (a true symmetry then changes the outputs by ~1e-12, a
-    broken one by order one), else in float32 with a 1000 times looser tolerance.
+    broken one by order one), else in float32 with a 1000 times looser tolerance,
+    module by module: each module's parameters are cast and moved while it runs
+    (:func:`lmckit.streamed.streamed_call`), so a bfloat16 model is never copied whole
+    in float32 (a module that reads another module's parameters is checked on a whole
+    float32 copy instead).
+
+    Attributes:
+        layout: shapes and dtypes of the parameters (meta tensors), for checks of fit.
+        scale: how much looser than float64's the check's tolerance is (1 or 1000).
 
     Args:
         module: the module (put in eval mode for the check's duration by the caller).
@@ -112,66 +156,88 @@ class FunctionCheck:
         module: nn.Module,
         example_inputs: Sequence[Any],
         *,
-        params: Params | None = None,
+        params: Mapping[str, Tensor] | None = None,
         kwargs: Mapping[str, Any] | None = None,
     ) -> None:
-        params = dict(module_params(module) if params is None else params)
+        given = module_params(module) if params is None else params
         kwargs = kwargs or {}
-        numel = sum(v.numel() for v in params.values() if v.is_floating_point())
+        self._moved: _Moved | None = None  # the parameters, when checked module by module
+        self.layout = layout(given)
+        numel = sum(v.numel() for v in self.layout.values() if v.is_floating_point())
         # a float64 copy of a large model costs more memory than its precision tells
         if numel * 8 <= FLOAT64_CHECK_BYTES:
             try:
-                self._prepare(module, example_inputs, kwargs, params, torch.float64)
+                self._prepare(module, example_inputs, kwargs, given, torch.float64)
                 self.scale = 1.0
                 return
             except (RuntimeError, TypeError):  # a module that hard-codes float32 somewhere
                 pass
-        self._prepare(module, example_inputs, kwargs, params, torch.float32)
         self.scale = 1e3
+        try:
+            self._prepare(module, example_inputs, kwargs, given, torch.float32, streamed=True)
+        except (RuntimeError, TypeError):  # a module reads a tensor of another module
+            self._prepare(module, example_inputs, kwargs, given, torch.float32)
 
     def _prepare(
         self,
         module: nn.Module,
         example_inputs: Sequence[Any],
         kwargs: Mapping[str, Any],
-        params: Params,
+        params: Mapping[str, Tensor],
         dtype: torch.dtype,
+        *,
+        streamed: bool = False,
     ) -> None:
-        """The runner, the parameters in ``dtype`` and the reference outputs."""
-        self._run = _runner(module, example_inputs, kwargs, dtype)
-        self.params = _cast(params, dtype)
-        self.reference = self._run(self.params)
+        """The runner, the parameters in ``dtype`` and the reference outputs: a whole
+        copy, or (``streamed``) each module's own cast and moved while it runs."""
+        run = _runner(module, example_inputs, kwargs, dtype)
+        held: Mapping[str, Tensor]
+        if streamed:
+            held = _Moved(params, dtype)
+        else:
+            held = self.params = _cast(params, dtype)
+        self.reference = run(held)  # raises before anything is kept when it cannot run
+        self._moved = held if isinstance(held, _Moved) else None
+        self._run = lambda: run(held)
 
     def repeat_error(self) -> float:
         """The relative output error of a second run at the same parameters: zero for a
         deterministic module (active dropout makes it order one)."""
-        return output_error(self.reference, self._run(self.params))
+        return output_error(self.reference, self._run())
 
     def error(
         self, spec: SymmetrySpec, transform: Transform, *, keep_within: float | None = None
     ) -> float:
         """The relative output error of the parameters moved by ``transform``.
 
-        The parameters are moved one at a time in place of the check's own copy (a large
-        model's check holds one copy of its parameters, not two). Where the error is
-        within ``keep_within`` they stay moved: they compute the same function, so later
+        The parameters are moved one at a time in place of the check's own copy, or,
+        checked module by module, as each module runs. Where the error is within
+        ``keep_within`` they stay moved: they compute the same function, so later
         checks against the same reference outputs hold. Otherwise they are moved back
         by the inverse (exact for permutations, to ~1e-16 for the rest in float64).
         """
-        check_transform(spec, self.params, transform)
-        touched = [n for n in self.params if any(s.name in transform.elements
-                   for s, _ in spec.uses_of(n)) and self.params[n].is_floating_point()]  # fmt: skip
-        for name in touched:
-            self.params[name] = apply_to_param(spec, name, self.params[name], transform)
+        check_transform(spec, self.layout, transform)
+        touched: list[str] = []
+        if self._moved is not None:
+            self._moved.moves.append((spec, transform))
+        else:
+            moving = set(transform.elements)
+            touched = [n for n, v in self.params.items() if v.is_floating_point()
+                       and any(s.name in moving for s, _ in spec.uses_of(n))]  # fmt: skip
+            for name in touched:
+                self.params[name] = apply_to_param(spec, name, self.params[name], transform)
         error = float("inf")
         try:
-            error = output_error(self.reference, self._run(self.params))
+            error = output_error(self.reference, self._run())
             return error
         finally:
             if keep_within is None or not error <= keep_within:
-                back = transform.inverse()
-                for name in touched:
-                    self.params[name] = apply_to_param(spec, name, self.params[name], back)
+                if self._moved is not None:
+                    self._moved.moves.pop()
+                elif touched:
+                    back = transform.inverse()
+                    for name in touched:
+                        self.params[name] = apply_to_param(spec, name, self.params[name], back)
 
     def random_error(
         self,
@@ -192,7 +258,7 @@ def check_spec(
     spec: SymmetrySpec,
     example_inputs: ExampleInputs,
     *,
-    params: Params | None = None,
+    params: Mapping[str, Tensor] | None = None,
     kwargs: Mapping[str, Any] | None = None,
     seed: int = 0,
     rtol: float = 1e-5,

@@ -15,7 +15,9 @@ stream's space becomes :class:`~lmckit.groups.Orthogonal` (RMSNorm) or
 :class:`~lmckit.groups.CenteredOrthogonal` (LayerNorm).
 
 Everything is read from the graph: the scale sites found by the analysis and, for each,
-the readers its output flows into.
+the readers its output flows into. The folded model is a :class:`FoldedParams`: each
+reader is multiplied by its scale when it is read, so folding a bfloat16 model costs no
+float32 copy of it.
 """
 
 from __future__ import annotations
@@ -24,12 +26,67 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
+from torch import Tensor
 
-from lmckit.params import Params
+from lmckit.params import LazyParams
 from lmckit.spec.infer import SymmetryAnalysis
 from lmckit.spec.readers import Reader, readers_of
 
-__all__ = ["FoldedScales", "Reader", "fold_norm_scales", "readers_of"]
+__all__ = ["FoldedParams", "FoldedScales", "Reader", "fold_norm_scales", "readers_of"]
+
+
+class FoldedParams(LazyParams):
+    """Parameters with norm scales folded into their readers, computed when read.
+
+    A reader's weight is read as the stored weight times its scale along its input
+    axis, in float32 at least (a bfloat16 model is rounded once, when a result is
+    stored, not here); the few tensors folding changes otherwise (scales, shifts,
+    readers' biases) are held. Everything else is the source's own tensor.
+
+    Args:
+        source: the parameters as given; not modified.
+        factors: reader weight key -> ``(scale, axis)`` pairs multiplied into it (the
+            scale in the dtype the weight is read in, as long as its axis).
+        replaced: keys -> their folded values (scales, shifts, biases).
+    """
+
+    def __init__(
+        self,
+        source: Mapping[str, Tensor],
+        factors: Mapping[str, list[tuple[Tensor, int]]],
+        replaced: Mapping[str, Tensor],
+    ) -> None:
+        super().__init__(source)
+        self.factors, self.replaced = dict(factors), dict(replaced)
+
+    def __getitem__(self, key: str) -> Tensor:
+        if key in self.replaced:
+            return self.replaced[key]
+        value = self.source[key]
+        factors = self.factors.get(key)
+        if not factors:
+            return value
+        out = value.to(_wide(value.dtype), copy=True)  # one new tensor, scaled in place
+        for scale, axis in factors:
+            out.movedim(axis, -1).mul_(scale)
+        return out
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        if key in self.replaced:
+            return self.replaced[key].dtype
+        dtype = self.source[key].dtype
+        return _wide(dtype) if key in self.factors else dtype
+
+    def stored_dtype(self, key: str) -> torch.dtype:
+        return self.source[key].dtype
+
+    def meta(self, key: str) -> Tensor:
+        return torch.empty(self.source[key].shape, dtype=self.dtype_of(key), device="meta")
+
+
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """Folded products are computed in float32 at least."""
+    return torch.promote_types(dtype, torch.float32)
 
 
 @dataclass(frozen=True)
@@ -37,7 +94,8 @@ class FoldedScales:
     """The result of :func:`fold_norm_scales`.
 
     Attributes:
-        params: the parameters with every foldable scale folded (scales set to one).
+        params: the parameters with every foldable scale folded (scales set to one),
+            each reader computed when read.
         scales: keys of the folded scale and shift parameters (now scaling by one: all
             ones, or all zeros for a scale stored as ``1 + w``; shifts all zeros).
         readers: key of each reader weight that absorbed a scale (or shift) -> its key.
@@ -47,14 +105,14 @@ class FoldedScales:
             :func:`lmckit.spec.untie.untied_module`, the scale folds).
     """
 
-    params: Params
+    params: FoldedParams
     scales: frozenset[str]
     readers: dict[str, str]
     skipped: tuple[str, ...]
     tied: dict[str, str] = field(default_factory=dict)
 
 
-def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales:
+def fold_norm_scales(analysis: SymmetryAnalysis, params: Mapping[str, Tensor]) -> FoldedScales:
     """Fold every norm scale whose value only linear layers read (see module docstring).
 
     Args:
@@ -68,15 +126,16 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
     users_of: dict[str, int] = {}
     for ph, key in graph_params.items():  # a tied weight may be lifted more than once
         users_of[key] = users_of.get(key, 0) + len(nodes[ph].users)
-    out = dict(params)
-    # folded products are kept in float32 at least: a bfloat16 model is rounded once,
-    # when it is written, not once here and again when it is moved
-    wide = {k: torch.promote_types(v.dtype, torch.float32) for k, v in params.items()
-            if v.is_floating_point()}  # fmt: skip
+    replaced: dict[str, Tensor] = {}
+    factors: dict[str, list[tuple[Tensor, int]]] = {}
     folded: set[str] = set()
     readers: dict[str, str] = {}
     skipped: list[str] = []
     tied: dict[str, str] = {}
+
+    def current(key: str) -> Tensor:
+        return replaced[key] if key in replaced else params[key]
+
     for site in analysis.scales:
         if site.weight is None:
             continue  # affine-free; a LayerNorm's shift writes the stream (it stays)
@@ -90,30 +149,37 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Params) -> FoldedScales
             skipped.append(f"{scale}: its reader {shared[0].weight} is also used elsewhere (tied)")
             tied |= _own_keys(shared, analysis.traced.aliases)
             continue
-        g = out[scale].double() + site.offset
+        g = current(scale).double() + site.offset
         shift = graph_params[site.bias] if site.bias is not None else None
         biased = all(r.bias is not None and users_of.get(r.bias, 0) == 1 for r in found)
         if shift is not None and not biased and not bool((g.abs() > 1e-6 * g.abs().max()).all()):
             skipped.append(f"{scale}: a reader has no bias and the scale has zeros")
             continue
         for r in found:
-            w64 = out[r.weight].double().movedim(r.axis, -1)  # (..., in)
+            weight = params[r.weight]
             if shift is not None and biased:
                 # W (g * z + b) + c = (W diag g) z + (W b + c): the readers take the shift
-                bias = out[r.bias]  # type: ignore[index]
-                out[r.bias] = (bias.double() + w64 @ out[shift].double()).to(wide[r.bias])  # type: ignore[index]
-            out[r.weight] = (w64 * g).movedim(-1, r.axis).to(wide[r.weight])
+                assert r.bias is not None
+                w64 = FoldedParams(params, factors, {})[r.weight].double().movedim(r.axis, -1)
+                bias = current(r.bias)
+                replaced[r.bias] = (bias.double() + w64 @ current(shift).double()).to(
+                    _wide(bias.dtype)
+                )
+                del w64
+            factors.setdefault(r.weight, []).append((g.to(_wide(weight.dtype)), r.axis))
             readers[r.weight] = scale
         if shift is not None:
             # no reader bias: g * z + b = g * (z + b / g), the shift stays and writes the
             # stream (a LayerNorm with a uniform scale keeps the maps fixing the mean)
+            value = current(shift)
             if biased:
-                out[shift] = torch.zeros_like(out[shift])
+                replaced[shift] = torch.zeros_like(value)
                 folded.add(shift)
             else:
-                out[shift] = (out[shift].double() / g).to(wide[shift])
-        out[scale] = torch.full_like(out[scale], 1.0 - site.offset)  # offset + w = 1
+                replaced[shift] = (value.double() / g).to(_wide(value.dtype))
+        replaced[scale] = torch.full_like(current(scale), 1.0 - site.offset)  # offset + w = 1
         folded.add(scale)
+    out = FoldedParams(params, factors, replaced)
     return FoldedScales(out, frozenset(folded), readers, tuple(skipped), tied)
 
 

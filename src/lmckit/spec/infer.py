@@ -14,9 +14,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
-from lmckit.params import Params, module_params
+from lmckit.params import module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import FunctionCheck, drop_failing
 from lmckit.spec.emit import Emitted, emit_spaces
@@ -74,7 +74,7 @@ def analyze_symmetries(
     *,
     kwargs: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
-    params: Params | None = None,
+    params: Mapping[str, Tensor] | None = None,
     uniform: Iterable[str] = (),
     check: bool = True,
     seed: int = 0,
@@ -176,7 +176,7 @@ def decide_all_at_once(
     hopeful, routers = experts_first_choices(analysis, hopeful)
     hopeful = gates_first_choices(analysis, hopeful)
     spec = SymmetrySpec(tuple(hopeful))
-    spec.validate(function.params)
+    spec.validate(function.layout)
     tolerance = 1e-5 * function.scale
     draws = DRAWS if routers else 1
     for k in range(draws):
@@ -192,7 +192,7 @@ def infer_spec(
     *,
     kwargs: Mapping[str, Any] | None = None,
     names: Mapping[str, str] | None = None,
-    params: Params | None = None,
+    params: Mapping[str, Tensor] | None = None,
     uniform: Iterable[str] = (),
     check: bool = True,
     seed: int = 0,

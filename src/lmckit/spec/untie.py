@@ -14,8 +14,9 @@ shares every other submodule and tensor.
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 
-from torch import nn
+from torch import Tensor, nn
 
 from lmckit.params import Params
 
@@ -60,7 +61,7 @@ def untied_module(module: nn.Module, keys: dict[str, str]) -> nn.Module:
     return root
 
 
-def untied_params(params: Params, keys: dict[str, str]) -> Params:
+def untied_params(params: Mapping[str, Tensor], keys: dict[str, str]) -> Params:
     """``params`` with an entry for every untied key: the shared tensor (not copied)."""
     return {**params, **{key: params[tied] for key, tied in keys.items()}}
 

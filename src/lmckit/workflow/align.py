@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -51,9 +52,10 @@ class AlignedPair:
     Attributes:
         module: the architecture of the aligned B (its form: folded norm scales,
             RMSNorm, circuits, ...).
-        params: B aligned to A, in that form.
+        params: B aligned to A, in that form, each tensor in B's stored dtype.
         reference: A in the same form when that differs from A as given (measure
-            barriers against it), else ``None``.
+            barriers against it), else ``None``; folded norm scales are computed when
+            read (:class:`~lmckit.spec.fold.FoldedParams`).
         result: the aligner's result (transform, per-space diagnostics).
         form: description of the form, empty when nothing was done.
         same_architecture: ``module`` is the given models' architecture (the result is
@@ -66,7 +68,7 @@ class AlignedPair:
 
     module: nn.Module
     params: Params
-    reference: Params | None
+    reference: Mapping[str, Tensor] | None
     result: AlignmentResult
     form: str
     same_architecture: bool
@@ -295,7 +297,9 @@ def _path_midpoint_loss(
     """Training loss of the midpoint of A and B aligned, on the path ``choice`` measures
     (heads interpolated as circuits when its path says so)."""
     aligned = apply(form.spec, form.b, result.transform)
-    module, pa, pb = form.module, form.a, aligned
+    module: nn.Module = form.module
+    pa: Mapping[str, Tensor] = form.a
+    pb: Mapping[str, Tensor] = aligned
     if choice.path_circuits and not choice.circuits:
         circuit = aligned_form(module, pa, pb, circuits=True)
         module, pa, pb = circuit.module, circuit.a, circuit.b

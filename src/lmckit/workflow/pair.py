@@ -149,7 +149,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
             )
             if changes and recorded_form(model.path) is None:
                 form = model_in_form(_float32(model), choice)
-                formed.append((form.module, form.a))
+                formed.append((form.module, dict(form.a)))
                 if form.form:
                     name = model.path.name if model.path is not None else "the model"
                     notes.append(f"{name} put in {form.form}")
@@ -170,7 +170,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
         form = aligned_form(module, pa, pb, circuits=True)
         if form.module is not module:
             notes.append("heads interpolated as circuits")
-        module, pa, pb = form.module, form.a, form.b
+        module, pa, pb = form.module, dict(form.a), dict(form.b)
     same = written_alike(module, a.module)
     return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
 
@@ -266,7 +266,7 @@ def simplex_barrier(
     models = [c.params for c in checkpoints]
     if circuits:
         forms = [aligned_form(model, m, m, circuits=True) for m in models]
-        model, models = forms[0].module, [f.a for f in forms]
+        model, models = forms[0].module, [dict(f.a) for f in forms]
     check_data_fits(model, data)
     fix = resolve_fix(model, settings.fix)
     info: dict[str, Any] = {**(meta or {}), "align": align, "circuits": circuits}

@@ -46,6 +46,7 @@ from lmckit.params import (
     Params,
     check_compatible,
     check_finite,
+    layout,
 )
 from lmckit.symmetry import SymmetrySpec, Transform, random_transform
 
@@ -243,14 +244,16 @@ def _check_init(spec: SymmetrySpec, init: Transform, start: Transform) -> None:
 def _checked_widths(spec: SymmetrySpec, params_a: Params, params_b: Params) -> dict[str, int]:
     """Each space's width in A, after checking the pair fits the spec and is finite."""
     # compatibility first: models of different widths must be reported as such (naming
-    # the first mismatched parameter), not as a spec that does not fit one of them
+    # the first mismatched parameter), not as a spec that does not fit one of them; on
+    # shapes alone (a lazily computed tensor is not built for this)
+    shapes_a, shapes_b = layout(params_a), layout(params_b)
     if any(s.group.rectangular for s in spec):
-        spec.validate(params_b)
-        widths = space_widths(spec, params_a)
-        _check_widths(spec, params_a, params_b, widths)
+        spec.validate(shapes_b)
+        widths = space_widths(spec, shapes_a)
+        _check_widths(spec, shapes_a, shapes_b, widths)
     else:
-        check_compatible(params_a, params_b)
-        spec.validate(params_b)
+        check_compatible(shapes_a, shapes_b)
+        spec.validate(shapes_b)
         widths = {s.name: s.n for s in spec}
     check_finite(params_a, what="first model")
     check_finite(params_b, what="second model")

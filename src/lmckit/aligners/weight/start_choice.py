@@ -15,12 +15,12 @@ on.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from lmckit.aligners.result import AlignmentResult
 from lmckit.data import Dataset, batches
@@ -57,8 +57,8 @@ class StartChoice(AlignmentResult):
 
 def midpoint_loss(
     model: nn.Module,
-    params_a: Params,
-    params_b: Params,
+    params_a: Mapping[str, Tensor],
+    params_b: Mapping[str, Tensor],
     data: Dataset,
     *,
     targets: int = 32768,

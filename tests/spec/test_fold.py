@@ -1,0 +1,86 @@
+"""Norm scales folded into their readers (:mod:`lmckit.spec.fold`), on a bfloat16 Llama."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from lmckit.groups import Orthogonal
+from lmckit.params import Float32View, module_params, stored_params
+from lmckit.recipe import default_inputs
+from lmckit.spec import analyze_symmetries, infer_spec
+from lmckit.spec.fold import FoldedParams, fold_norm_scales
+from lmckit.symmetry import apply, random_transform
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def llama() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    config = transformers.LlamaConfig(
+        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        use_cache=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    module = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in module.parameters():  # norm scales that are not all ones
+            p.add_(0.1 * torch.randn_like(p))
+    module = module.to(torch.bfloat16)
+    return module, dict(module_params(module))
+
+
+def _outputs(module: torch.nn.Module, params: dict[str, torch.Tensor]) -> torch.Tensor:
+    inputs = default_inputs(module)
+    wide = {k: v.float() if v.is_floating_point() else v for k, v in params.items()}
+    with torch.no_grad():
+        return functional_call(module, wide, (inputs[0],), {"use_cache": False}).logits
+
+
+def test_the_folded_model_computes_the_same_function_and_holds_no_copy(llama) -> None:
+    module, params = llama
+    analysis = analyze_symmetries(module, default_inputs(module), params=params, check=False)
+    folded = fold_norm_scales(analysis, params)
+    assert isinstance(folded.params, FoldedParams)
+    assert folded.readers  # q/k/v, gate/up and the LM head read a norm
+    torch.testing.assert_close(
+        _outputs(module, dict(folded.params)), _outputs(module, params), rtol=1e-4, atol=1e-4
+    )
+    # everything but the scales themselves is the source's own tensor or computed when
+    # read: the folded model holds no float32 copy of a bfloat16 one
+    held = sum(v.numel() * v.element_size() for v in folded.params.replaced.values())
+    scales = sum(params[k].numel() * params[k].element_size() for k in folded.scales)
+    assert held <= 2 * scales
+    for key in params:
+        if key not in folded.params.replaced and key not in folded.params.factors:
+            assert folded.params[key] is params[key]
+    # a reader is its stored weight times the norm's scale on its input axis, in float32
+    reader, scale = next(iter(folded.readers.items()))
+    expected = params[reader].double() * params[scale].double()
+    assert folded.params[reader].dtype == torch.float32
+    torch.testing.assert_close(folded.params[reader].double(), expected, rtol=1e-6, atol=0)
+
+
+def test_a_folded_model_is_moved_in_float32_and_kept_in_its_stored_dtype(llama) -> None:
+    module, params = llama
+    analysis = analyze_symmetries(module, default_inputs(module), params=params, check=False)
+    folded = fold_norm_scales(analysis, params)
+    spec = infer_spec(module, default_inputs(module), params=folded.params, uniform=folded.scales)
+    assert isinstance(spec["residual"].group, Orthogonal)
+    transform = random_transform(spec, 0)
+    moved = apply(spec, folded.params, transform)
+    assert {v.dtype for v in moved.values() if v.is_floating_point()} == {torch.bfloat16}
+    # rounded once: the float32 result of the whole float32 folded model, rounded
+    whole = apply(spec, dict(folded.params), transform)
+    for key, value in moved.items():
+        assert torch.equal(value, whole[key].to(value.dtype)), key
+    # and what is stored of the folded model is it, rounded once
+    stored = stored_params(folded.params)
+    assert all(torch.equal(stored[k], folded.params[k].to(params[k].dtype)) for k in params)
+    # weight matching reads it through a float32 view: each tensor computed when read
+    view = Float32View(folded.params)
+    reader = next(iter(folded.readers))
+    assert set(view) == set(params)
+    assert torch.equal(view[reader], folded.params[reader])
