@@ -90,6 +90,36 @@ def test_align_keeps_dtype_shards_files_and_writes_a_card(sharded_pair, tmp_path
     assert "## The source's model card" in card and "Trained on nothing at all." in card
 
 
+def test_the_sources_tensors_go_straight_into_its_shards(sharded_pair, tmp_path, monkeypatch):
+    """Aligned weights are the source's tensors under its names and shapes: each is
+    written into the source's shard files as it is read, without a transformers model
+    built around them (that would hold a second copy of the model)."""
+    import lmckit.hf.save as save
+    from lmckit.io import save_model
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a module was built to write the weights")
+
+    monkeypatch.setattr(save, "build_module", refuse)
+    a, b = sharded_pair
+    out = tmp_path / "rotated"
+    _run("align", a, b, "--symmetry", "orthogonal", "--out", out, "--quiet")
+    # B and A with their norm scales folded, rotated, stored as B is
+    assert stored_layout(out) == stored_layout(b) == stored_layout(out / "reference")
+    ids = torch.randint(0, 61, (2, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits_out = auto_load("llama", out)(ids).logits.float()
+        logits_b = auto_load("llama", b)(ids).logits.float()
+        logits_ref = auto_load("llama", out / "reference")(ids).logits.float()
+        logits_a = auto_load("llama", a)(ids).logits.float()
+    torch.testing.assert_close(logits_out, logits_b, rtol=0, atol=5e-2)
+    torch.testing.assert_close(logits_ref, logits_a, rtol=0, atol=5e-2)
+    # a changed config is not the source's layout: transformers builds and saves it
+    loaded = lmckit.load_model(b)
+    with pytest.raises(AssertionError, match="a module was built"):
+        save_model(tmp_path / "eps", loaded, loaded.params, config_changes={"rms_norm_eps": 1e-5})
+
+
 def test_dtype_option_and_the_library_store_what_is_asked(sharded_pair, tmp_path) -> None:
     a, b = sharded_pair
     out = tmp_path / "f32"

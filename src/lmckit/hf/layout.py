@@ -3,8 +3,9 @@
 An output keeps its input's storage: the same floating dtype (bfloat16 in, bfloat16 out)
 and, for a sharded input, the same shard files holding the same weights, with a
 ``model.safetensors.index.json``. :func:`stored_layout` reads it from the safetensors
-headers and the index (no weights are read); :func:`reshard` splits a folder written as
-one file (or in other shards) into that layout, tensor by tensor.
+headers and the index (no weights are read); :func:`write_shards` writes tensors into
+such a layout one at a time, and :func:`reshard` splits a folder written as one file (or
+in other shards) into it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from safetensors import safe_open
 from lmckit.hf.files import read_hf_header, shard_map, weights_path
 from lmckit.hf.shardfile import stored_dtype, write_safetensors
 
-__all__ = ["INDEX_FILE", "StoredLayout", "reshard", "stored_layout"]
+__all__ = ["INDEX_FILE", "StoredLayout", "reshard", "stored_layout", "write_index", "write_shards"]
 
 #: The shard index ``transformers`` writes and reads beside safetensors shards.
 INDEX_FILE = "model.safetensors.index.json"
@@ -89,9 +91,6 @@ def reshard(folder: Path, shards: dict[str, str]) -> None:
     plan: dict[str, list[str]] = {shard: [] for shard in order}
     for name in where:
         plan[shards.get(name, order[-1])].append(name)
-    total = 0
-    weight_map: dict[str, str] = {}
-    written = []
     shapes: dict[str, tuple[torch.dtype, list[int]]] = {}
     for file in old_files:  # the headers only: no tensor is read here
         with safe_open(file, framework="pt") as f:
@@ -104,21 +103,42 @@ def reshard(folder: Path, shards: dict[str, str]) -> None:
         with safe_open(where[name], framework="pt") as f:
             return f.get_tensor(name)
 
-    for shard, names in plan.items():
-        if not names:
-            continue
-        staging = folder / (shard + ".partial")
-        # one tensor in memory at a time: read, written, let go
-        block = {name: shapes[name] for name in names}
-        total += write_safetensors(staging, block, read, metadata={"format": "pt"})
-        written.append((staging, folder / shard))
-        weight_map.update(dict.fromkeys(names, shard))
+    weight_map, total = write_shards(folder, plan, shapes, read, suffix=".partial")
     for file in old_files:
         file.unlink()
     index = folder / INDEX_FILE
     if index.exists():
         index.unlink()
-    for staging, final in written:
-        staging.rename(final)
+    for shard in set(weight_map.values()):
+        (folder / (shard + ".partial")).rename(folder / shard)
+    write_index(folder, weight_map, total)
+
+
+def write_shards(
+    folder: Path,
+    plan: Mapping[str, Sequence[str]],
+    shapes: Mapping[str, tuple[torch.dtype, Sequence[int]]],
+    read: Callable[[str], torch.Tensor],
+    *,
+    suffix: str = "",
+) -> tuple[dict[str, str], int]:
+    """Write each file of ``plan`` (shard file -> the tensor names it holds, in order)
+    into ``folder`` (as ``file + suffix``), asking ``read(name)`` for one tensor at a time
+    (of the dtype and shape ``shapes`` announces): read, written, let go. Returns the
+    weight map (name -> shard file) and the bytes of tensor data."""
+    weight_map: dict[str, str] = {}
+    total = 0
+    for shard, names in plan.items():
+        if not names:
+            continue
+        block = {name: shapes[name] for name in names}
+        target = folder / (shard + suffix)
+        total += write_safetensors(target, block, read, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(names, shard))
+    return weight_map, total
+
+
+def write_index(folder: Path, weight_map: Mapping[str, str], total: int) -> None:
+    """``model.safetensors.index.json`` of shards holding ``weight_map``'s tensors."""
     doc = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    index.write_text(json.dumps(doc, indent=2) + "\n")
+    (folder / INDEX_FILE).write_text(json.dumps(doc, indent=2) + "\n")

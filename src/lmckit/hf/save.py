@@ -1,8 +1,11 @@
 """Writing parameters back as a Hugging Face folder that ``transformers`` loads.
 
-:func:`save_hf` builds the source's class from its config (with the requested changes)
-holding the new parameters, lets ``transformers`` write it (``save_pretrained``:
-safetensors, its own on-disk names, a tied weight once), copies the source's other
+:func:`save_hf` writes parameters that are the source folder's own tensors (its names,
+shapes and config: an aligned or merged model) straight into the source's layout, one
+tensor at a time (:mod:`lmckit.hf.direct`); anything else it builds as the source's
+class from its config (with the requested changes) and lets ``transformers`` write
+(``save_pretrained``: safetensors, its own on-disk names, a tied weight once). It copies
+the source's other
 files (tokenizer, generation config, model card; never through a symbolic link out of
 the folder, never a file over 256 MiB) and adds :data:`~lmckit.outputs.HF_MARKER`
 (``lmckit.json``): lmckit's version, the source folder, the config changes, the caller's
@@ -26,6 +29,7 @@ from torch import Tensor
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
 from lmckit.hf.card import model_card
+from lmckit.hf.direct import direct_plan, write_direct
 from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf.layout import reshard, stored_layout
 from lmckit.hf.model import HFModel
@@ -127,7 +131,7 @@ def _stored_state(
     return state, _float_dtype(state, target)
 
 
-def _differing_ties(tied: Mapping[str, str], state: Params) -> list[tuple[str, str]]:
+def _differing_ties(tied: Mapping[str, str], state: Mapping[str, Tensor]) -> list[tuple[str, str]]:
     return [
         (target, source)
         for target, source in sorted(tied.items())
@@ -136,7 +140,11 @@ def _differing_ties(tied: Mapping[str, str], state: Params) -> list[tuple[str, s
 
 
 def _config_for(
-    cls: type, source: Mapping[str, Any], changes: dict[str, Any], state: Params, target: Path
+    cls: type,
+    source: Mapping[str, Any],
+    changes: dict[str, Any],
+    state: Mapping[str, Tensor],
+    target: Path,
 ) -> tuple[Any, list[list[str]]]:
     """The output's config (``source`` with ``changes``) and the weight pairs it unties.
 
@@ -177,15 +185,19 @@ def save_hf(
     config gets ``tie_word_embeddings: false`` and both are written. The weights are
     stored as the source folder stores its own (:mod:`lmckit.hf.layout`): in its
     floating dtype (values rounded once, here) and, when it is sharded, in the same
-    shard files with a ``model.safetensors.index.json``. A model card ``README.md`` says
-    what was done (:mod:`lmckit.hf.card`). Check ``path`` first with
+    shard files with a ``model.safetensors.index.json``; when ``params`` are the source's
+    tensors under its on-disk names and shapes, each is rounded and written as it is
+    read (a lazily computed tensor, e.g. of :class:`~lmckit.spec.fold.FoldedParams`, is
+    computed then), so writing costs one tensor, not a copy of the model. A model card
+    ``README.md`` says what was done (:mod:`lmckit.hf.card`). Check ``path`` first with
     :func:`lmckit.outputs.check_output_dir` (``kind="hf"``).
 
     Args:
         path: the folder to write; an existing one is replaced as a whole.
         like: the loaded source (class, config, files to copy).
         params: the weights, under ``like.params``' names (in-memory names; on-disk names
-            are accepted too), one floating dtype (written as is).
+            are accepted too), one floating dtype (written as is unless ``dtype`` or the
+            source's storage says otherwise).
         config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
         metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
         overwrite: also replace a non-empty folder lmckit did not write (``--force``).
@@ -213,30 +225,40 @@ def save_hf(
             f"cannot write {target}: config changes or metadata not JSON: {err}"
         ) from None
     layout = stored_layout(like.path)
-    state, dtype = _stored_state(params, dtype or layout.dtype, target)
-
+    dtype = dtype or layout.dtype
+    if dtype is not None and not dtype.is_floating_point:
+        raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
     transformers = import_transformers()
     cls = type(like.module)
-    config, untied = _config_for(cls, like.config, changes, state, target)
-
-    # a transformers PreTrainedModel (save_pretrained), typed as the nn.Module it is
-    module: Any = build_module(cls, config, state, dtype=dtype, where=target)
-    built = module.state_dict()
-    for key, value in state.items():
-        # build_module checked names and shapes; this guards against silent re-tying.
-        if key in built and not torch.equal(built[key], value):
-            raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
-    del built  # its tensors are the module's: freed with it once it is written
+    config, untied = _config_for(cls, like.config, changes, params, target)
+    # the source's own tensors go straight into its layout, one at a time; anything else
+    # is built as a module and saved by transformers
+    plan = direct_plan(like.path, layout, params, changes=changes, untied=untied,
+                       tied=tied_keys(cls, config))  # fmt: skip
+    module: Any = None  # a transformers PreTrainedModel (save_pretrained)
+    if plan is None:
+        state, dtype = _stored_state(params, dtype, target)
+        module = build_module(cls, config, state, dtype=dtype, where=target)
+        built = module.state_dict()
+        for key, value in state.items():
+            # build_module checked names and shapes; this guards against silent re-tying.
+            if key in built and not torch.equal(built[key], value):
+                raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
+        del built, state  # the module's tensors are written, then freed with it
 
     copies, not_copied = _files_to_copy(like.path)
     source_card = next((f for f in copies if f.name == CARD_FILE), None)
     copies = [f for f in copies if f.name != CARD_FILE]
     with atomic_dir(target) as tmp:
-        with quiet(transformers):
-            module.save_pretrained(tmp)
-        del module
-        if layout.shards is not None:
-            reshard(tmp, layout.shards)
+        if plan is not None:
+            write_direct(tmp, plan, params, {**like.config, **changes}, dtype,
+                         sharded=layout.shards is not None, what=str(target))  # fmt: skip
+        else:
+            with quiet(transformers):
+                module.save_pretrained(tmp)
+            del module
+            if layout.shards is not None:
+                reshard(tmp, layout.shards)
         for file in copies:
             # The source's generation config (and tokenizer files) win over defaults.
             shutil.copyfile(file, tmp / file.name)
