@@ -11,11 +11,12 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.models import create_model
-from lmckit.params import Params
+from lmckit.params import Params, layout
 from lmckit.symmetry import (
     Group,
     HeadPermutation,
     Invertible,
+    MovedParams,
     Orthogonal,
     Permutation,
     SemiPermutation,
@@ -169,6 +170,24 @@ def test_a_bfloat16_parameter_is_rotated_in_float32_and_rounded_once() -> None:
     for k in low:
         assert moved[k].dtype == torch.bfloat16
         assert torch.equal(moved[k], wide[k].to(torch.bfloat16)), k
+
+
+def test_moved_params_are_checked_when_made_and_computed_when_read() -> None:
+    _, params = _linear_net(5, 6, 3, seed=0)
+    low = {k: v.to(torch.bfloat16) for k, v in params.items()}
+    spec = _linear_spec(6, Orthogonal())
+    transform = random_transform(spec, 4)
+    moved = MovedParams(spec, low, transform)
+    # shapes and stored dtypes without computing; each tensor as apply computes it
+    assert {k: (v.shape, v.dtype) for k, v in layout(moved).items()} == {
+        k: (v.shape, v.dtype) for k, v in low.items()
+    }
+    whole = apply(spec, low, transform)
+    assert all(torch.equal(moved[k], whole[k]) for k in low)
+    # a transform that does not fit is refused when the view is made, as apply refuses it
+    spec5, _ = _mlp_spec(5)
+    with pytest.raises(ValueError, match=r"expects axis 0 of 'layers.0.weight' to have size 5"):
+        MovedParams(spec5, _mlp_spec(64)[1], random_transform(spec5, 0))
 
 
 def test_rectangular_orthogonal_embeds_a_narrow_linear_net(outputs) -> None:

@@ -424,7 +424,7 @@ def _aligned(
     pair: AlignedPair, a: LoadedModel, b: LoadedModel, timings: dict[str, float]
 ) -> Aligned:
     return Aligned(
-        params=pair.params,
+        params=stored_params(pair.params),
         # A in a folded form is computed when read: kept as stored, rounded once
         reference=stored_params(pair.reference) if pair.reference is not None else a.params,
         spec=pair.result.transform.spec,

@@ -26,6 +26,7 @@ __all__ = [
     "first_nonfinite",
     "interpolate",
     "layout",
+    "meta_of",
     "module_params",
     "stored_dtype",
     "stored_params",
@@ -88,12 +89,18 @@ def stored_dtype(params: Mapping[str, Tensor], key: str) -> torch.dtype:
     return params.stored_dtype(key) if isinstance(params, LazyParams) else params[key].dtype
 
 
+def meta_of(params: Mapping[str, Tensor], key: str) -> Tensor:
+    """``params[key]``'s shape and dtype as a tensor on the meta device (of a
+    :class:`LazyParams`: without computing it)."""
+    if isinstance(params, LazyParams):
+        return params.meta(key)
+    return torch.empty_like(params[key], device="meta")
+
+
 def layout(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
     """Every tensor's shape and dtype as a tensor on the meta device, for checks of fit
     that read no values (of a :class:`LazyParams`: without computing the tensors)."""
-    if isinstance(params, LazyParams):
-        return {k: params.meta(k) for k in params}
-    return {k: torch.empty_like(v, device="meta") for k, v in params.items()}
+    return {k: meta_of(params, k) for k in params}
 
 
 def stored_params(params: Mapping[str, Tensor]) -> Params:

@@ -41,7 +41,7 @@ from lmckit.groups import (
     SemiPermutation,
     SemiPermutationElement,
 )
-from lmckit.params import Params, as_params, stored_dtype
+from lmckit.params import LazyParams, Params, as_params, layout, meta_of, stored_dtype
 from lmckit.seeds import generator
 from lmckit.spaces import CircuitPart, HeadCircuits, Nest, Part, Probe, Space, SymmetrySpec, Use
 
@@ -51,6 +51,7 @@ __all__ = [
     "HeadCircuits",
     "HeadPermutation",
     "Invertible",
+    "MovedParams",
     "Nest",
     "CenteredOrthogonal",
     "Orthogonal",
@@ -324,34 +325,51 @@ def apply(
         TypeError: arguments of the wrong kind (a checkpoint for ``params``, ...), named.
         ValueError: an element that does not fit its space (see above).
     """
-    spec = as_spec(spec)
-    # a LazyParams is read tensor by tensor (never built whole beside the result)
-    params = as_params(params)
-    transform = as_transform(spec, transform)
-    check_transform(spec, params, transform)
-    acting: dict[str, list[Space]] = {}
-    for s in spec:
-        for u in s.uses:
-            acting.setdefault(u.param, []).append(s)
-    out: dict[str, Tensor] = {}
-    for name in params:
-        value = params[name]
+    moved = MovedParams(spec, params, transform)
+    return {name: moved[name] for name in moved}
+
+
+class MovedParams(LazyParams):
+    """``params`` moved by ``transform``, each tensor computed when read, exactly as
+    :func:`apply` computes it (checked the same way, when made): a model to write or
+    read once costs one tensor at a time, not a second model."""
+
+    def __init__(
+        self,
+        spec: SymmetrySpec,
+        params: Mapping[str, Tensor],
+        transform: Transform | Mapping[str, object],
+    ) -> None:
+        super().__init__(as_params(params))
+        self.spec = as_spec(spec)
+        self.transform = as_transform(self.spec, transform)
+        check_transform(self.spec, layout(self.source), self.transform)
+        self._acting: dict[str, list[Space]] = {}
+        for s in self.spec:
+            for u in s.uses:
+                self._acting.setdefault(u.param, []).append(s)
+
+    def __getitem__(self, name: str) -> Tensor:
+        value = self.source[name]
         if not value.is_floating_point():
-            out[name] = value
-            continue
-        keep = stored_dtype(params, name)
-        spaces = acting.get(name, [])
+            return value
+        keep = stored_dtype(self.source, name)
+        spaces = self._acting.get(name, [])
         if not spaces:
-            out[name] = value.to(keep)
-        elif all(s.group.gathers for s in spaces):
+            return value.to(keep)
+        if all(s.group.gathers for s in spaces):
             # permutations only gather entries: exact in any dtype, no wider copy
-            out[name] = apply_to_param(spec, name, value, transform).to(keep)
-        else:
-            # computed in float32 at least, rounded once to the parameter's own dtype
-            # (a rotation applied in bfloat16 would round the rotation first)
-            wide = value.to(torch.promote_types(value.dtype, torch.float32))
-            out[name] = apply_to_param(spec, name, wide, transform).to(keep)
-    return out
+            return apply_to_param(self.spec, name, value, self.transform).to(keep)
+        # computed in float32 at least, rounded once to the parameter's own dtype (a
+        # rotation applied in bfloat16 would round the rotation first)
+        wide = value.to(torch.promote_types(value.dtype, torch.float32))
+        return apply_to_param(self.spec, name, wide, self.transform).to(keep)
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        return stored_dtype(self.source, key)
+
+    def meta(self, key: str) -> Tensor:
+        return meta_of(self.source, key).to(self.dtype_of(key))
 
 
 def random_transform(

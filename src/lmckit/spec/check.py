@@ -18,7 +18,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.params import LazyParams, Params, as_module, layout, module_params
+from lmckit.params import LazyParams, Params, as_module, layout, meta_of, module_params
 from lmckit.params import dtype_of as read_dtype
 from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
 from lmckit.spec.trace import SpecInferenceError, prediction
@@ -113,9 +113,7 @@ class _Moved(LazyParams):
         return self.dtype if dtype.is_floating_point else dtype
 
     def meta(self, key: str) -> Tensor:
-        shape = (self.source.meta(key) if isinstance(self.source, LazyParams)
-                 else self.source[key]).shape  # fmt: skip
-        return torch.empty(shape, dtype=self.dtype_of(key), device="meta")
+        return meta_of(self.source, key).to(self.dtype_of(key))
 
 
 def _random_element(space: Space, generator: torch.Generator) -> object:

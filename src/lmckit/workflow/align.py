@@ -20,10 +20,9 @@ from lmckit.forms import FORMS, FormChoice, choose_form, possible_forms
 from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
 from lmckit.io import LoadedModel
 from lmckit.outputs import OutputKind
-from lmckit.params import Params
 from lmckit.recipe import AlignForm, aligned_form, check_symmetry, written_alike
 from lmckit.spec.inputs import ExampleInputs
-from lmckit.symmetry import SymmetrySpec, apply
+from lmckit.symmetry import MovedParams, SymmetrySpec, apply
 
 __all__ = [
     "ALIGN_METHODS",
@@ -52,7 +51,9 @@ class AlignedPair:
     Attributes:
         module: the architecture of the aligned B (its form: folded norm scales,
             RMSNorm, circuits, ...).
-        params: B aligned to A, in that form, each tensor in B's stored dtype.
+        params: B aligned to A, in that form, each tensor in B's stored dtype and
+            computed when read (:class:`~lmckit.symmetry.MovedParams`; a plain dict
+            after ``head_bases``).
         reference: A in the same form when that differs from A as given (measure
             barriers against it), else ``None``; folded norm scales are computed when
             read (:class:`~lmckit.spec.fold.FoldedParams`).
@@ -67,7 +68,7 @@ class AlignedPair:
     """
 
     module: nn.Module
-    params: Params
+    params: Mapping[str, Tensor]
     reference: Mapping[str, Tensor] | None
     result: AlignmentResult
     form: str
@@ -229,9 +230,12 @@ def align_models(
         runs = [runs[best]]
     choice, form, masks, options, result = runs[0]
     spec, pa, pb = form.spec, form.a, form.b
-    aligned = apply(spec, pb, result.transform)
+    aligned: Mapping[str, Tensor]
     if head_bases:
-        aligned = head_bases_matching(spec, pa, aligned).apply(aligned)
+        moved = apply(spec, pb, result.transform)
+        aligned = head_bases_matching(spec, pa, moved).apply(moved)
+    else:  # moved as it is written (one tensor at a time), not as a second model beside B
+        aligned = MovedParams(spec, pb, result.transform)
     metadata = _metadata(info, symmetry, seed, head_bases, config, choice, form, result)
     if "row_masks" in options:
         metadata["masked_rows"] = {k: int((~m).sum()) for k, m in masks.items()}
