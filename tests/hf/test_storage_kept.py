@@ -16,6 +16,7 @@ from tests.tiny_models import auto_load, build_hf_folder
 import lmckit
 from lmckit.cli import main
 from lmckit.hf.layout import INDEX_FILE, stored_layout
+from lmckit.params import interpolate
 
 CARD = "---\nlicense: mit\n---\n\n# the source model\n\nTrained on nothing at all.\n"
 
@@ -138,9 +139,13 @@ def test_dtype_option_and_the_library_store_what_is_asked(sharded_pair, tmp_path
 def test_merge_keeps_the_storage_too(sharded_pair, tmp_path) -> None:
     a, b = sharded_pair
     out = tmp_path / "merged"
-    _run("merge", a, b, "--out", out)
+    _run("merge", a, b, "--t", "0.25", "--out", out)
     assert stored_layout(out) == stored_layout(a)
     assert "| model A (t = 0) |" in (out / "README.md").read_text()
+    # the average each tensor is written as: summed in float32, rounded once
+    got, want = _tensors(out), interpolate(_tensors(a), _tensors(b), 0.25)
+    assert got.keys() == want.keys()
+    assert all(torch.equal(got[k], want[k]) for k in want)
 
 
 def test_a_float16_single_file_stays_one(tmp_path) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import click
 import torch
+from torch import Tensor
 
 from lmckit.checkpoint import save
 from lmckit.cli.common import (
@@ -26,6 +28,8 @@ from lmckit.io import model_format, save_model
 from lmckit.measure import evaluate_split
 from lmckit.models import ZooModel
 from lmckit.outputs import OutputKind
+from lmckit.params import check_compatible
+from lmckit.streamed import LinearPoint
 from lmckit.workflow import merge_pair, path_form, recorded_form
 
 __all__ = ["command"]
@@ -89,7 +93,13 @@ def command(
     if form.note:
         click.echo(f"form (as `lmckit align` recorded): {form.note}")
     data = load_dataset(data_spec) if (fix != "none" or data_spec) else None
-    merged = merge_pair(form.module, form.a, form.b, t=t, fix=fix, data=data)
+    merged: Mapping[str, Tensor]
+    if data is None:
+        # the plain average, computed tensor by tensor as it is written (no third model)
+        check_compatible(form.a, form.b)
+        merged = LinearPoint(form.a, form.b, t, None)
+    else:
+        merged = merge_pair(form.module, form.a, form.b, t=t, fix=fix, data=data)
     meta: dict[str, Any] = {
         "a": model_a,
         "b": model_b,
@@ -102,14 +112,14 @@ def command(
     if form.choice is not None:
         meta["form_choice"] = form.choice.to_dict()
     if data is not None:
-        m = evaluate_split(form.module, merged, data)
+        m = evaluate_split(form.module, dict(merged), data)
         meta.update(test_loss=m.loss, test_acc=m.acc)
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
     if form.same_as_a:
         save_model(out, a, merged, metadata=meta, dtype=stored)
     else:
         assert isinstance(form.module, ZooModel)  # a form of lmckit's own model
-        save(out, form.module, merged, metadata=meta)
+        save(out, form.module, dict(merged), metadata=meta)
     click.echo(f"wrote {out}")
 
 
