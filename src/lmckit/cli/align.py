@@ -176,8 +176,8 @@ def command(
     choice = choose_pair_form(
         a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases
     )
-    # A's spec is inferred (and checked, on a float32 copy of A) before B is read, so
-    # that copy never sits beside both models: the peak of a large pair
+    # A's spec is inferred (and checked: on a float64 copy of a model up to 134M
+    # parameters) before B is read, so that copy never sits beside both models
     spec = None if choice.to_zoo else spec_of(a.module)
     b = load_like(a, model_b, dtype=read_as)
     kind = align_output_kind(b, choice)

@@ -189,7 +189,8 @@ def align_models(
             model's own.
         spec: A's module's own spec (:func:`lmckit.recipe.spec_of`) if the caller has
             inferred it already, e.g. before loading B (the inference checks the spec on
-            a float32 copy of A: done first, that copy is never beside both models).
+            a float64 copy of a model up to 134M parameters: done first, that copy is
+            never beside both models).
 
     Raises:
         ValueError: a user mistake (unknown method, missing data, incompatible options, a
