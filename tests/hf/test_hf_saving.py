@@ -213,6 +213,7 @@ def test_bad_params_write_nothing(hf_folder, tmp_path: Path) -> None:
         "unexpected extra.weight": {**params, "extra.weight": torch.zeros(2)},
         f"{key} has shape \\(36, 32\\)": {**params, key: params[key][:-1]},
         "contains NaN": {**params, key: torch.full_like(params[key], float("nan"))},
+        "params must map names to tensors": {**params, key: 3.0},
     }
     existing = save_hf(tmp_path / "out", model, params)
     # params of several floating dtypes are all stored in the folder's own

@@ -5,12 +5,12 @@ shapes and config: an aligned or merged model) straight into the source's layout
 tensor at a time (:mod:`lmckit.hf.direct`); anything else it builds as the source's
 class from its config (with the requested changes) and lets ``transformers`` write
 (``save_pretrained``: safetensors, its own on-disk names, a tied weight once). It copies
-the source's other
-files (tokenizer, generation config, model card; never through a symbolic link out of
-the folder, never a file over 256 MiB) and adds :data:`~lmckit.outputs.HF_MARKER`
-(``lmckit.json``): lmckit's version, the source folder, the config changes, the caller's
-metadata and the list of files written, which marks the folder as lmckit's own for
-:func:`lmckit.outputs.is_lmckit_output`. The folder appears at once (atomic rename).
+the source's other files (tokenizer, generation config, model card; never through a
+symbolic link out of the folder, never a file over 256 MiB) and adds
+:data:`~lmckit.outputs.HF_MARKER` (``lmckit.json``): lmckit's version, the source folder,
+the config changes, the caller's metadata and the list of files written, which marks the
+folder as lmckit's own for :func:`lmckit.outputs.is_lmckit_output`. The folder appears
+at once (atomic rename).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf.layout import reshard, stored_layout
 from lmckit.hf.model import HFModel
 from lmckit.outputs import HF_MARKER, check_output_dir
-from lmckit.params import Params, check_finite
+from lmckit.params import LazyParams, Params, check_finite
 
 __all__ = ["CARD_FILE", "WEIGHT_SUFFIXES", "save_hf"]
 
@@ -90,6 +90,11 @@ def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     return copies, refused
 
 
+def _check_entry(key: object, value: object, target: Path) -> None:
+    if not isinstance(key, str) or not isinstance(value, Tensor):
+        raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
+
+
 def _checked_params(
     params: Mapping[str, Tensor], target: Path, dtype: torch.dtype | None = None
 ) -> Params:
@@ -98,8 +103,7 @@ def _checked_params(
     beside the others)."""
     state: Params = {}
     for key, value in params.items():
-        if not isinstance(key, str) or not isinstance(value, Tensor):
-            raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
+        _check_entry(key, value, target)
         value = value.detach()
         if dtype is not None and value.is_floating_point():
             value = value.to(dtype)
@@ -228,6 +232,9 @@ def save_hf(
     dtype = dtype or layout.dtype
     if dtype is not None and not dtype.is_floating_point:
         raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
+    if not isinstance(params, LazyParams):  # a lazy mapping computes tensors by design
+        for key, value in params.items():
+            _check_entry(key, value, target)
     transformers = import_transformers()
     cls = type(like.module)
     config, untied = _config_for(cls, like.config, changes, params, target)
