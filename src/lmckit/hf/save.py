@@ -149,26 +149,29 @@ def _config_for(
     changes: dict[str, Any],
     state: Mapping[str, Tensor],
     target: Path,
-) -> tuple[Any, list[list[str]]]:
-    """The output's config (``source`` with ``changes``) and the weight pairs it unties.
+) -> tuple[Any, list[list[str]], dict[str, str]]:
+    """The output's config (``source`` with ``changes``), the weight pairs it unties and
+    the ``{target: source}`` weights it still ties.
 
     Weights tied when loaded that no longer are (an aligned LM head) untie the config,
     recorded in ``changes``, so that both are written and loaded as they are.
     """
     raw = {**source, **changes}
     config = make_config(raw, target)
-    differ = _differing_ties(tied_keys(cls, config), state)
+    tied = tied_keys(cls, config)
+    differ = _differing_ties(tied, state)
     untied: list[list[str]] = []
     if differ and getattr(config, "tie_word_embeddings", False):
         changes["tie_word_embeddings"] = False
         raw["tie_word_embeddings"] = False
         config = make_config(raw, target)
         untied = [list(pair) for pair in differ]
-        differ = _differing_ties(tied_keys(cls, config), state)
+        tied = tied_keys(cls, config)
+        differ = _differing_ties(tied, state)
     if differ:
         t, s = differ[0]
         raise HFError(f"cannot write {target}: {cls.__name__} ties {t} to {s}, but they differ")
-    return config, untied
+    return config, untied, tied
 
 
 def save_hf(
@@ -237,11 +240,10 @@ def save_hf(
             _check_entry(key, value, target)
     transformers = import_transformers()
     cls = type(like.module)
-    config, untied = _config_for(cls, like.config, changes, params, target)
+    config, untied, tied = _config_for(cls, like.config, changes, params, target)
     # the source's own tensors go straight into its layout, one at a time; anything else
     # is built as a module and saved by transformers
-    plan = direct_plan(like.path, layout, params, changes=changes, untied=untied,
-                       tied=tied_keys(cls, config))  # fmt: skip
+    plan = direct_plan(like.path, layout, params, changes=changes, untied=untied, tied=tied)
     module: Any = None  # a transformers PreTrainedModel (save_pretrained)
     if plan is None:
         state, dtype = _stored_state(params, dtype, target)
