@@ -22,11 +22,13 @@ __all__ = [
     "average_tensor",
     "check_compatible",
     "check_finite",
+    "device_of",
     "dtype_of",
     "first_nonfinite",
     "interpolate",
     "layout",
     "meta_of",
+    "rows_of",
     "module_params",
     "stored_dtype",
     "stored_params",
@@ -77,6 +79,11 @@ class LazyParams(Mapping[str, Tensor], ABC):
         computed once; subclasses that know the shape say so without computing)."""
         return torch.empty_like(self[key], device="meta")
 
+    def rows(self, key: str, start: int, stop: int) -> Tensor:
+        """``self[key][start:stop]`` (default: the whole tensor computed, then sliced;
+        subclasses that can compute a block of rows alone say so)."""
+        return self[key][start:stop]
+
 
 def dtype_of(params: Mapping[str, Tensor], key: str) -> torch.dtype:
     """The dtype of ``params[key]`` (of a :class:`LazyParams`: without computing it)."""
@@ -92,9 +99,29 @@ def stored_dtype(params: Mapping[str, Tensor], key: str) -> torch.dtype:
 def meta_of(params: Mapping[str, Tensor], key: str) -> Tensor:
     """``params[key]``'s shape and dtype as a tensor on the meta device (of a
     :class:`LazyParams`: without computing it)."""
-    if isinstance(params, LazyParams):
+    if isinstance(params, (LazyParams, Float32View)):
         return params.meta(key)
     return torch.empty_like(params[key], device="meta")
+
+
+def device_of(params: Mapping[str, Tensor]) -> torch.device:
+    """The device ``params``' tensors are read on, without computing one (of an empty
+    mapping: the CPU)."""
+    if isinstance(params, Float32View):
+        return params.device
+    if isinstance(params, LazyParams):  # computed where its source is
+        return device_of(params.source)
+    for key in params:
+        return params[key].device
+    return torch.device("cpu")
+
+
+def rows_of(params: Mapping[str, Tensor], key: str, start: int, stop: int) -> Tensor:
+    """``params[key][start:stop]``, computing no more of a lazy tensor than the rows
+    asked for where its mapping can (:meth:`LazyParams.rows`, :meth:`Float32View.rows`)."""
+    if isinstance(params, (LazyParams, Float32View)):
+        return params.rows(key, start, stop)
+    return params[key][start:stop]
 
 
 def layout(params: Mapping[str, Tensor]) -> dict[str, Tensor]:
@@ -133,7 +160,7 @@ class Float32View(MutableMapping[str, Tensor]):
     def __init__(self, params: Mapping[str, Tensor], device: torch.device | str = "cpu") -> None:
         self._source = params
         self._keys = {k: None for k in params if dtype_of(params, k).is_floating_point}
-        self._device = torch.device(device)
+        self.device = torch.device(device)
         self._assigned: dict[str, Tensor] = {}
 
     def __getitem__(self, name: str) -> Tensor:
@@ -141,7 +168,23 @@ class Float32View(MutableMapping[str, Tensor]):
             return self._assigned[name]
         if name not in self._keys:
             raise KeyError(name)
-        return self._source[name].detach().to(self._device, torch.float32)
+        return self._source[name].detach().to(self.device, torch.float32)
+
+    def meta(self, name: str) -> Tensor:
+        """``self[name]``'s shape and dtype on the meta device, without reading it."""
+        if name in self._assigned:
+            return torch.empty_like(self._assigned[name], device="meta")
+        if name not in self._keys:
+            raise KeyError(name)
+        return torch.empty(meta_of(self._source, name).shape, dtype=torch.float32, device="meta")
+
+    def rows(self, name: str, start: int, stop: int) -> Tensor:
+        """``self[name][start:stop]``, casting only those rows of the source."""
+        if name in self._assigned:
+            return self._assigned[name][start:stop]
+        if name not in self._keys:
+            raise KeyError(name)
+        return rows_of(self._source, name, start, stop).detach().to(self.device, torch.float32)
 
     def __setitem__(self, name: str, value: Tensor) -> None:
         self._assigned[name] = value

@@ -84,3 +84,21 @@ def test_a_folded_model_is_moved_in_float32_and_kept_in_its_stored_dtype(llama) 
     reader = next(iter(folded.readers))
     assert set(view) == set(params)
     assert torch.equal(view[reader], folded.params[reader])
+
+
+def test_a_block_of_rows_is_computed_alone_and_equals_those_rows_of_the_whole() -> None:
+    gen = torch.Generator().manual_seed(0)
+    source = {
+        "w": torch.randn(7, 5, generator=gen).to(torch.bfloat16),  # scales on both axes
+        "v": torch.randn(6, 3, generator=gen),  # not a reader
+        "g": torch.randn(5, generator=gen),  # replaced
+    }
+    factors = {"w": [(torch.rand(7, generator=gen) + 0.5, 0), (torch.rand(5, generator=gen), 1)]}
+    folded = FoldedParams(source, factors, {"g": torch.ones(5)})
+    for key, (start, stop) in {"w": (2, 6), "v": (0, 4), "g": (1, 3)}.items():
+        block = folded.rows(key, start, stop)
+        assert block.dtype == folded.dtype_of(key)
+        assert torch.equal(block, folded[key][start:stop])
+    # through the float32 view too
+    view = Float32View(folded)
+    assert torch.equal(view.rows("w", 3, 7), view["w"][3:7])

@@ -66,10 +66,18 @@ class FoldedParams(LazyParams):
         factors = self.factors.get(key)
         if not factors:
             return value
-        out = value.to(_wide(value.dtype), copy=True)  # one new tensor, scaled in place
-        for scale, axis in factors:
-            out.movedim(axis, -1).mul_(scale)
-        return out
+        return _scaled(value, factors)
+
+    def rows(self, key: str, start: int, stop: int) -> Tensor:
+        if key in self.replaced:
+            return self.replaced[key][start:stop]
+        factors = self.factors.get(key)
+        value = self.source[key][start:stop]
+        if not factors:
+            return value
+        # a scale along axis 0 is cut like the rows; along any other axis it applies whole
+        cut = [(scale[start:stop] if axis == 0 else scale, axis) for scale, axis in factors]
+        return _scaled(value, cut)
 
     def dtype_of(self, key: str) -> torch.dtype:
         if key in self.replaced:
@@ -82,6 +90,15 @@ class FoldedParams(LazyParams):
 
     def meta(self, key: str) -> Tensor:
         return torch.empty(self.source[key].shape, dtype=self.dtype_of(key), device="meta")
+
+
+def _scaled(value: Tensor, factors: list[tuple[Tensor, int]]) -> Tensor:
+    """``value`` times each ``(scale, axis)``, in float32 at least: one new tensor,
+    scaled in place."""
+    out = value.to(_wide(value.dtype), copy=True)
+    for scale, axis in factors:
+        out.movedim(axis, -1).mul_(scale)
+    return out
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:

@@ -12,10 +12,19 @@ import torch
 from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.aligners.weight.incremental import SimilarityCache
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_problem
+from lmckit.groups import Orthogonal
 from lmckit.models import create_model
-from lmckit.params import Params
+from lmckit.params import Float32View, LazyParams, Params
 from lmckit.rewrites import layernorm_to_rmsnorm
-from lmckit.symmetry import Permutation, SymmetrySpec, Transform, apply, random_transform
+from lmckit.symmetry import (
+    Permutation,
+    Space,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply,
+    random_transform,
+)
 
 GPT2 = {"vocab_size": 17, "n_layer": 2, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -249,3 +258,74 @@ def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter(monke
     whole_sims = [space_problem(form.spec, s, form.a, form.b, transform).sim for s in nested]
     for got, want in zip(sliced_sims, whole_sims, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+class _RowsOnly(LazyParams):
+    """A lazy model that can be read a block of rows at a time and refuses whole reads of
+    its large matrices (what a fold must not do with a vocabulary-sized embedding)."""
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        value = self.source[key]
+        if value.ndim == 2 and value.shape[0] > 20:
+            raise AssertionError(f"{key} read whole")
+        return value
+
+    def rows(self, key: str, start: int, stop: int) -> torch.Tensor:
+        return self.source[key][start:stop]
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        return self.source[key].dtype
+
+    def meta(self, key: str) -> torch.Tensor:
+        return torch.empty_like(self.source[key], device="meta")
+
+
+def test_a_large_single_use_matrix_is_folded_a_block_of_rows_at_a_time(monkeypatch) -> None:
+    from lmckit.aligners.weight import similarity
+
+    gen = torch.Generator().manual_seed(0)
+    a = {"w": torch.randn(100, 6, generator=gen).to(torch.bfloat16), "b": torch.randn(6)}
+    b = {"w": torch.randn(100, 6, generator=gen).to(torch.bfloat16), "b": torch.randn(6)}
+    uses = (Use("w", 1, "read"), Use("b", 0, "write"))
+    spec = SymmetrySpec((Space("s", 6, Orthogonal(), uses),))
+    monkeypatch.setattr(similarity, "FOLD_BLOCK_BYTES", 4 * 6 * 7)  # blocks of 7 rows
+    ref, other = Float32View(_RowsOnly(a)), Float32View(_RowsOnly(b))
+    fold_single_use_params(spec, ref, other)
+    expected = a["w"].double().T @ b["w"].double()
+    torch.testing.assert_close(other["w"].double(), expected, rtol=1e-5, atol=1e-5)
+    assert torch.equal(ref["w"], torch.eye(6))
+    assert torch.equal(other["b"], b["b"])  # not a large matrix: left as it is
+
+
+class _Counted(LazyParams):
+    """A lazy model that counts how often each tensor is computed."""
+
+    def __init__(self, source: Params) -> None:
+        super().__init__(source)
+        self.reads: dict[str, int] = {}
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.reads[key] = self.reads.get(key, 0) + 1
+        return self.source[key]
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        return self.source[key].dtype
+
+    def meta(self, key: str) -> torch.Tensor:
+        return torch.empty_like(self.source[key], device="meta")
+
+
+def test_a_subproblem_computes_each_parameter_it_reads_once(monkeypatch) -> None:
+    spec, ref, other = _pair("gpt2-perm")
+    lazy_ref, lazy_other = _Counted(ref), _Counted(other)
+    cache = SimilarityCache(spec, Float32View(lazy_ref), Float32View(lazy_other))
+    assert lazy_ref.reads == lazy_other.reads == {}  # shapes are not values
+    base, nudged = random_transform(spec, 0), _nudge(spec, random_transform(spec, 0), 1, 1)
+    for transform in (base, base, nudged):  # first solve, kept sum, rank-k update
+        for space in spec:
+            lazy_other.reads.clear()
+            got = cache.problem(space, transform).sim
+            torch.testing.assert_close(
+                got, space_problem(spec, space, ref, other, transform).sim, rtol=1e-5, atol=1e-5
+            )
+            assert set(lazy_other.reads.values()) <= {1}, (space.name, lazy_other.reads)

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from torch import Tensor
 
 from lmckit.aligners.weight.similarity import space_problem
+from lmckit.params import layout
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use
 
 __all__ = ["anchor_stages", "anchored_start"]
@@ -139,7 +140,7 @@ def anchored_start(
     Returns:
         A transform of ``spec`` with every ready space solved from its anchored uses.
     """
-    ndims = {k: v.ndim for k, v in other.items()}
+    ndims = {k: v.ndim for k, v in layout(other).items()}  # shapes only: nothing computed
     transform = start
     for stage in anchor_stages(spec, ndims, names=names):
         solved = {}

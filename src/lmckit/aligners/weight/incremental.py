@@ -44,6 +44,7 @@ from lmckit.aligners.weight.similarity import (
     use_width,
 )
 from lmckit.groups.base import Subproblem
+from lmckit.params import device_of, layout
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use
 
 __all__ = ["MIN_COLUMNS", "REFRESH", "SimilarityCache"]
@@ -101,12 +102,16 @@ class SimilarityCache:
         budget: int | None = None,
     ) -> None:
         self.spec, self.ref, self.other, self.circuits = spec, ref, other, circuits
+        # shapes read without computing a tensor (a lazy bfloat16 model is cast when a
+        # value is read: once per use of it, not again for its shape)
+        self._meta, self._ref_meta = layout(other), layout(ref)
+        self._device = device_of(other)
         self._uses: dict[str, list[tuple[Space, Use]]] = {}
         for space in spec:
             for use in space.uses:
                 self._uses.setdefault(use.param, []).append((space, use))
         if budget is None:
-            budget = sum(v.numel() * v.element_size() for v in other.values())
+            budget = sum(v.numel() * v.element_size() for v in self._meta.values())
         self._budget = budget
         self._plans: dict[str, _Plan | None] = {}
 
@@ -136,7 +141,7 @@ class SimilarityCache:
 
     def _columns(self, use: Use, n: int) -> int:
         """``K``: columns of the use's ``(n, K)`` unit-major matrix."""
-        size = math.prod(use.region_shape(self.other[use.param].shape))
+        size = math.prod(use.region_shape(self._meta[use.param].shape))
         return size // (use.outer * n * use.inner)
 
     def _trackable(self, space: Space, use: Use) -> bool:
@@ -163,7 +168,7 @@ class SimilarityCache:
                 if not use.compare or use.param in replaced:
                     continue
                 (tracked if self._trackable(space, use) else fresh).append(use)
-            first = self.ref[space.uses[0].param]
+            first = self._ref_meta[space.uses[0].param]
             m = use_width(first, space.uses[0])
             size = m * space.n * first.element_size()
             columns = sum(self._columns(u, space.n) for u in tracked)
@@ -192,12 +197,15 @@ class SimilarityCache:
         sim: Tensor | None = None
         if plan.circuits:
             sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform)
-        for use in plan.fresh:
-            value = self.other[use.param]
-            b = moved_region(self.spec, use.param, use.parts, value, transform,
-                             skip_use=(space.name, use))  # fmt: skip
-            a = use.region(self.ref[use.param])
-            sim = add_use_term(sim, a, b, replace(use, parts=()), space.n)
+        # uses of one parameter (slices of a fused projection) next to each other: each
+        # parameter is read once, and only one is held at a time
+        for param, uses in _by_param(plan.fresh).items():
+            value, ref = self.other[param], self.ref[param]
+            for use in uses:
+                b = moved_region(self.spec, param, use.parts, value, transform,
+                                 skip_use=(space.name, use))  # fmt: skip
+                sim = add_use_term(sim, use.region(ref), b, replace(use, parts=()), space.n)
+            del value, ref
         if plan.tracked:
             cached = self._tracked_sum(space, plan, transform)
             sim = cached if sim is None else sim.add_(cached)
@@ -208,13 +216,13 @@ class SimilarityCache:
     def _sources(self, owner: str, use: Use, transform: Transform) -> dict[int, Tensor]:
         """Per other axis of the use's parameter that a space acts on: the source
         position of each slice of ``B~_u``."""
-        value = self.other[use.param]
+        value = self._meta[use.param]
         out = {}
         for space, other_use in self._uses[use.param]:
             if (space.name, other_use) == (owner, use):
                 continue
             axis = other_use.axis % value.ndim
-            index = torch.arange(value.shape[axis], device=value.device)
+            index = torch.arange(value.shape[axis], device=self._device)
             if space.name in transform.elements:
                 blocked = index.reshape(other_use.outer, space.n, other_use.inner)
                 moved = space.group.act(blocked, transform.elements[space.name], other_use.role)
@@ -275,6 +283,14 @@ class SimilarityCache:
         before = _gather(b.index_select(axis, t.sources[axis][j]), rest)
         add_use_term(cached, self.ref[name].index_select(axis, j), after.sub_(before), t.use, n)
         t.sources = new
+
+
+def _by_param(uses: list[Use]) -> dict[str, list[Use]]:
+    """``uses`` grouped by parameter, parameters in the order they first appear."""
+    out: dict[str, list[Use]] = {}
+    for use in uses:
+        out.setdefault(use.param, []).append(use)
+    return out
 
 
 def _gather(x: Tensor, maps: Mapping[int, Tensor]) -> Tensor:

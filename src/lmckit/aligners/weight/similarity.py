@@ -31,8 +31,13 @@ from lmckit.aligners.weight.circuits import (
     residual_circuit_similarity,
 )
 from lmckit.groups.base import Subproblem
+from lmckit.params import meta_of, rows_of
 from lmckit.spaces import Part, region
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use, apply_to_param
+
+#: :func:`fold_single_use_params` reads a large matrix this many bytes of float32 rows at
+#: a time
+FOLD_BLOCK_BYTES = 2**25
 
 __all__ = [
     "Subproblem",
@@ -115,7 +120,8 @@ def _moved_circuit_params(
     (:func:`~lmckit.aligners.weight.circuits.head_similarity_matrix`): where those rows
     are one slice of their parameter, only they are moved (:func:`moved_region`) and
     the rest is left zero, unread."""
-    values = {p: other[p] for p in circuit_params(space.circuits)}
+    # fused projections (one ``qkv`` weight) are named once per role: read once
+    values = {p: other[p] for p in dict.fromkeys(circuit_params(space.circuits))}
     slices = _unit_slices(space, {p: v.shape for p, v in values.items()})
     out = {}
     for p, value in values.items():
@@ -353,7 +359,8 @@ def fold_single_use_params(
     A matrix ``X`` (``(rows, n)`` with its space on axis 1, e.g. a token embedding)
     enters every similarity and the objective only through ``A^T B``, linearly in B's
     space axis. ``A' = I_m`` and ``B' = A^T B`` (both ``m`` rows) give the same terms,
-    so the ``rows``-sized product is computed once instead of at every step. Skipped
+    so the ``rows``-sized product is computed once instead of at every step, a block of
+    rows at a time (:data:`FOLD_BLOCK_BYTES`). Skipped
     for least-squares spaces, whose Gram needs ``B^T B``, and for groups that compare
     units by their norms, which the surrogate does not keep. Edits the dicts in place
     (the caller's private float32 views, :class:`lmckit.params.Float32View`).
@@ -363,12 +370,25 @@ def fold_single_use_params(
         if len(uses) != 1 or name not in other or uses[0][1].parts:
             continue
         space, use = uses[0]
-        a, b = ref[name], other[name]
+        a, b = meta_of(ref, name), meta_of(other, name)
         if a.ndim != 2 or use.axis % 2 != 1 or use.outer != 1 or use.inner != 1:
             continue
         if space.group.least_squares or space.group.needs_norms or a.shape[0] <= a.shape[1]:
             continue
-        ref[name] = torch.eye(a.shape[1], dtype=a.dtype, device=a.device)
-        # one float32 product, like every similarity term (no float64 copies of a
-        # vocabulary-sized matrix)
-        other[name] = a.T @ b
+        other[name] = _gram_by_rows(ref, other, name, a.shape[0], a.shape[1], b.shape[1])
+        ref[name] = torch.eye(a.shape[1], dtype=torch.float32, device=other[name].device)
+
+
+def _gram_by_rows(
+    ref: Mapping[str, Tensor], other: Mapping[str, Tensor], name: str, rows: int, m: int, n: int
+) -> Tensor:
+    """``ref[name].T @ other[name]`` (``(m, n)``, float32 like every similarity term),
+    summed over blocks of rows: a vocabulary-sized matrix is never read whole in float32."""
+    step = max(1, FOLD_BLOCK_BYTES // (4 * max(m, n)))
+    total: Tensor | None = None
+    for start in range(0, rows, step):
+        stop = min(rows, start + step)
+        block = rows_of(ref, name, start, stop).T @ rows_of(other, name, start, stop)
+        total = block if total is None else total.add_(block)
+    assert total is not None  # rows > m >= 0
+    return total
