@@ -45,7 +45,9 @@ from lmckit.distributed import (
 )
 from lmckit.evaluate import evaluate, evaluate_path
 from lmckit.models import create_model
+from lmckit.params import LazyParams
 from lmckit.paths import evaluate_simplex
+from lmckit.rewrites import layernorm_to_rmsnorm
 
 PROCESSES = 2
 # identity start and a large step: the learned permutations move within a few steps
@@ -105,12 +107,38 @@ def _compute() -> dict[str, Any]:
         config = WeightMatchingConfig(start="identity", schedule=schedule)
         wm = weight_matching(gpt_spec, ga, gb, config, seed=4)
         out[f"weight_{schedule}"] = (_matrices(gpt_spec, wm.transform), wm.history)
+    # an orthogonal residual stream from the anchored start: each process reads only its
+    # own parameters; the residual's terms are split between them
+    rms, ra = layernorm_to_rmsnorm(gpt, ga)
+    _, rb = layernorm_to_rmsnorm(gpt, gb)
+    lazy_a, lazy_b = _Counted(ra), _Counted(rb)
+    wm = weight_matching(rms.symmetry_spec(), lazy_a, lazy_b, WeightMatchingConfig(), seed=4)
+    out["weight_orthogonal"] = (_matrices(rms.symmetry_spec(), wm.transform), wm.history)
+    out["reads"] = (set(lazy_a.reads), set(lazy_b.reads))
     if is_distributed():
         try:  # fewer input batches than processes: every process stops with the same error
             collect_cross_statistics(model, spec, a, b, inputs[:1])
         except ValueError as err:
             out["too_few_batches"] = str(err)
     return out
+
+
+class _Counted(LazyParams):
+    """A model read lazily that records which tensors were read."""
+
+    def __init__(self, source: dict[str, torch.Tensor]) -> None:
+        super().__init__(source)
+        self.reads: set[str] = set()
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        self.reads.add(key)
+        return self.source[key]
+
+    def dtype_of(self, key: str) -> torch.dtype:
+        return self.source[key].dtype
+
+    def meta(self, key: str) -> torch.Tensor:
+        return torch.empty_like(self.source[key], device="meta")
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
@@ -183,6 +211,7 @@ def test_two_processes_measure_what_one_does(results, key: str) -> None:
         "learned_batch",
         "weight_sequential",
         "weight_coloured",
+        "weight_orthogonal",
     ],
 )
 def test_two_processes_learn_the_same_transform(results, key: str) -> None:
@@ -211,3 +240,15 @@ def test_without_a_process_group_everything_is_local() -> None:
     assert torch.equal(copy, t) and copy is not t
     assert any_rank(True) and not any_rank(False)
     assert not init_from_env() or "WORLD_SIZE" in os.environ
+
+
+def test_each_process_reads_only_its_share_of_the_models(results) -> None:
+    one, ranks = results
+    for model in (0, 1):
+        everything = one["reads"][model]
+        shares = [r["reads"][model] for r in ranks]
+        assert shares[0] | shares[1] == everything
+        assert not shares[0] & shares[1]  # no tensor read twice
+        # and the work is shared: each process reads a good part of the layers
+        for share in shares:
+            assert sum(".h." in k for k in share) >= 4

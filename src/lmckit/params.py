@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import torch
 from torch import Tensor
@@ -222,6 +222,11 @@ def as_params(value: object, what: str = "params") -> Mapping[str, Tensor]:
     The natural mistakes: a loaded checkpoint or model (its ``.params``), a module
     (:func:`module_params`).
     """
+    if isinstance(value, LazyParams):  # its values are tensors computed when read: not here
+        for key in value:
+            if not isinstance(key, str):
+                raise TypeError(f"{what} must map parameter names to tensors; key {key!r}")
+        return value
     if isinstance(value, Mapping):
         for key, tensor in value.items():
             if not isinstance(key, str) or not isinstance(tensor, Tensor):
@@ -284,9 +289,15 @@ def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:
             raise IncompatibleModelsError(f"parameter {name!r} is in the second model only")
 
 
-def first_nonfinite(params: Mapping[str, Tensor]) -> str | None:
-    """The name of the first floating-point tensor holding a NaN or infinity, or ``None``."""
-    for name, value in params.items():
+def first_nonfinite(
+    params: Mapping[str, Tensor], keys: Callable[[str], bool] | None = None
+) -> str | None:
+    """The name of the first floating-point tensor holding a NaN or infinity, or
+    ``None`` (with ``keys``, of the tensors it names: the others are not read)."""
+    for name in params:
+        if keys is not None and not keys(name):
+            continue
+        value = params[name]
         # one reduction first (NaN and inf propagate through a sum); the elementwise
         # check only runs to rule out an overflow of the sum itself
         if (

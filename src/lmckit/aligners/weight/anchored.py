@@ -31,7 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from torch import Tensor
 
+from lmckit.aligners.weight.sharding import Sharding, summed_over_ranks
 from lmckit.aligners.weight.similarity import space_problem
+from lmckit.distributed import gather_from_ranks
+from lmckit.groups.base import Subproblem
 from lmckit.params import layout
 from lmckit.symmetry import Space, SymmetrySpec, Transform, Use
 
@@ -126,6 +129,7 @@ def anchored_start(
     start: Transform,
     *,
     names: Sequence[str] | None = None,
+    sharding: Sharding | None = None,
 ) -> Transform:
     """The anchored initial transform (module docstring) for weight matching.
 
@@ -136,6 +140,9 @@ def anchored_start(
         start: the elements to begin from (identities or plain embeddings); spaces
             outside ``names`` and spaces that never become ready keep theirs.
         names: the spaces to solve (default all).
+        sharding: across processes, which process reads which parameter and solves
+            which space (:mod:`lmckit.aligners.weight.sharding`); default: this process
+            reads and solves everything.
 
     Returns:
         A transform of ``spec`` with every ready space solved from its anchored uses.
@@ -143,14 +150,40 @@ def anchored_start(
     ndims = {k: v.ndim for k, v in layout(other).items()}  # shapes only: nothing computed
     transform = start
     for stage in anchor_stages(spec, ndims, names=names):
-        solved = {}
+        solved: dict[str, object] = {}
         for name, uses in stage:
-            narrowed = _restricted(spec, name, uses)
-            space = narrowed[name]
-            # heads compared by circuits read their projections whatever ``compare``
-            # says; they are only ready once the residual they read is solved
-            problem = space_problem(narrowed, space, ref, other, transform, circuits=False)
-            solved[name] = space.group.solve_subproblem(problem)
+            how = sharding.solver[name] if sharding is not None else 0
+            mine = sharding is None or how in ("every", sharding.rank)
+            if how == "split":  # each process adds the terms of its own parameters
+                assert sharding is not None
+                own = tuple(u for u in uses if sharding.owns(u.param))
+                part = (
+                    _anchored_problem(spec, name, own, ref, other, transform).sim if own else None
+                )
+                problem = Subproblem(summed_over_ranks(part))
+                solved[name] = spec[name].group.solve_subproblem(problem)
+            elif mine:
+                problem = _anchored_problem(spec, name, uses, ref, other, transform)
+                solved[name] = spec[name].group.solve_subproblem(problem)
+        if sharding is not None and sharding.size > 1:  # spaces solved by one process
+            alone = {k: v for k, v in solved.items() if sharding.solver[k] == sharding.rank}
+            for elements in gather_from_ranks(alone):
+                solved |= elements
         # spaces of one stage share no anchored use: set them together
         transform = transform.replace(**solved)
     return transform
+
+
+def _anchored_problem(
+    spec: SymmetrySpec,
+    name: str,
+    uses: tuple[Use, ...],
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+) -> Subproblem:
+    """Space ``name``'s subproblem on ``uses`` alone."""
+    narrowed = _restricted(spec, name, uses)
+    # heads compared by circuits read their projections whatever ``compare`` says; they
+    # are only ready once the residual they read is solved
+    return space_problem(narrowed, narrowed[name], ref, other, transform, circuits=False)

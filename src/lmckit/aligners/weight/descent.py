@@ -20,7 +20,10 @@ from tqdm.auto import tqdm
 
 from lmckit.aligners.weight.incremental import SimilarityCache
 from lmckit.aligners.weight.schedule import sweep_steps
-from lmckit.distributed import gather_from_ranks, world
+from lmckit.aligners.weight.sharding import Sharding, shard_params, summed_over_ranks
+from lmckit.distributed import gather_from_ranks
+from lmckit.groups.base import Subproblem
+from lmckit.params import layout
 from lmckit.symmetry import Space, SymmetrySpec, Transform
 
 if TYPE_CHECKING:  # the config lives with the algorithm, which imports this module
@@ -40,6 +43,7 @@ def coordinate_descent(
     bar: tqdm,
     *,
     cache: SimilarityCache | None = None,
+    sharding: Sharding | None = None,
 ) -> tuple[Transform, int, bool, list[float]]:
     """Sweep over ``names`` in random order until no space improves, or a sweep
     changes the objective by at most ``config.sweep_tol`` of it.
@@ -47,19 +51,24 @@ def coordinate_descent(
     Each update costs the products of what moved since the space was last solved
     (:class:`~lmckit.aligners.weight.incremental.SimilarityCache`, built here unless given) and
     one solve; a space none of whose inputs moved since its last solve is skipped, as
-    its solver would return the same element.
+    its solver would return the same element. Across processes, ``sharding`` (built here
+    unless given, with the cache) says which process solves which space and reads which
+    parameter (:mod:`lmckit.aligners.weight.sharding`).
 
     Returns the transform, the number of sweeps, whether it converged, and the sum of
     the solved spaces' objectives after each sweep.
     """
+    if sharding is None:
+        sharding = shard_params(spec, _sizes(other), circuits=config.residual_circuits)
     if cache is None:
-        cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
+        cache = SimilarityCache(
+            spec, ref, other, circuits=config.residual_circuits, owns=sharding.owns
+        )
     deps = {name: sorted(cache.depends_on(name)) for name in names}
     nested = {name: [s.name for s in spec.nested_in(name)] for name in names}
-    rank, size = world()
-    # each space is always solved by the same process, so that its cached similarity
-    # sees the same updates as in one process
-    owner = {name: i % size for i, name in enumerate(names)}
+    # each space is always solved by the same process (or split the same way), so that
+    # its cached similarity sees the same updates as in one process
+    solver = sharding.solver
     version = dict.fromkeys(spec.names, 0)  # bumped when a space's element changes
     solved_at: dict[str, tuple[int, ...]] = {}  # versions of its inputs at its last solve
     transform = init
@@ -76,9 +85,17 @@ def coordinate_descent(
             # a space none of whose inputs changed since its last solve would come out
             # the same: skipped
             todo = [name for name in step if solved_at.get(name) != inputs[name]]
+            alone = [n for n in todo if solver[n] not in ("split", "every")]
             mine = [_solve(spec[n], transform, cache, bool(nested[n]), config)
-                    for n in todo if owner[n] == rank]  # fmt: skip
-            solutions = _exchange(mine, todo, owner) if size > 1 else mine
+                    for n in alone if solver[n] == sharding.rank]  # fmt: skip
+            together = {
+                n: _solve(spec[n], transform, cache, bool(nested[n]), config, solver[n] == "split")
+                for n in todo if n not in alone
+            }  # fmt: skip
+            if sharding.size > 1:
+                mine = _exchange(mine, alone)
+            by_name = {sol.name: sol for sol in mine} | together
+            solutions = [by_name[n] for n in todo]
             for sol in solutions:
                 if sol.gain:
                     transform = _with_element(spec, transform, sol.name, sol.element)
@@ -128,12 +145,17 @@ def _solve(
     cache: SimilarityCache,
     has_nested: bool,
     config: WeightMatchingConfig,
+    split: bool = False,
 ) -> _Solution:
-    """Solve one space holding the others at ``transform``."""
+    """Solve one space holding the others at ``transform`` (``split``: every process
+    adds the terms of its own parameters, and all solve the sum)."""
     group = space.group
     # a space with nested spaces is solved with them in its input frame
     home = _home(cache.spec, transform, space.name) if has_nested else transform
-    problem = cache.problem(space, home)
+    if split:
+        problem = Subproblem(summed_over_ranks(cache.partial(space, home)))
+    else:
+        problem = cache.problem(space, home)
     element = group.solve_subproblem(problem)
     new = group.objective(element, problem.sim)
     old = group.objective(transform[space.name], problem.sim)
@@ -154,12 +176,15 @@ def _with_element(
     return transform.replace(**{name: element})
 
 
-def _exchange(
-    mine: Sequence[_Solution], todo: Sequence[str], owner: Mapping[str, int]
-) -> list[_Solution]:
-    """Every process's solutions of this step, in the step's order, on every process."""
+def _exchange(mine: Sequence[_Solution], todo: Sequence[str]) -> list[_Solution]:
+    """Every process's solutions of ``todo``, in its order, on every process."""
     if not todo:
         return []
     gathered = gather_from_ranks(list(mine))
     by_name = {sol.name: sol for part in gathered for sol in part}
     return [by_name[name] for name in todo]
+
+
+def _sizes(params: Mapping[str, Tensor]) -> dict[str, int]:
+    """Bytes of each parameter, read from shapes."""
+    return {k: v.numel() * v.element_size() for k, v in layout(params).items()}

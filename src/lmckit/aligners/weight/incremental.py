@@ -28,7 +28,7 @@ last solved: the (deterministic) solver would return the same element.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -90,6 +90,8 @@ class SimilarityCache:
             (:func:`lmckit.aligners.weight.similarity.space_problem`).
         budget: bytes the cached sums may take in all (default: the size of
             ``other``); a space that does not fit is recomputed at every update.
+        owns: the parameters whose terms this cache computes (default: all); the
+            others are another process's (:mod:`lmckit.aligners.weight.sharding`).
     """
 
     def __init__(
@@ -100,8 +102,10 @@ class SimilarityCache:
         *,
         circuits: bool = True,
         budget: int | None = None,
+        owns: Callable[[str], bool] | None = None,
     ) -> None:
         self.spec, self.ref, self.other, self.circuits = spec, ref, other, circuits
+        self.owns = owns or _everything
         # shapes read without computing a tensor (a lazy bfloat16 model is cast when a
         # value is read: once per use of it, not again for its shape)
         self._meta, self._ref_meta = layout(other), layout(ref)
@@ -165,7 +169,7 @@ class SimilarityCache:
             tracked: list[Use] = []
             fresh: list[Use] = []
             for use in space.uses:
-                if not use.compare or use.param in replaced:
+                if not use.compare or use.param in replaced or not self.owns(use.param):
                     continue
                 (tracked if self._trackable(space, use) else fresh).append(use)
             first = self._ref_meta[space.uses[0].param]
@@ -194,9 +198,22 @@ class SimilarityCache:
             return space_problem(
                 self.spec, space, self.ref, self.other, transform, circuits=self.circuits
             )
+        sim = self.partial(space, transform)
+        if sim is None:
+            raise ValueError(f"space {space.name!r} has no use to compare the two models on")
+        return Subproblem(sim)
+
+    def partial(self, space: Space, transform: Transform) -> Tensor | None:
+        """The similarity terms of ``space`` over the parameters this cache owns
+        (``None`` if it owns none), for a space whose terms several processes share.
+        The same caveat as :meth:`problem`: the result may be the cache's own matrix."""
+        plan = self._plan(space)
+        if plan is None:
+            raise ValueError(f"space {space.name!r} is not a sum of terms to share")
         sim: Tensor | None = None
         if plan.circuits:
-            sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform)
+            sim, _ = circuit_terms(self.spec, space, self.ref, self.other, transform,
+                                   owns=self.owns)  # fmt: skip
         # uses of one parameter (slices of a fused projection) next to each other: each
         # parameter is read once, and only one is held at a time
         for param, uses in _by_param(plan.fresh).items():
@@ -209,9 +226,7 @@ class SimilarityCache:
         if plan.tracked:
             cached = self._tracked_sum(space, plan, transform)
             sim = cached if sim is None else sim.add_(cached)
-        if sim is None:
-            raise ValueError(f"space {space.name!r} has no use to compare the two models on")
-        return Subproblem(sim)
+        return sim
 
     def _sources(self, owner: str, use: Use, transform: Transform) -> dict[int, Tensor]:
         """Per other axis of the use's parameter that a space acts on: the source
@@ -283,6 +298,10 @@ class SimilarityCache:
         before = _gather(b.index_select(axis, t.sources[axis][j]), rest)
         add_use_term(cached, self.ref[name].index_select(axis, j), after.sub_(before), t.use, n)
         t.sources = new
+
+
+def _everything(_: str) -> bool:
+    return True
 
 
 def _by_param(uses: list[Use]) -> dict[str, list[Use]]:

@@ -37,16 +37,19 @@ from lmckit.aligners.weight.objective import (
     total_objective,
 )
 from lmckit.aligners.weight.schedule import SCHEDULES, Schedule
+from lmckit.aligners.weight.sharding import Sharding, shard_params
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
 from lmckit.aligners.weight.start_choice import STARTS, best_start
 from lmckit.data import Dataset
+from lmckit.distributed import gather_from_ranks, sum_over_ranks
 from lmckit.params import (
     Float32View,
     IncompatibleModelsError,
     Params,
     check_compatible,
-    check_finite,
+    first_nonfinite,
     layout,
+    meta_of,
 )
 from lmckit.symmetry import SymmetrySpec, Transform, random_transform
 
@@ -193,9 +196,10 @@ def _check_rows(
     """``rows`` must run along axis 0 of ``ref[name]``, an axis in no space."""
     if name not in ref:
         raise ValueError(f"{what} names {name!r}, not a float parameter of the models")
-    if rows.shape != ref[name].shape[:1]:
+    shape = meta_of(ref, name).shape  # checked without reading the values
+    if rows.shape != shape[:1]:
         raise ValueError(f"{what} of {name!r} must be a tensor over its axis 0")
-    if any(u.axis % ref[name].ndim == 0 for _, u in spec.uses_of(name)):
+    if any(u.axis % len(shape) == 0 for _, u in spec.uses_of(name)):
         raise ValueError(f"axis 0 of {name!r} is in a space; it cannot be masked or weighted")
 
 
@@ -205,14 +209,18 @@ def _weigh_rows(
     other: MutableMapping[str, Tensor],
     row_masks: Mapping[str, Tensor] | None,
     row_weights: Mapping[str, Tensor] | None,
+    sharding: Sharding,
 ) -> None:
-    """Scale (then select) rows of the private float copies ``ref`` and ``other``."""
+    """Scale (then select) rows of the private float copies ``ref`` and ``other`` (of
+    the parameters this process reads)."""
     for name, weight in (row_weights or {}).items():
         _check_rows(spec, ref, name, weight, "row weights")
         if not weight.is_floating_point() or not bool(torch.isfinite(weight).all()):
             raise ValueError(f"row weights of {name!r} must be finite floats")
         if bool((weight < 0).any()):
             raise ValueError(f"row weights of {name!r} must be non-negative")
+        if not sharding.owns(name):
+            continue
         # both sides scaled by sqrt(w): every product of two rows counts w times
         shape = (-1, *[1] * (ref[name].ndim - 1))
         root = weight.float().sqrt().reshape(shape).to(ref[name].device)
@@ -221,6 +229,8 @@ def _weigh_rows(
         _check_rows(spec, ref, name, mask, "row mask")
         if mask.dtype != torch.bool:
             raise ValueError(f"row mask of {name!r} must be a bool tensor over its axis 0")
+        if not sharding.owns(name):
+            continue
         mask = mask.to(ref[name].device)
         ref[name], other[name] = ref[name][mask], other[name][mask]
 
@@ -255,9 +265,19 @@ def _checked_widths(spec: SymmetrySpec, params_a: Params, params_b: Params) -> d
         check_compatible(shapes_a, shapes_b)
         spec.validate(shapes_b)
         widths = {s.name: s.n for s in spec}
-    check_finite(params_a, what="first model")
-    check_finite(params_b, what="second model")
     return widths
+
+
+def _check_finite(params_a: Params, params_b: Params, sharding: Sharding) -> None:
+    """Raise ``ValueError`` naming the first parameter with a NaN or infinity (across
+    processes each reads its own parameters, and all raise the same error)."""
+    for params, what in ((params_a, "first model"), (params_b, "second model")):
+        bad = first_nonfinite(params, sharding.owns)
+        if sharding.size > 1:
+            found = set(gather_from_ranks(bad))
+            bad = next((k for k in params if k in found), None)
+        if bad is not None:
+            raise ValueError(f"{what}: {bad!r} contains NaN or infinite values")
 
 
 def _descend_with_restarts(
@@ -270,25 +290,62 @@ def _descend_with_restarts(
     widths: Mapping[str, int],
     seed: int,
     bar: tqdm,
+    sharding: Sharding,
 ) -> tuple[Transform, int, bool, list[float]]:
     """Coordinate descent from ``base``, then from ``config.restarts`` random draws; the
     run with the highest total objective: ``(transform, sweeps, converged, history)``."""
     generator = torch.Generator().manual_seed(seed)
-    cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits)
+    cache = SimilarityCache(spec, ref, other, circuits=config.residual_circuits, owns=sharding.owns)
     best, sweeps, converged, history = coordinate_descent(
-        spec, names, ref, other, base, config, generator, bar, cache=cache
+        spec, names, ref, other, base, config, generator, bar, cache=cache, sharding=sharding
     )
-    best_total = total_objective(spec, ref, other, best) if config.restarts else 0.0
+    best_total = _total(spec, ref, other, best, sharding) if config.restarts else 0.0
     for _ in range(config.restarts):
         draw = random_transform(spec, generator, widths=widths)
         start = base.replace(**{name: draw[name] for name in names})
         cand, s2, c2, h2 = coordinate_descent(
-            spec, names, ref, other, start, config, generator, bar, cache=cache
-        )
-        total = total_objective(spec, ref, other, cand)
+            spec, names, ref, other, start, config, generator, bar, cache=cache,
+            sharding=sharding,
+        )  # fmt: skip
+        total = _total(spec, ref, other, cand, sharding)
         if total > best_total:
             best, best_total, sweeps, converged, history = cand, total, s2, c2, h2
     return best, sweeps, converged, history
+
+
+def _objectives(
+    spec: SymmetrySpec,
+    names: Sequence[str],
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    sharding: Sharding,
+) -> dict[str, float]:
+    """Every space's objective: across processes, each process's share added up."""
+    if sharding.size == 1:
+        return space_objectives(spec, names, ref, other, transform)
+
+    def whole(name: str) -> bool:  # counted once: by its solver, or by process 0
+        how = sharding.solver[name]
+        return sharding.rank == 0 if how == "every" else how == sharding.rank
+
+    share = space_objectives(spec, names, ref, other, transform, owns=sharding.owns, whole=whole)
+    (summed,) = sum_over_ranks([torch.tensor([share[n] for n in names], dtype=torch.float64)])
+    return dict(zip(names, summed.tolist(), strict=True))
+
+
+def _total(
+    spec: SymmetrySpec,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    sharding: Sharding,
+) -> float:
+    """The total objective: across processes, each process's share added up."""
+    if sharding.size == 1:
+        return total_objective(spec, ref, other, transform)
+    share = total_objective(spec, ref, other, transform, owns=sharding.owns)
+    return float(sum_over_ranks([torch.tensor([share], dtype=torch.float64)])[0])
 
 
 @register_aligner("weight_matching", paper=GIT_REBASIN, config=WeightMatchingConfig)
@@ -356,6 +413,10 @@ def weight_matching(
     start = _start(spec, widths)
     if init is not None:
         _check_init(spec, init, start)
+    # across processes each reads only its share of the parameters (module sharding)
+    sizes = {k: v.numel() * v.element_size() for k, v in layout(params_b).items()}
+    sharding = shard_params(spec, sizes, circuits=config.residual_circuits)
+    _check_finite(params_a, params_b, sharding)
     begin = time.perf_counter()
     dev = torch.device(device or "cpu")
     # compared in float32, cast tensor by tensor as read: never a float32 copy of a
@@ -364,23 +425,23 @@ def weight_matching(
     other: MutableMapping[str, Tensor] = Float32View(params_b, dev)
     if dev.type != "cpu":  # on an accelerator every read would be a transfer: copy once
         ref, other = dict(ref), dict(other)
-    _weigh_rows(spec, ref, other, row_masks, row_weights)
-    fold_single_use_params(spec, ref, other)
+    _weigh_rows(spec, ref, other, row_masks, row_weights, sharding)
+    fold_single_use_params(spec, ref, other, owns=sharding.owns)
     base = init or start
     if init is None and config.start != "identity":
-        base = anchored_start(spec, ref, other, start, names=names)
+        base = anchored_start(spec, ref, other, start, names=names, sharding=sharding)
     bar = tqdm(desc="weight matching", unit="space", disable=not progress, leave=False)
     try:
         best, sweeps, converged, history = _descend_with_restarts(
-            spec, names, ref, other, base, config, widths, seed, bar
+            spec, names, ref, other, base, config, widths, seed, bar, sharding
         )
     finally:
         bar.close()
 
     # identity elements left out: applying them would cost products for nothing
     moved = Transform(spec, {s.name: start[s.name] for s in spec if widths[s.name] != s.n})
-    before = space_objectives(spec, names, ref, other, moved)
-    after = space_objectives(spec, names, ref, other, best)
+    before = _objectives(spec, names, ref, other, moved, sharding)
+    after = _objectives(spec, names, ref, other, best, sharding)
     diagnostics = {name: SpaceDiagnostics(before[name], after[name]) for name in names}
     return AlignmentResult(
         transform=best,

@@ -8,7 +8,7 @@ parameter is moved by the transform once.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -79,15 +79,25 @@ def space_objectives(
     ref: Mapping[str, Tensor],
     other: Mapping[str, Tensor],
     transform: Transform,
+    *,
+    owns: Callable[[str], bool] | None = None,
+    whole: Callable[[str], bool] | None = None,
 ) -> dict[str, float]:
-    """:func:`space_objective` of every space in ``names``, moving each parameter once."""
+    """:func:`space_objective` of every space in ``names``, moving each parameter once.
+
+    Across processes (:mod:`lmckit.aligners.weight.sharding`), each process gives its
+    share, and the shares add up to the objectives: the terms of the parameters it
+    ``owns``, and the spaces compared through their whole subproblem (head circuits,
+    least squares) that ``whole`` names (others give 0). Default: everything.
+    """
     # every compared region of every parameter, each parameter moved once
     wanted: dict[str, set[tuple[Part, ...]]] = {}
     for name in names:
         space = spec[name]
         if space.circuits is None and not space.group.least_squares:
             for use in (u for u in space.uses if u.compare):
-                wanted.setdefault(use.param, set()).add(use.parts)
+                if owns is None or owns(use.param):
+                    wanted.setdefault(use.param, set()).add(use.parts)
     per_region: dict[tuple[str, tuple[Part, ...]], float] = {}
     for param, parts_set in wanted.items():
         b = apply_to_param(spec, param, other[param], transform)
@@ -97,9 +107,11 @@ def space_objectives(
     for name in names:
         space = spec[name]
         if space.circuits is not None or space.group.least_squares:
-            out[name] = space_objective(spec, space, ref, other, transform)
+            mine = whole is None or whole(name)
+            out[name] = space_objective(spec, space, ref, other, transform) if mine else 0.0
         else:
-            out[name] = sum((per_region[(u.param, u.parts)] for u in space.uses if u.compare), 0.0)
+            terms = (per_region.get((u.param, u.parts), 0.0) for u in space.uses if u.compare)
+            out[name] = sum(terms, 0.0)
     return out
 
 
@@ -109,11 +121,19 @@ def inner(a: Tensor, b: Tensor) -> float:
 
 
 def total_objective(
-    spec: SymmetrySpec, ref: Mapping[str, Tensor], other: Mapping[str, Tensor], transform: Transform
+    spec: SymmetrySpec,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    *,
+    owns: Callable[[str], bool] | None = None,
 ) -> float:
-    """``sum_p <A_p, T(B)_p>`` over every compared parameter (each counted once)."""
+    """``sum_p <A_p, T(B)_p>`` over every compared parameter (each counted once; with
+    ``owns``, over those it names: one process's share)."""
     total = 0.0
     for name in {u.param for s in spec for u in s.uses if u.compare}:
+        if owns is not None and not owns(name):
+            continue
         b = apply_to_param(spec, name, other[name], transform)
         total += inner(ref[name], b)
     return total

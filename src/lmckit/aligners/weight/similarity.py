@@ -18,7 +18,7 @@ current map).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 
 import torch
@@ -327,16 +327,21 @@ def circuit_terms(
     ref: Mapping[str, Tensor],
     other: Mapping[str, Tensor],
     transform: Transform,
+    *,
+    owns: Callable[[str], bool] | None = None,
 ) -> tuple[Tensor | None, frozenset[str]]:
     """Circuit similarity of every head space that ``space`` feeds or is fed by.
 
     Returns the summed ``(m, n)`` term (``None`` if no head space touches ``space``) and
-    the parameters whose raw uses it replaces.
+    the parameters whose raw uses it replaces. With ``owns``, only the heads whose
+    output projection it owns are summed (the rest are another process's).
     """
     partners, replaced = circuit_partners(spec, space)
     total: Tensor | None = None
     current: Tensor | None = None  # built only if a head space touches this space
     for heads, inputs, outputs in partners:
+        if owns is not None and not owns(heads.circuits.output):  # type: ignore[union-attr]
+            continue
         if current is None:
             device = ref[heads.circuits.output].device  # type: ignore[union-attr]
             current = space.group.matrix(transform[space.name]).to(device, torch.float32)
@@ -352,7 +357,11 @@ def circuit_terms(
 
 
 def fold_single_use_params(
-    spec: SymmetrySpec, ref: MutableMapping[str, Tensor], other: MutableMapping[str, Tensor]
+    spec: SymmetrySpec,
+    ref: MutableMapping[str, Tensor],
+    other: MutableMapping[str, Tensor],
+    *,
+    owns: Callable[[str], bool] | None = None,
 ) -> None:
     """Replace large parameters that only one space touches by an exact small surrogate.
 
@@ -363,9 +372,12 @@ def fold_single_use_params(
     rows at a time (:data:`FOLD_BLOCK_BYTES`). Skipped
     for least-squares spaces, whose Gram needs ``B^T B``, and for groups that compare
     units by their norms, which the surrogate does not keep. Edits the dicts in place
-    (the caller's private float32 views, :class:`lmckit.params.Float32View`).
+    (the caller's private float32 views, :class:`lmckit.params.Float32View`). With
+    ``owns``, only the parameters it names (this process's share).
     """
     for name in list(ref):
+        if owns is not None and not owns(name):
+            continue
         uses = spec.uses_of(name)
         if len(uses) != 1 or name not in other or uses[0][1].parts:
             continue

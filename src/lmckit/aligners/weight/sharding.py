@@ -1,0 +1,153 @@
+"""Which process reads which parameters in weight matching across processes.
+
+With a process group (:mod:`lmckit.distributed`) every parameter has one *owner*, the
+only process that reads it. Spaces are grouped with the spaces nested in them (a block
+of heads with its query heads, value bases and rotary planes; an MLP with its up-branch
+scales) into *components*; a parameter belongs to the smallest component that reads it
+(``q_proj`` to its heads, not to the residual stream), and the components are dealt to
+the processes largest first, each to the process holding the fewest bytes so far.
+
+A space then is solved in one of three ways (:attr:`Sharding.solver`):
+
+* by one process, when every parameter its subproblem reads has that owner (the heads
+  and MLP units of a transformer): the others receive its element;
+* ``"split"``, when its parameters have several owners (a residual stream reads every
+  layer): each process adds the terms of the parameters it owns, the partial
+  similarities are gathered and summed in rank order, and every process solves the same
+  sum to the same element;
+* ``"every"``, when its parameters have several owners and its subproblem is not a
+  plain sum of terms (head circuits, least-squares and unit-norm groups): every process
+  reads what it needs and solves it whole.
+
+In one process every parameter is its own and every space is solved by it, as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from torch import Tensor
+
+from lmckit.aligners.weight.circuits import circuit_params
+from lmckit.aligners.weight.similarity import circuit_partners
+from lmckit.distributed import gather_from_ranks, world
+from lmckit.symmetry import Space, SymmetrySpec
+
+__all__ = ["Sharding", "shard_params", "summed_over_ranks"]
+
+Solver = int | Literal["split", "every"]
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Owners of parameters and solvers of spaces for one process (module docstring).
+
+    Attributes:
+        rank, size: this process and the number of processes.
+        owner: parameter name -> the process that reads it.
+        solver: space name -> the process that solves it alone, ``"split"`` or ``"every"``.
+    """
+
+    rank: int
+    size: int
+    owner: Mapping[str, int]
+    solver: Mapping[str, Solver]
+
+    def owns(self, param: str) -> bool:
+        """Whether this process reads ``param`` (every parameter, in one process)."""
+        return self.size == 1 or self.owner.get(param, 0) == self.rank
+
+    def owned(self) -> frozenset[str]:
+        """The parameters this process reads."""
+        return frozenset(p for p, r in self.owner.items() if r == self.rank)
+
+
+def _root(spec: SymmetrySpec, space: Space) -> str:
+    """The outermost space ``space`` lives in (itself when it is not enclosed)."""
+    while space.nest is not None or space.within is not None:
+        parent = space.nest.parent if space.nest is not None else space.within
+        assert parent is not None
+        space = spec[parent]
+    return space.name
+
+
+def reads(spec: SymmetrySpec, space: Space, circuits: bool) -> frozenset[str]:
+    """The parameters the subproblem of ``space`` reads (compared uses, its own head
+    circuits, and with ``circuits`` the circuits of the heads it feeds or is fed by)."""
+    out = {u.param for u in space.uses if u.compare} | set(circuit_params(space.circuits))
+    if circuits and space.circuits is None and not space.group.least_squares:
+        partners, replaced = circuit_partners(spec, space)
+        out -= replaced
+        for heads, _, _ in partners:
+            out |= set(circuit_params(heads.circuits))
+    return frozenset(out)
+
+
+def shard_params(
+    spec: SymmetrySpec,
+    sizes: Mapping[str, int],
+    *,
+    circuits: bool = True,
+    rank: int | None = None,
+    size: int | None = None,
+) -> Sharding:
+    """The owners and solvers for this process (module docstring).
+
+    Args:
+        spec: the symmetry spec.
+        sizes: bytes of each parameter (what is balanced between processes).
+        circuits: residual spaces see attention heads through their circuits (as
+            weight matching's ``residual_circuits``).
+        rank, size: default: this process in the current process group.
+    """
+    if rank is None or size is None:
+        rank, size = world()
+    read = {s.name: reads(spec, s, circuits) for s in spec}
+    members: dict[str, set[str]] = {}  # component root -> parameters it reads
+    for space in spec:
+        members.setdefault(_root(spec, space), set()).update(read[space.name])
+    roots = list(members)
+    home: dict[str, str] = {}
+    for param in sizes:
+        holders = [r for r in roots if param in members[r]]
+        if holders:  # the smallest component reading it (spec order on ties)
+            home[param] = min(holders, key=lambda r: (len(members[r]), roots.index(r)))
+    weight = dict.fromkeys(roots, 0)
+    for param, root in home.items():
+        weight[root] += sizes[param]
+    load = [0] * size
+    assigned: dict[str, int] = {}
+    for root in sorted(roots, key=lambda r: (-weight[r], roots.index(r))):
+        target = min(range(size), key=lambda r: (load[r], r))
+        assigned[root] = target
+        load[target] += weight[root]
+    owner = {param: assigned[root] for param, root in home.items()}
+    solver: dict[str, Solver] = {}
+    for space in spec:
+        owners = {owner[p] for p in read[space.name] if p in owner}
+        if space.circuits is not None or space.group.least_squares or space.group.needs_norms:
+            solver[space.name] = "every" if len(owners) > 1 else _only(owners)
+        else:
+            solver[space.name] = "split" if len(owners) > 1 else _only(owners)
+    return Sharding(rank, size, owner, solver)
+
+
+def _only(owners: set[int]) -> int:
+    return next(iter(owners)) if owners else 0
+
+
+def summed_over_ranks(part: Tensor | None) -> Tensor:
+    """The sum of every process's ``part`` (``None``: nothing to add), in rank order, so
+    that every process gets the same tensor bit for bit.
+
+    Raises ``ValueError`` if no process had a part.
+    """
+    parts = [p for p in gather_from_ranks(part) if p is not None]
+    if not parts:
+        raise ValueError("no process has a term of this space")
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total.add_(p.to(total.device))
+    return total
