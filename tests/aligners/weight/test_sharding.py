@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmckit.aligners.weight.sharding import shard_params
+from lmckit.aligners.weight.sharding import param_bytes, shard_params
 from lmckit.models import create_model
-from lmckit.params import layout
 from lmckit.rewrites import layernorm_to_rmsnorm
 
 GPT2 = {"vocab_size": 17, "n_layer": 4, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
@@ -17,7 +16,7 @@ GPT2 = {"vocab_size": 17, "n_layer": 4, "n_head": 4, "n_embd": 16, "n_inner": 24
 def gpt2() -> tuple:
     module, params = create_model("gpt2", seed=0, **GPT2)
     module, params = layernorm_to_rmsnorm(module, params)
-    sizes = {k: v.numel() * v.element_size() for k, v in layout(params).items()}
+    sizes = param_bytes(params)
     return module.symmetry_spec(), sizes
 
 

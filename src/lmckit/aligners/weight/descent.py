@@ -20,10 +20,14 @@ from tqdm.auto import tqdm
 
 from lmckit.aligners.weight.incremental import SimilarityCache
 from lmckit.aligners.weight.schedule import sweep_steps
-from lmckit.aligners.weight.sharding import Sharding, shard_params, summed_over_ranks
+from lmckit.aligners.weight.sharding import (
+    Sharding,
+    param_bytes,
+    shard_params,
+    summed_over_ranks,
+)
 from lmckit.distributed import gather_from_ranks
 from lmckit.groups.base import Subproblem
-from lmckit.params import layout
 from lmckit.symmetry import Space, SymmetrySpec, Transform
 
 if TYPE_CHECKING:  # the config lives with the algorithm, which imports this module
@@ -59,7 +63,7 @@ def coordinate_descent(
     the solved spaces' objectives after each sweep.
     """
     if sharding is None:
-        sharding = shard_params(spec, _sizes(other), circuits=config.residual_circuits)
+        sharding = shard_params(spec, param_bytes(other), circuits=config.residual_circuits)
     if cache is None:
         cache = SimilarityCache(
             spec, ref, other, circuits=config.residual_circuits, owns=sharding.owns
@@ -183,8 +187,3 @@ def _exchange(mine: Sequence[_Solution], todo: Sequence[str]) -> list[_Solution]
     gathered = gather_from_ranks(list(mine))
     by_name = {sol.name: sol for part in gathered for sol in part}
     return [by_name[name] for name in todo]
-
-
-def _sizes(params: Mapping[str, Tensor]) -> dict[str, int]:
-    """Bytes of each parameter, read from shapes."""
-    return {k: v.numel() * v.element_size() for k, v in layout(params).items()}

@@ -37,7 +37,7 @@ from lmckit.aligners.weight.objective import (
     total_objective,
 )
 from lmckit.aligners.weight.schedule import SCHEDULES, Schedule
-from lmckit.aligners.weight.sharding import Sharding, shard_params
+from lmckit.aligners.weight.sharding import Sharding, param_bytes, shard_params
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
 from lmckit.aligners.weight.start_choice import STARTS, best_start
 from lmckit.data import Dataset
@@ -414,8 +414,7 @@ def weight_matching(
     if init is not None:
         _check_init(spec, init, start)
     # across processes each reads only its share of the parameters (module sharding)
-    sizes = {k: v.numel() * v.element_size() for k, v in layout(params_b).items()}
-    sharding = shard_params(spec, sizes, circuits=config.residual_circuits)
+    sharding = shard_params(spec, param_bytes(params_b), circuits=config.residual_circuits)
     _check_finite(params_a, params_b, sharding)
     begin = time.perf_counter()
     dev = torch.device(device or "cpu")

@@ -33,9 +33,10 @@ from torch import Tensor
 from lmckit.aligners.weight.circuits import circuit_params
 from lmckit.aligners.weight.similarity import circuit_partners
 from lmckit.distributed import gather_from_ranks, world
+from lmckit.params import layout
 from lmckit.symmetry import Space, SymmetrySpec
 
-__all__ = ["Sharding", "shard_params", "summed_over_ranks"]
+__all__ = ["Sharding", "param_bytes", "shard_params", "summed_over_ranks"]
 
 Solver = int | Literal["split", "every"]
 
@@ -132,6 +133,11 @@ def shard_params(
         else:
             solver[space.name] = "split" if len(owners) > 1 else _only(owners)
     return Sharding(rank, size, owner, solver)
+
+
+def param_bytes(params: Mapping[str, Tensor]) -> dict[str, int]:
+    """Bytes of each parameter, read from shapes (nothing computed)."""
+    return {k: v.numel() * v.element_size() for k, v in layout(params).items()}
 
 
 def _only(owners: set[int]) -> int:
