@@ -152,3 +152,37 @@ def test_tiny_trained_gpt2_pair_activation_matching_beats_vanilla() -> None:
     orth_t = activation_matching(rspec, ra, rb, natural, model=rms, data=data).transform
     orth = measure_path(rms, ra, apply(rspec, rb, orth_t), data, settings).barrier_loss
     assert perm < vanilla and orth < vanilla, (vanilla, perm, orth)
+
+
+def test_a_model_computed_when_read_is_matched_like_its_built_copy() -> None:
+    # a Llama with its RMSNorm scales folded is a lmckit.spec.fold.FoldedParams: a
+    # mapping whose readers are computed when read, not a dict torch.func can run
+    transformers = pytest.importorskip("transformers")
+    from lmckit.data import Dataset
+    from lmckit.params import module_params
+    from lmckit.recipe import aligned_form
+    from lmckit.spec.fold import FoldedParams
+
+    config = transformers.LlamaConfig(
+        vocab_size=17, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False,
+        use_cache=False,
+    )  # fmt: skip
+    pair = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        module = transformers.LlamaForCausalLM(config).eval()
+        pair.append(dict(module_params(module)))
+    form = aligned_form(module, pair[0], pair[1], symmetry="orthogonal")
+    assert isinstance(form.a, FoldedParams)
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randint(0, 17, (64, 8), generator=gen)
+    data = Dataset("tokens", x, x, x[:8], x[:8], num_classes=17)
+    am = ActivationMatchingConfig(batch_size=32, batches=2)
+    lazy = activation_matching(form.spec, form.a, form.b, am, model=module, data=data)
+    built = activation_matching(form.spec, dict(form.a), dict(form.b), am, model=module, data=data)
+    for space in form.spec:
+        torch.testing.assert_close(
+            space.group.matrix(lazy.transform[space.name]),
+            space.group.matrix(built.transform[space.name]),
+        )

@@ -157,6 +157,10 @@ def collect_cross_statistics(
             raise ValueError(f"space {name!r} has no probes: activation matching cannot see it")
         for probe in space.probes:
             wanted.setdefault((probe.module, probe.input), []).append((name, probe.axis))
+    # forward passes need built tensors: a model computed when read (folded norm scales,
+    # lmckit.spec.fold) is built once here, not at every batch
+    params_a = params_a if isinstance(params_a, dict) else dict(params_a)
+    params_b = params_b if isinstance(params_b, dict) else dict(params_b)
     dev = torch.device(device or "cpu")
     if dev.type != "cpu":
         model = copy.deepcopy(model).to(dev)
