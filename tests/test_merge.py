@@ -17,6 +17,7 @@ from lmckit.merge_methods import (
 )
 from lmckit.models import create_model
 from lmckit.params import Params, interpolate
+from lmckit.streamed import LinearPoint
 from lmckit.symmetry import apply
 
 
@@ -76,6 +77,12 @@ def test_channel_statistics_match_direct_computation() -> None:
     pre = (x @ params["layers.0.weight"].T + params["layers.0.bias"]).double()
     torch.testing.assert_close(stats["layers.0"].mean, pre.mean(0))
     torch.testing.assert_close(stats["layers.0"].std, pre.std(0, unbiased=False))
+    # a point of a path, computed when read (a LazyParams), gives the same statistics
+    _, other = create_model("mlp", seed=1, in_features=5, hidden=[6], out_features=2)
+    point = LinearPoint(params, other, 0.25, None)
+    lazy = channel_statistics(module, point, ["layers.0"], list(x.split(20)))
+    built = channel_statistics(module, dict(point), ["layers.0"], list(x.split(20)))
+    torch.testing.assert_close(lazy["layers.0"].mean, built["layers.0"].mean)
 
 
 @pytest.fixture(scope="module")

@@ -100,6 +100,9 @@ def _run_hooked(
 ) -> None:
     """Run ``inputs`` through ``model`` with ``params`` (eval mode, no gradients) with
     ``hooks`` on the named modules; the model's mode is restored and the hooks removed."""
+    # torch.func runs built tensors: a model computed when read (lmckit.params.LazyParams)
+    # is built once here, not at every batch
+    params = params if isinstance(params, dict) else dict(params)
     modules = dict(model.named_modules())
     handles = [modules[name].register_forward_hook(fn) for name, fn in hooks.items()]
     was_training = model.training
