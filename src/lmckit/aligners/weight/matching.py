@@ -32,22 +32,25 @@ from lmckit.aligners.weight.descent import coordinate_descent
 from lmckit.aligners.weight.incremental import SimilarityCache
 from lmckit.aligners.weight.objective import (
     space_objective,
-    space_objectives,
     sweep_limit_note,
-    total_objective,
 )
 from lmckit.aligners.weight.schedule import SCHEDULES, Schedule
-from lmckit.aligners.weight.sharding import Sharding, param_bytes, shard_params
+from lmckit.aligners.weight.sharding import (
+    Sharding,
+    check_finite_over_ranks,
+    objectives_over_ranks,
+    param_bytes,
+    shard_params,
+    total_over_ranks,
+)
 from lmckit.aligners.weight.similarity import fold_single_use_params, space_similarity
 from lmckit.aligners.weight.start_choice import STARTS, best_start
 from lmckit.data import Dataset
-from lmckit.distributed import gather_from_ranks, sum_over_ranks
 from lmckit.params import (
     Float32View,
     IncompatibleModelsError,
     Params,
     check_compatible,
-    first_nonfinite,
     layout,
     meta_of,
 )
@@ -268,18 +271,6 @@ def _checked_widths(spec: SymmetrySpec, params_a: Params, params_b: Params) -> d
     return widths
 
 
-def _check_finite(params_a: Params, params_b: Params, sharding: Sharding) -> None:
-    """Raise ``ValueError`` naming the first parameter with a NaN or infinity (across
-    processes each reads its own parameters, and all raise the same error)."""
-    for params, what in ((params_a, "first model"), (params_b, "second model")):
-        bad = first_nonfinite(params, sharding.owns)
-        if sharding.size > 1:
-            found = set(gather_from_ranks(bad))
-            bad = next((k for k in params if k in found), None)
-        if bad is not None:
-            raise ValueError(f"{what}: {bad!r} contains NaN or infinite values")
-
-
 def _descend_with_restarts(
     spec: SymmetrySpec,
     names: Sequence[str],
@@ -299,7 +290,7 @@ def _descend_with_restarts(
     best, sweeps, converged, history = coordinate_descent(
         spec, names, ref, other, base, config, generator, bar, cache=cache, sharding=sharding
     )
-    best_total = _total(spec, ref, other, best, sharding) if config.restarts else 0.0
+    best_total = total_over_ranks(spec, ref, other, best, sharding) if config.restarts else 0.0
     for _ in range(config.restarts):
         draw = random_transform(spec, generator, widths=widths)
         start = base.replace(**{name: draw[name] for name in names})
@@ -307,45 +298,10 @@ def _descend_with_restarts(
             spec, names, ref, other, start, config, generator, bar, cache=cache,
             sharding=sharding,
         )  # fmt: skip
-        total = _total(spec, ref, other, cand, sharding)
+        total = total_over_ranks(spec, ref, other, cand, sharding)
         if total > best_total:
             best, best_total, sweeps, converged, history = cand, total, s2, c2, h2
     return best, sweeps, converged, history
-
-
-def _objectives(
-    spec: SymmetrySpec,
-    names: Sequence[str],
-    ref: Mapping[str, Tensor],
-    other: Mapping[str, Tensor],
-    transform: Transform,
-    sharding: Sharding,
-) -> dict[str, float]:
-    """Every space's objective: across processes, each process's share added up."""
-    if sharding.size == 1:
-        return space_objectives(spec, names, ref, other, transform)
-
-    def whole(name: str) -> bool:  # counted once: by its solver, or by process 0
-        how = sharding.solver[name]
-        return sharding.rank == 0 if how == "every" else how == sharding.rank
-
-    share = space_objectives(spec, names, ref, other, transform, owns=sharding.owns, whole=whole)
-    (summed,) = sum_over_ranks([torch.tensor([share[n] for n in names], dtype=torch.float64)])
-    return dict(zip(names, summed.tolist(), strict=True))
-
-
-def _total(
-    spec: SymmetrySpec,
-    ref: Mapping[str, Tensor],
-    other: Mapping[str, Tensor],
-    transform: Transform,
-    sharding: Sharding,
-) -> float:
-    """The total objective: across processes, each process's share added up."""
-    if sharding.size == 1:
-        return total_objective(spec, ref, other, transform)
-    share = total_objective(spec, ref, other, transform, owns=sharding.owns)
-    return float(sum_over_ranks([torch.tensor([share], dtype=torch.float64)])[0])
 
 
 @register_aligner("weight_matching", paper=GIT_REBASIN, config=WeightMatchingConfig)
@@ -415,7 +371,7 @@ def weight_matching(
         _check_init(spec, init, start)
     # across processes each reads only its share of the parameters (module sharding)
     sharding = shard_params(spec, param_bytes(params_b), circuits=config.residual_circuits)
-    _check_finite(params_a, params_b, sharding)
+    check_finite_over_ranks(params_a, params_b, sharding)
     begin = time.perf_counter()
     dev = torch.device(device or "cpu")
     # compared in float32, cast tensor by tensor as read: never a float32 copy of a
@@ -439,8 +395,8 @@ def weight_matching(
 
     # identity elements left out: applying them would cost products for nothing
     moved = Transform(spec, {s.name: start[s.name] for s in spec if widths[s.name] != s.n})
-    before = _objectives(spec, names, ref, other, moved, sharding)
-    after = _objectives(spec, names, ref, other, best, sharding)
+    before = objectives_over_ranks(spec, names, ref, other, moved, sharding)
+    after = objectives_over_ranks(spec, names, ref, other, best, sharding)
     diagnostics = {name: SpaceDiagnostics(before[name], after[name]) for name in names}
     return AlignmentResult(
         transform=best,

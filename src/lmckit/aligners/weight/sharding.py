@@ -19,24 +19,37 @@ A space then is solved in one of three ways (:attr:`Sharding.solver`):
   plain sum of terms (head circuits, least-squares and unit-norm groups): every process
   reads what it needs and solves it whole.
 
-In one process every parameter is its own and every space is solved by it, as before.
+The finiteness check and the objectives weight matching reports are shared the same
+way (:func:`check_finite_over_ranks`, :func:`objectives_over_ranks`,
+:func:`total_over_ranks`: each process's share, added up). In one process every
+parameter is its own and every space is solved by it, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import torch
 from torch import Tensor
 
 from lmckit.aligners.weight.circuits import circuit_params
+from lmckit.aligners.weight.objective import space_objectives, total_objective
 from lmckit.aligners.weight.similarity import circuit_partners
-from lmckit.distributed import gather_from_ranks, world
-from lmckit.params import layout
-from lmckit.symmetry import Space, SymmetrySpec
+from lmckit.distributed import gather_from_ranks, sum_over_ranks, world
+from lmckit.params import first_nonfinite, layout
+from lmckit.symmetry import Space, SymmetrySpec, Transform
 
-__all__ = ["Sharding", "param_bytes", "shard_params", "summed_over_ranks"]
+__all__ = [
+    "Sharding",
+    "check_finite_over_ranks",
+    "objectives_over_ranks",
+    "param_bytes",
+    "shard_params",
+    "summed_over_ranks",
+    "total_over_ranks",
+]
 
 Solver = int | Literal["split", "every"]
 
@@ -157,3 +170,52 @@ def summed_over_ranks(part: Tensor | None) -> Tensor:
     for p in parts[1:]:
         total.add_(p.to(total.device))
     return total
+
+
+def check_finite_over_ranks(
+    params_a: Mapping[str, Tensor], params_b: Mapping[str, Tensor], sharding: Sharding
+) -> None:
+    """Raise ``ValueError`` naming the first parameter with a NaN or infinity (across
+    processes each reads its own parameters, and all raise the same error)."""
+    for params, what in ((params_a, "first model"), (params_b, "second model")):
+        bad = first_nonfinite(params, sharding.owns)
+        if sharding.size > 1:
+            found = set(gather_from_ranks(bad))
+            bad = next((k for k in params if k in found), None)
+        if bad is not None:
+            raise ValueError(f"{what}: {bad!r} contains NaN or infinite values")
+
+
+def objectives_over_ranks(
+    spec: SymmetrySpec,
+    names: Sequence[str],
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    sharding: Sharding,
+) -> dict[str, float]:
+    """Every space's objective: across processes, each process's share added up."""
+    if sharding.size == 1:
+        return space_objectives(spec, names, ref, other, transform)
+
+    def whole(name: str) -> bool:  # counted once: by its solver, or by process 0
+        how = sharding.solver[name]
+        return sharding.rank == 0 if how == "every" else how == sharding.rank
+
+    share = space_objectives(spec, names, ref, other, transform, owns=sharding.owns, whole=whole)
+    (summed,) = sum_over_ranks([torch.tensor([share[n] for n in names], dtype=torch.float64)])
+    return dict(zip(names, summed.tolist(), strict=True))
+
+
+def total_over_ranks(
+    spec: SymmetrySpec,
+    ref: Mapping[str, Tensor],
+    other: Mapping[str, Tensor],
+    transform: Transform,
+    sharding: Sharding,
+) -> float:
+    """The total objective: across processes, each process's share added up."""
+    if sharding.size == 1:
+        return total_objective(spec, ref, other, transform)
+    share = total_objective(spec, ref, other, transform, owns=sharding.owns)
+    return float(sum_over_ranks([torch.tensor([share], dtype=torch.float64)])[0])
