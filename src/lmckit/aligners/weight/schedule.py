@@ -17,8 +17,10 @@ spaces:
   order that differs from ``"sequential"``'s. One process and several give the same
   result for the same schedule.
 
-With a process group (:mod:`lmckit.distributed`), each process solves every ``W``-th
-space of a step and the elements are exchanged before the next step.
+With a process group (:mod:`lmckit.distributed`), each process solves the spaces of a
+step whose parameters it owns, the processes share the terms of the others
+(:mod:`lmckit.aligners.weight.sharding`), and the elements are exchanged before the
+next step.
 """
 
 from __future__ import annotations
