@@ -290,12 +290,12 @@ def check_compatible(a: Mapping[str, Tensor], b: Mapping[str, Tensor]) -> None:
 
 
 def first_nonfinite(
-    params: Mapping[str, Tensor], keys: Callable[[str], bool] | None = None
+    params: Mapping[str, Tensor], only: Callable[[str], bool] | None = None
 ) -> str | None:
     """The name of the first floating-point tensor holding a NaN or infinity, or
-    ``None`` (with ``keys``, of the tensors it names: the others are not read)."""
+    ``None`` (with ``only``, among the names it accepts: the others are not read)."""
     for name in params:
-        if keys is not None and not keys(name):
+        if only is not None and not only(name):
             continue
         value = params[name]
         # one reduction first (NaN and inf propagate through a sum); the elementwise

@@ -47,9 +47,3 @@ def test_each_parameter_has_one_owner_and_spaces_stay_whole(gpt2, size: int) -> 
     loads = [sum(sizes[p] for p in o) for o in owned]
     layer = sum(v for k, v in sizes.items() if ".h.0." in k)
     assert max(loads) - min(loads) <= layer + max(sizes.values())
-
-
-def test_one_process_owns_everything(gpt2) -> None:
-    spec, sizes = gpt2
-    sharding = shard_params(spec, sizes)  # no process group here
-    assert sharding.size == 1 and all(sharding.owns(p) for p in sizes)
