@@ -11,7 +11,6 @@ evaluation, a simplex, activation statistics, activation matching, learned match
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from tests.processes import free_port, set_rank_environment
 from tests.tiny_models import FOUR_HEADS
 
 from lmckit.aligners import (
@@ -142,13 +142,7 @@ class _Counted(LazyParams):
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(PROCESSES),
-    )
+    set_rank_environment(rank, PROCESSES, port)
     assert init_from_env("gloo")
     try:
         assert world() == (rank, PROCESSES)
@@ -165,16 +159,10 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
     out_dir = tmp_path_factory.mktemp("ranks")
-    mp.spawn(_worker, args=(_free_port(), str(out_dir)), nprocs=PROCESSES, join=True)
+    mp.spawn(_worker, args=(free_port(), str(out_dir)), nprocs=PROCESSES, join=True)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(PROCESSES)]
     return _compute(), ranks
 

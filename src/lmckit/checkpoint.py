@@ -197,7 +197,12 @@ def _check_kind(key: str, dtype: object, stored_float: bool, expected: Tensor, w
         )
 
 
-def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32) -> Checkpoint:
+def load(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = torch.float32,
+    check_values: bool = True,
+) -> Checkpoint:
     """Load a checkpoint directory, or a weights file with ``config.json`` beside it.
 
     Nothing large is allocated before the weights are known to fit the config: the
@@ -212,6 +217,8 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.floa
             as stored. Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) stay
             integers; integer or boolean weights are refused, naming the parameter, and so
             is a weight whose values overflow ``dtype`` (a float64 1e300 in float32).
+        check_values: refuse NaN and infinite values and overflows of ``dtype``;
+            ``False`` for a caller that checks what it reads itself.
 
     Raises:
         CheckpointError: naming the file and the first problem found.
@@ -225,13 +232,14 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.floa
         header = safetensors_header(weights_path)  # reads the header only
         _check_repeats(config, len(header), config_path)
     else:
-        params = load_params_file(weights_path)  # a pickle has no header: bounded by its size
+        # a pickle has no header: bounded by its size
+        params = load_params_file(weights_path, require_finite=check_values)
         _check_repeats(config, len(params), config_path)
     shapes = _build(config, config_path, meta=True)
     if header is not None:
         _check_header(header, shapes, weights_path)
     if params is None:
-        params = load_params_file(weights_path)
+        params = load_params_file(weights_path, require_finite=check_values)
     _check_layout(params, shapes, weights_path)
     expected = shapes.state_dict()
     for key, value in params.items():
@@ -243,7 +251,7 @@ def load(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.floa
         for k in module.state_dict()
     }
     # the stored values are finite (checked on reading): only the conversion can overflow
-    overflow = first_nonfinite(params)
+    overflow = first_nonfinite(params) if check_values else None
     if overflow is not None:
         raise CheckpointError(
             f"{weights_path}: parameter {overflow!r} overflows {dtype} (its values lie beyond "

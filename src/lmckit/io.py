@@ -127,22 +127,30 @@ def model_format(path: str | os.PathLike[str]) -> ModelFormat:
 
 
 def load_model(
-    path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = torch.float32,
+    check_values: bool = True,
 ) -> LoadedModel:
     """Load an lmckit checkpoint (folder or weights file) or a Hugging Face folder.
 
     Args:
         path: the checkpoint or folder.
         dtype: floating dtype of the weights; ``None`` keeps them as stored.
+        check_values: refuse NaN and infinite values on loading, which reads every
+            value. ``False``: not checked here, for a caller that checks what it reads
+            (weight matching does); a Hugging Face folder's safetensors loaded with
+            ``dtype=None`` then stay memory-mapped, unread until a weight is used, so
+            processes that each align their share of a model read only that share.
 
     Raises:
         CheckpointError: (or its subclass :class:`~lmckit.hf.HFError`) naming the file
             and the problem.
     """
     if model_format(path) == "hf":
-        hf = load_hf(path, dtype=dtype)
+        hf = load_hf(path, dtype=dtype, check_values=check_values)
         return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
-    ckpt = load_checkpoint(path, dtype=dtype)
+    ckpt = load_checkpoint(path, dtype=dtype, check_values=check_values)
     return LoadedModel(ckpt.module, ckpt.params, "lmckit", Path(path), ckpt)
 
 

@@ -34,7 +34,7 @@ import click
 
 from lmckit.allocator import keep_large_blocks_mapped
 
-__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "LmckitGroup", "main"]
+__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "SPLIT_COMMANDS", "LmckitGroup", "main"]
 
 #: Command name -> module under ``lmckit.cli`` defining it as ``command``.
 COMMANDS = {
@@ -46,6 +46,9 @@ COMMANDS = {
     "symmetries": "symmetries",
     "reproduce": "reproduce",
 }
+#: Commands that split their work between the processes ``torchrun`` starts
+#: (:func:`lmckit.cli.common.join_processes`); the others refuse to run under it.
+SPLIT_COMMANDS = ("align", "barrier")
 EXIT_INTERRUPTED = 130
 BUG_REPORT = (
     "lmckit: this is a bug in lmckit, not a mistake in what you asked; please report it "
@@ -186,7 +189,16 @@ class LmckitGroup(click.Group):
 
 @click.group(cls=LmckitGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="lmckit")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Align, merge and measure linear mode connectivity between neural networks."""
     # large tensors freed between spaces go back to the system (lmckit.allocator)
     keep_large_blocks_mapped()
+    if ctx.invoked_subcommand not in SPLIT_COMMANDS:
+        from lmckit.cli.common import fail, launched_processes
+
+        if launched_processes() > 1:
+            raise fail(
+                f"lmckit {ctx.invoked_subcommand} runs in one process; under torchrun only "
+                f"{' and '.join(SPLIT_COMMANDS)} split their work between processes"
+            )

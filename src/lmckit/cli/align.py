@@ -19,6 +19,7 @@ from lmckit.cli.common import (
     dtype_option,
     force_option,
     input_paths,
+    join_processes,
     load_dataset,
     load_like,
     load_models,
@@ -31,6 +32,7 @@ from lmckit.cli.common import (
     threads_option,
     validate_data_spec,
 )
+from lmckit.distributed import is_distributed
 from lmckit.io import LoadedModel, model_format, save_model
 from lmckit.models import ZooModel
 from lmckit.outputs import REFERENCE_DIR, OutputKind
@@ -150,8 +152,11 @@ def command(
     """
     from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig
 
+    writer = join_processes()  # under torchrun: process 0 reports and writes
+    quiet = quiet or not writer
     inputs = input_paths(model_a, model_b, data_spec=data_spec)
-    check_out_dir(out, output_kind(model_b), inputs, force)
+    if writer:
+        check_out_dir(out, output_kind(model_b), inputs, force)
     set_threads(threads)
     if circuits and head_bases:
         raise click.ClickException("--head-bases aligns bases inside heads; --circuits leaves none")
@@ -172,16 +177,19 @@ def command(
     # back in their own dtype stay in it (half the memory of float32 copies for bfloat16)
     native = method == "weight" and data_spec is None and dtype == "auto"
     read_as = None if native else torch.float32
-    (a,) = load_models([model_a], dtype=read_as)
+    # across processes each checks the values of the tensors it works on (weight matching
+    # refuses a NaN by name), so that none reads the parts of the models it leaves alone
+    checked = not (native and is_distributed())
+    (a,) = load_models([model_a], dtype=read_as, check_values=checked)
     choice = choose_pair_form(
         a, method=method, symmetry=symmetry, circuits=circuits, head_bases=head_bases
     )
     # A's spec is inferred (and checked: on a float64 copy of a model up to 134M
     # parameters) before B is read, so that copy never sits beside both models
     spec = None if choice.to_zoo else spec_of(a.module)
-    b = load_like(a, model_b, dtype=read_as)
+    b = load_like(a, model_b, dtype=read_as, check_values=checked)
     kind = align_output_kind(b, choice)
-    if kind != output_kind(model_b):
+    if writer and kind != output_kind(model_b):
         check_out_dir(out, kind, inputs, force)  # the form is written as lmckit's model
     stored = output_dtype(dtype, kind)
     if circuits is not None or data_spec is None or method != "weight":
@@ -202,6 +210,8 @@ def command(
         progress=not quiet,
         spec=spec,
     )
+    if not writer:
+        return
     metadata = {"aligned_to": str(model_a), "source": str(model_b), **aligned.metadata}
     metadata["data"] = data_spec
     reference = str(Path(out) / REFERENCE_DIR) if aligned.reference is not None else None

@@ -15,6 +15,7 @@ from lmckit.cli.common import (
     data_option,
     fail,
     input_paths,
+    join_processes,
     load_dataset,
     load_models,
     quiet_option,
@@ -108,6 +109,8 @@ def command(
     With --simplex, MODELS are two or more checkpoints and the loss is measured over
     the simplex they span (multi-model barrier; --plot draws it for three).
     """
+    writer = join_processes()  # under torchrun: process 0 reports and writes
+    quiet = quiet or not writer
     set_threads(threads)
     if not simplex and len(models) != 2:
         raise fail(f"give two models (or --simplex for several), got {len(models)}")
@@ -122,7 +125,10 @@ def command(
     if simplex and plot_path and len(models) != 3:
         raise fail(f"--plot draws the simplex of 3 models, got {len(models)}")
     inputs = input_paths(*models, data_spec=data_spec)
-    check_out_files(inputs, json=json_path, plot=plot_path)
+    if writer:
+        check_out_files(inputs, json=json_path, plot=plot_path)
+    else:  # the other processes compute, and write nothing
+        json_path = plot_path = None
     # bfloat16 or float16 models stay as stored; each point is built in float32
     settings = EvalSettings(split=split, points=points, fix=fix, dtype=torch.float32)
     if simplex:

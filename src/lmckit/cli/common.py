@@ -9,6 +9,7 @@ Errors are raised as the library's exceptions (or :func:`fail`); the group in
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TypeVar
@@ -36,6 +37,8 @@ __all__ = [
     "fail",
     "force_option",
     "input_paths",
+    "join_processes",
+    "launched_processes",
     "load_dataset",
     "DTYPES",
     "dtype_option",
@@ -154,30 +157,41 @@ def seed_option(help: str | None = None) -> Callable[[FC], FC]:
 
 
 def load_models(
-    paths: Sequence[str], *, forms: bool = False, dtype: torch.dtype | None = torch.float32
+    paths: Sequence[str],
+    *,
+    forms: bool = False,
+    dtype: torch.dtype | None = torch.float32,
+    check_values: bool = True,
 ) -> list[LoadedModel]:
     """Load models that must share one architecture; mismatches name both paths.
 
     ``forms``: when a model records the form ``lmckit align`` wrote it in, the others
     may be in their own form (the path is measured after putting them in that form,
     :func:`lmckit.workflow.path_form`, which checks the architectures then).
-    ``dtype``: as :func:`lmckit.io.load_model` (``None``: as stored).
+    ``dtype``, ``check_values``: as :func:`lmckit.io.load_model` (``None``: as stored).
     """
     if forms:
         from lmckit.workflow import recorded_form
 
         if any(recorded_form(p) is not None for p in paths):
-            return [load_model(p, dtype=dtype) for p in paths]
-    first = load_model(paths[0], dtype=dtype)
-    return [first, *(load_like(first, path, dtype=dtype) for path in paths[1:])]
+            return [load_model(p, dtype=dtype, check_values=check_values) for p in paths]
+    first = load_model(paths[0], dtype=dtype, check_values=check_values)
+    return [
+        first,
+        *(load_like(first, p, dtype=dtype, check_values=check_values) for p in paths[1:]),
+    ]
 
 
 def load_like(
-    first: LoadedModel, path: str, *, dtype: torch.dtype | None = torch.float32
+    first: LoadedModel,
+    path: str,
+    *,
+    dtype: torch.dtype | None = torch.float32,
+    check_values: bool = True,
 ) -> LoadedModel:
     """The model at ``path``, which must have ``first``'s architecture (a mismatch names
     both paths); for commands that work on the first model before reading the others."""
-    other = load_model(path, dtype=dtype)
+    other = load_model(path, dtype=dtype, check_values=check_values)
     try:
         check_same_architecture(first, other)
     except IncompatibleModelsError as err:
@@ -230,6 +244,42 @@ def check_out_files(inputs: list[str], *, json: str | None, plot: str | None = N
 
 
 # --------------------------------------------------------------------------- machine
+
+
+def launched_processes() -> int:
+    """How many processes ``torchrun`` (or another launcher setting ``WORLD_SIZE``)
+    started for this command; 1 without one."""
+    value = os.environ.get("WORLD_SIZE", "1")
+    try:
+        size = int(value)
+    except ValueError:
+        raise fail(f"WORLD_SIZE must be a whole number of processes, got {value!r}") from None
+    if size < 1:
+        raise fail(f"WORLD_SIZE must be at least 1, got {size}")
+    return size
+
+
+def join_processes() -> bool:
+    """Join the processes ``torchrun`` started (gloo on the CPU): the library then splits
+    its work between them (:mod:`lmckit.distributed`). Returns whether this process
+    reports and writes: process 0, or the only one. The others print nothing on stdout
+    (errors still go to stderr) and write nothing."""
+    if launched_processes() == 1:
+        return True
+    import torch.distributed as dist
+
+    from lmckit.distributed import init_from_env, world
+
+    if not dist.is_initialized():
+        if not init_from_env():
+            raise fail("torchrun started several processes, but this PyTorch has no "
+                       "torch.distributed; run the command in one process")  # fmt: skip
+        click.get_current_context().call_on_close(dist.destroy_process_group)
+    if world()[0] == 0:
+        return True
+    # the figures every process computes are the same; one copy on the terminal
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (open for the process's life)
+    return False
 
 
 def set_threads(threads: int | None) -> None:

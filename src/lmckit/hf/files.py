@@ -184,12 +184,12 @@ def shard_map(index: Path) -> dict[str, set[str]]:
     return shards
 
 
-def _read_sharded(index: Path) -> Params:
+def _read_sharded(index: Path, *, check_values: bool) -> Params:
     """The union of the shards an index file names; every listed weight must be found."""
     shards = shard_map(index)
     params: Params = {}
     for shard in sorted(shards):
-        part = load_params_file(index.parent / shard)
+        part = load_params_file(index.parent / shard, require_finite=check_values)
         _check_shard(index, shard, shards[shard], part.keys(), params.keys())
         params.update(part)
     return params
@@ -232,8 +232,12 @@ def read_hf_header(path: str | os.PathLike[str]) -> dict[str, tuple[str, tuple[i
     return safetensors_header(file)
 
 
-def read_hf_weights(path: str | os.PathLike[str]) -> Params:
+def read_hf_weights(path: str | os.PathLike[str], *, check_values: bool = True) -> Params:
     """Every weight of a Hugging Face folder, on the CPU, under its on-disk names and dtypes.
+
+    Safetensors files are memory-mapped: a value is read from disk when it is used.
+    ``check_values=False`` skips the check for NaN and infinity, which reads every value
+    (for a caller that checks what it reads itself).
 
     Raises:
         HFError: no weights file. :class:`~lmckit.checkpoint.CheckpointError` (its base
@@ -242,7 +246,7 @@ def read_hf_weights(path: str | os.PathLike[str]) -> Params:
     """
     file = weights_path(path)
     if file.name.endswith(".index.json"):
-        return _read_sharded(file)
+        return _read_sharded(file, check_values=check_values)
     if not is_regular_file(file):
         raise HFError(f"{file} is not a regular file")
-    return load_params_file(file)
+    return load_params_file(file, require_finite=check_values)

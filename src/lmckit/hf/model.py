@@ -94,7 +94,12 @@ def _no_cache(config: Any) -> None:
             cfg.use_cache = False
 
 
-def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32) -> HFModel:
+def load_hf(
+    path: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = torch.float32,
+    check_values: bool = True,
+) -> HFModel:
     """Load a local Hugging Face folder (``config.json``, weights) as a ``transformers`` module.
 
     The class is ``architectures[0]`` of ``config.json`` (else ``AutoModel``'s), built
@@ -107,6 +112,10 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
     Args:
         path: the folder (see :mod:`lmckit.hf.files` for the weight files accepted).
         dtype: floating dtype of the module; ``None`` keeps the folder's own.
+        check_values: refuse NaN and infinite values (and overflows of ``dtype``) on
+            loading, which reads every value. ``False`` with ``dtype=None`` reads no value:
+            the safetensors files stay memory-mapped until a weight is used (for callers
+            that check what they read, as weight matching does).
 
     Raises:
         HFError: naming the file and the first problem (a missing or corrupt weights
@@ -123,15 +132,16 @@ def load_hf(path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.f
     cls = model_class(raw, config, where)
     _no_cache(config)
     header = read_hf_header(root)
-    weights = None if header is not None else read_hf_weights(root)  # a pickle: no header
+    # a pickle has no header: read (and checked) whole first
+    weights = None if header is not None else read_hf_weights(root, check_values=check_values)
     layout = header if header is not None else layout_of(weights or {})
     check_config_fits(cls, config, raw, layout, dtype=dtype, where=root)
     if weights is None:
-        weights = read_hf_weights(root)
+        weights = read_hf_weights(root, check_values=check_values)
     module = build_module(cls, config, weights, dtype=dtype, where=root)
     params = module_params(module)
     # the stored values are finite (checked on reading): only the conversion can overflow
-    overflow = first_nonfinite(params)
+    overflow = first_nonfinite(params) if check_values and dtype is not None else None
     if overflow is not None:
         raise HFError(
             f"{root}: weight {overflow!r} overflows {params[overflow].dtype} (its stored values "
