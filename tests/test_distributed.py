@@ -34,6 +34,7 @@ from lmckit.batched import Batching
 from lmckit.data import batches, load_digits
 from lmckit.distributed import (
     any_rank,
+    computed_once,
     init_from_env,
     is_distributed,
     local,
@@ -47,6 +48,7 @@ from lmckit.evaluate import evaluate, evaluate_path
 from lmckit.models import create_model
 from lmckit.params import LazyParams
 from lmckit.paths import evaluate_simplex
+from lmckit.recipe import spec_of
 from lmckit.rewrites import layernorm_to_rmsnorm
 
 PROCESSES = 2
@@ -115,6 +117,10 @@ def _compute() -> dict[str, Any]:
     wm = weight_matching(rms.symmetry_spec(), lazy_a, lazy_b, WeightMatchingConfig(), seed=4)
     out["weight_orthogonal"] = (_matrices(rms.symmetry_spec(), wm.transform), wm.history)
     out["reads"] = (set(lazy_a.reads), set(lazy_b.reads))
+    # the spec is inferred and checked by process 0 alone, which reads the values
+    counted = _Counted(ga)
+    out["spec"] = [(s.name, type(s.group).__name__) for s in spec_of(gpt, params=counted)]
+    out["spec_reads"] = set(counted.reads)
     if is_distributed():
         try:  # fewer input batches than processes: every process stops with the same error
             collect_cross_statistics(model, spec, a, b, inputs[:1])
@@ -141,6 +147,10 @@ class _Counted(LazyParams):
         return torch.empty_like(self.source[key], device="meta")
 
 
+def _raise(err: Exception) -> None:
+    raise err
+
+
 def _worker(rank: int, port: int, out_dir: str) -> None:
     set_rank_environment(rank, PROCESSES, port)
     assert init_from_env("gloo")
@@ -154,6 +164,11 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
         grad.grad = torch.full((2,), float(rank + 1))
         (summed,) = sum_gradients([grad], [torch.tensor(1.0)], mean=True)
         assert grad.grad.tolist() == [1.5, 1.5] and float(summed) == 1.0
+        calls: list[int] = []
+        assert computed_once(lambda: calls.append(rank) or 10 + rank) == 10
+        assert calls == ([0] if rank == 0 else [])  # the others receive process 0's result
+        with pytest.raises(ValueError, match="^from process 0$"):  # and its error
+            computed_once(lambda: _raise(ValueError(f"from process {rank}")))
         torch.save(_compute(), Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -227,7 +242,15 @@ def test_without_a_process_group_everything_is_local() -> None:
     (copy,) = sum_over_ranks([t])
     assert torch.equal(copy, t) and copy is not t
     assert any_rank(True) and not any_rank(False)
+    assert computed_once(lambda: 3) == 3
     assert not init_from_env() or "WORLD_SIZE" in os.environ
+
+
+def test_the_spec_is_inferred_once_and_shared(results) -> None:
+    one, ranks = results
+    assert ranks[0]["spec"] == ranks[1]["spec"] == one["spec"]
+    assert ranks[0]["spec_reads"] == one["spec_reads"] and len(one["spec_reads"]) > 10
+    assert ranks[1]["spec_reads"] == set()  # no value read for it
 
 
 def test_each_process_reads_only_its_share_of_the_models(results) -> None:

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextvars import ContextVar
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -36,6 +36,7 @@ from torch import Tensor
 
 __all__ = [
     "any_rank",
+    "computed_once",
     "gather_from_ranks",
     "init_from_env",
     "is_distributed",
@@ -185,3 +186,25 @@ def gather_from_ranks(value: T) -> list[T]:
     out: list[T] = [value] * size
     dist.all_gather_object(out, value)
     return out
+
+
+def computed_once(compute: Callable[[], T]) -> T:
+    """``compute()`` run by process 0 alone and sent (pickled) to the others, which do
+    not run it: for a result every process would compute alike at some cost (reading a
+    whole model). An exception it raises is raised on every process. All processes must
+    call this together; not distributed: ``compute()``.
+    """
+    rank, size = world()
+    if size == 1:
+        return compute()
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            box[0] = (True, compute())
+        except Exception as err:  # every process stops with process 0's error
+            box[0] = (False, err)
+    dist.broadcast_object_list(box, src=0)
+    done, value = box[0]
+    if not done:
+        raise value
+    return value

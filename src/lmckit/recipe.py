@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from torch import Tensor, nn
 
+from lmckit.distributed import computed_once
 from lmckit.groups import HeadPermutation, Orthogonal, Permutation
 from lmckit.models import ZooModel
 from lmckit.params import Params, as_module, as_params
@@ -113,12 +114,16 @@ def default_inputs(module: nn.Module) -> tuple[Tensor | None, ...]:
 def spec_of(
     module: nn.Module, inputs: ExampleInputs | None = None, *, params: Params | None = None
 ) -> SymmetrySpec:
-    """The module's inferred symmetry spec (the zoo's is inferred once per architecture)."""
+    """The module's inferred symmetry spec (the zoo's is inferred once per architecture).
+
+    With a process group (:mod:`lmckit.distributed`) process 0 infers and checks it, which
+    reads the parameters' values, and sends it to the others: every process calls this.
+    """
     if isinstance(module, ZooModel) and inputs is None and params is None:
         return module.symmetry_spec()
     names = module.space_names if isinstance(module, ZooModel) else None
     given = inputs if inputs is not None else default_inputs(module)
-    return infer_spec(module, given, names=names, params=params)
+    return computed_once(lambda: infer_spec(module, given, names=names, params=params))
 
 
 def _permutations_only(spec: SymmetrySpec) -> SymmetrySpec:
@@ -160,7 +165,8 @@ def orthogonal_route(
         ValueError: no route (no space admits rotations, saying why).
     """
     names = module.space_names if isinstance(module, ZooModel) else None
-    analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False)
+    # the graph's analysis is all the fold needs: no value of the models is read for it
+    analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False, decide=False)
     layer_norms = any(site.kind == "layer" for site in analysis.scales)
     if isinstance(module, ZooModel) and layer_norms:
         # the zoo's own rewrite reaches every orthogonal map, not only those fixing the mean
@@ -175,11 +181,15 @@ def orthogonal_route(
         untied = fa.tied
         module = untied_module(module, untied)
         a, b = untied_params(a, untied), untied_params(b, untied)
-        analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False)
+        analysis = analyze_symmetries(
+            module, inputs, names=names, params=a, check=False, decide=False
+        )
         fa = fold_norm_scales(analysis, a)
     fb = fold_norm_scales(analysis, b)
     if fa.scales:
-        spec = infer_spec(module, inputs, names=names, params=fa.params, uniform=fa.scales)
+        spec = computed_once(
+            lambda: infer_spec(module, inputs, names=names, params=fa.params, uniform=fa.scales)
+        )
         if has_rotations(spec):
             return _OrthogonalRoute("fold", fa.params, fb.params, spec, fa.scales, module,
                                     tuple(sorted(untied)))  # fmt: skip

@@ -77,6 +77,7 @@ def analyze_symmetries(
     params: Mapping[str, Tensor] | None = None,
     uniform: Iterable[str] = (),
     check: bool = True,
+    decide: bool = True,
     seed: int = 0,
 ) -> SymmetryAnalysis:
     """Infer ``module``'s symmetries and keep everything the analysis learned.
@@ -98,6 +99,11 @@ def analyze_symmetries(
         check: verify the spec (random group elements must not change the outputs)
             before returning; a space that fails is left out, with the reason in
             :attr:`SymmetryAnalysis.left_out` (:func:`~lmckit.spec.check.drop_failing`).
+        decide: settle the proposals the graph cannot decide alone (rotary query/key
+            bases, experts chosen by a router, gated scales) by running the module,
+            which reads every parameter's value. ``False`` leaves them out of the spec,
+            and with ``check=False`` no value is read (for callers that need the graph's
+            analysis, not the spec).
         seed: seed of the check's random elements.
 
     Raises:
@@ -117,7 +123,7 @@ def analyze_symmetries(
     analysis = interpret(traced, uniform=constant)
     emitted = emit_spaces(analysis, names)
     spaces = emitted.spaces
-    proposals = bool(emitted.candidates or analysis.experts or analysis.products)
+    proposals = decide and bool(emitted.candidates or analysis.experts or analysis.products)
     was_training = module.training
     module.eval()
     try:
