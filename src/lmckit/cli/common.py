@@ -268,9 +268,9 @@ def join_processes() -> bool:
         return True
     import torch.distributed as dist
 
-    from lmckit.distributed import init_from_env, world
+    from lmckit.distributed import init_from_env, is_distributed, world
 
-    if not dist.is_initialized():
+    if not is_distributed():
         if not init_from_env():
             raise fail("torchrun started several processes, but this PyTorch has no "
                        "torch.distributed; run the command in one process")  # fmt: skip
