@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from tests.processes import free_port, set_rank_environment
+from tests.recorded import RecordedParams
 from tests.tiny_models import FOUR_HEADS
 
 from lmckit.aligners import (
@@ -46,7 +47,6 @@ from lmckit.distributed import (
 )
 from lmckit.evaluate import evaluate, evaluate_path
 from lmckit.models import create_model
-from lmckit.params import LazyParams
 from lmckit.paths import evaluate_simplex
 from lmckit.recipe import spec_of
 from lmckit.rewrites import layernorm_to_rmsnorm
@@ -113,12 +113,12 @@ def _compute() -> dict[str, Any]:
     # own parameters; the residual's terms are split between them
     rms, ra = layernorm_to_rmsnorm(gpt, ga)
     _, rb = layernorm_to_rmsnorm(gpt, gb)
-    lazy_a, lazy_b = _Counted(ra), _Counted(rb)
+    lazy_a, lazy_b = RecordedParams(ra), RecordedParams(rb)
     wm = weight_matching(rms.symmetry_spec(), lazy_a, lazy_b, WeightMatchingConfig(), seed=4)
     out["weight_orthogonal"] = (_matrices(rms.symmetry_spec(), wm.transform), wm.history)
     out["reads"] = (set(lazy_a.reads), set(lazy_b.reads))
     # the spec is inferred and checked by process 0 alone, which reads the values
-    counted = _Counted(ga)
+    counted = RecordedParams(ga)
     out["spec"] = [(s.name, type(s.group).__name__) for s in spec_of(gpt, params=counted)]
     out["spec_reads"] = set(counted.reads)
     if is_distributed():
@@ -127,24 +127,6 @@ def _compute() -> dict[str, Any]:
         except ValueError as err:
             out["too_few_batches"] = str(err)
     return out
-
-
-class _Counted(LazyParams):
-    """A model read lazily that records which tensors were read."""
-
-    def __init__(self, source: dict[str, torch.Tensor]) -> None:
-        super().__init__(source)
-        self.reads: set[str] = set()
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        self.reads.add(key)
-        return self.source[key]
-
-    def dtype_of(self, key: str) -> torch.dtype:
-        return self.source[key].dtype
-
-    def meta(self, key: str) -> torch.Tensor:
-        return torch.empty_like(self.source[key], device="meta")
 
 
 def _raise(err: Exception) -> None:

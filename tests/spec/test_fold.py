@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tests.recorded import RecordedParams
 from torch.func import functional_call
 
 from lmckit.groups import Orthogonal
@@ -61,6 +62,20 @@ def test_the_folded_model_computes_the_same_function_and_holds_no_copy(llama) ->
     expected = params[reader].double() * params[scale].double()
     assert folded.params[reader].dtype == torch.float32
     torch.testing.assert_close(folded.params[reader].double(), expected, rtol=1e-6, atol=0)
+
+
+def test_the_fold_needs_the_graph_alone_and_reads_no_value(llama) -> None:
+    module, params = llama
+    recorded = RecordedParams(params)
+    inputs = default_inputs(module)
+    graph_only = analyze_symmetries(module, inputs, params=recorded, check=False, decide=False)
+    assert recorded.reads == set()
+    decided = analyze_symmetries(module, inputs, params=params, check=False)
+    # the proposals decided by running the model (rotary query/key bases) are left out...
+    assert set(graph_only.spec.names) < set(decided.spec.names)
+    # ...and the fold is the same
+    a, b = fold_norm_scales(graph_only, params), fold_norm_scales(decided, params)
+    assert a.scales == b.scales and a.readers == b.readers
 
 
 def test_a_folded_model_is_moved_in_float32_and_kept_in_its_stored_dtype(llama) -> None:

@@ -101,9 +101,9 @@ def analyze_symmetries(
             :attr:`SymmetryAnalysis.left_out` (:func:`~lmckit.spec.check.drop_failing`).
         decide: settle the proposals the graph cannot decide alone (rotary query/key
             bases, experts chosen by a router, gated scales) by running the module,
-            which reads every parameter's value. ``False`` leaves them out of the spec,
-            and with ``check=False`` no value is read (for callers that need the graph's
-            analysis, not the spec).
+            which reads every parameter's value. ``False`` leaves them out of the spec;
+            with ``check=False`` too, no value is read but those of ``uniform`` (for
+            callers that need the graph's analysis, not the spec).
         seed: seed of the check's random elements.
 
     Raises:
