@@ -141,7 +141,8 @@ def load_hf(
     module = build_module(cls, config, weights, dtype=dtype, where=root)
     params = module_params(module)
     # the stored values are finite (checked on reading): only the conversion can overflow
-    overflow = first_nonfinite(params) if check_values and dtype is not None else None
+    # (with dtype=None too: transformers converts to the config's dtype)
+    overflow = first_nonfinite(params) if check_values else None
     if overflow is not None:
         raise HFError(
             f"{root}: weight {overflow!r} overflows {params[overflow].dtype} (its stored values "
