@@ -113,9 +113,10 @@ def load_hf(
         path: the folder (see :mod:`lmckit.hf.files` for the weight files accepted).
         dtype: floating dtype of the module; ``None`` keeps the folder's own.
         check_values: refuse NaN and infinite values (and overflows of ``dtype``) on
-            loading, which reads every value. ``False`` with ``dtype=None`` reads no value:
-            the safetensors files stay memory-mapped until a weight is used (for callers
-            that check what they read, as weight matching does).
+            loading, which reads every value. ``False`` with ``dtype=None`` reads no value
+            (of weights stored in the config's dtype, which ``transformers`` does not
+            convert): the safetensors files stay memory-mapped until a weight is used (for
+            callers that check what they read, as weight matching does).
 
     Raises:
         HFError: naming the file and the first problem (a missing or corrupt weights
