@@ -133,7 +133,7 @@ def load_hf(
     cls = model_class(raw, config, where)
     _no_cache(config)
     header = read_hf_header(root)
-    # a pickle has no header: read (and checked) whole first
+    # a pickle has no header: read whole first
     weights = None if header is not None else read_hf_weights(root, check_values=check_values)
     layout = header if header is not None else layout_of(weights or {})
     check_config_fits(cls, config, raw, layout, dtype=dtype, where=root)
