@@ -24,7 +24,8 @@ in a fresh process, on the same files:
   float32 ``transformers`` model and compute its loss on the same test blocks.
 
 Run: ``python benchmarks/real_size.py --size 307m [--work DIR] [--threads 2]
-[--only align-permutation ...]``. Targets: the 1.1B pair aligned (permutations, then
+[--only align-permutation ...] [--max-sweeps N]`` (``--max-sweeps``: passed to ``lmckit
+align``, to time a descent cut short). Targets: the 1.1B pair aligned (permutations, then
 orthogonal) in under 10 minutes each, within 3x the floor; peak memory <= 1.5x the two
 models' bytes + the largest cost matrices + the interpreter.
 """
@@ -114,10 +115,14 @@ def measured(cmd: list[str], threads: int) -> tuple[float, int, str]:
     seconds = time.perf_counter() - start
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{output}")
-    return seconds, usage.ru_maxrss * 1024, output.strip().splitlines()[-1] if output else ""
+    lines = output.strip().splitlines()
+    # the report's line with the objective, when the command prints one
+    reports = [line for line in lines if "objective" in line] or lines[-1:]
+    last = reports[-1] if reports else ""
+    return seconds, usage.ru_maxrss * 1024, last
 
 
-def lmckit_command(task: str, work: Path, threads: int) -> list[str]:
+def lmckit_command(task: str, work: Path, threads: int, max_sweeps: int | None = None) -> list[str]:
     lmckit = [sys.executable, "-m", "lmckit"]
     a, b = str(work / "a"), str(work / "b")
     aligned = str(work / "aligned-permutation")
@@ -127,8 +132,9 @@ def lmckit_command(task: str, work: Path, threads: int) -> list[str]:
         symmetry = task.split("-", 1)[1]
         out = work / f"aligned-{symmetry}"
         shutil.rmtree(out, ignore_errors=True)
+        sweeps = ["--max-sweeps", str(max_sweeps)] if max_sweeps else []
         return [*lmckit, "align", a, b, "--method", "weight", "--symmetry", symmetry,
-                "--out", str(out), *common]  # fmt: skip
+                "--out", str(out), *sweeps, *common]  # fmt: skip
     if task == "merge":
         shutil.rmtree(work / "merged", ignore_errors=True)
         return [*lmckit, "merge", a, aligned, "--out", str(work / "merged"), *common[:2]]
@@ -241,6 +247,12 @@ def main() -> None:
     parser.add_argument("--shard", default="500MB", help="max_shard_size of the folders")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--only", nargs="*", choices=TASKS, default=list(TASKS))
+    parser.add_argument(
+        "--max-sweeps",
+        type=int,
+        default=None,
+        help="align: passed to lmckit align (default: its own)",
+    )
     parser.add_argument("--floor", choices=TASKS, help=argparse.SUPPRESS)  # child process
     args = parser.parse_args()
     work = args.work or Path(tempfile.gettempdir()) / f"lmckit-real-size-{args.size}"
@@ -256,7 +268,8 @@ def main() -> None:
     gib = 2**30
     print(f"{args.size}: two bfloat16 models, {models / gib:.2f} GiB of weights, in {work}")
     for task in args.only:
-        seconds, rss, last = measured(lmckit_command(task, work, args.threads), args.threads)
+        command = lmckit_command(task, work, args.threads, args.max_sweeps)
+        seconds, rss, last = measured(command, args.threads)
         floor_cmd = [sys.executable, __file__, "--size", args.size, "--work", str(work),
                      "--threads", str(args.threads), "--floor", task]  # fmt: skip
         _, _, out = measured(floor_cmd, args.threads)
