@@ -76,6 +76,8 @@ def circuit_point(config: Any, a: Params, b: Params, t: float, heads: bool, unit
     out = {k: (1 - t) * a[k] + t * b[k] for k in a}
     sa, sb = math.sqrt(1 - t), math.sqrt(t)
     head_dim = config.hidden_size // config.num_attention_heads
+    # Llama's rotate-half layout: plane j pairs dims j and j + half, so the wide head is
+    # [a's first halves, b's first halves, a's second halves, b's second halves]
     half = head_dim // 2
     for layer in range(config.num_hidden_layers):
         pre = f"model.layers.{layer}."
