@@ -116,8 +116,8 @@ def measured(cmd: list[str], threads: int) -> tuple[float, int, str]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{output}")
     lines = output.strip().splitlines()
-    # the report's line with the objective, when the command prints one
-    reports = [line for line in lines if "objective" in line] or lines[-1:]
+    # align's report line (spaces, objective, sweeps), else the last line
+    reports = [line for line in lines if " spaces, objective " in line] or lines[-1:]
     last = reports[-1] if reports else ""
     return seconds, usage.ru_maxrss * 1024, last
 
