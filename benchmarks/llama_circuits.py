@@ -33,20 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import Tensor
+from trained_llama import TEXT, load_pair
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.data import batches
 from lmckit.evaluate import PathResult
-from lmckit.experiments.datasets import char_dataset
-from lmckit.experiments.llama_shakespeare import LlamaShakespeareConfig, _build
 from lmckit.groups import Permutation
 from lmckit.groups.base import Subproblem
-from lmckit.recipe import aligned_form
 from lmckit.symmetry import apply
 
-TEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare"
 POINTS = [i / 10 for i in range(11)]
 Params = dict[str, Tensor]
 
@@ -131,15 +127,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = LlamaShakespeareConfig()
-    data = char_dataset(args.text, chars=config.chars, block=config.block)
-    module, _ = _build(config, data.num_classes, 0)
-    names = dict(module.named_parameters())
-    folders = [args.run / "models" / f"llama-seed{seed}" for seed in (0, 1)]
-    a, b = (
-        {k: v for k, v in load_file(f / "model.safetensors").items() if k in names} for f in folders
-    )
-    form = aligned_form(module, a, b, symmetry="orthogonal")
+    pair = load_pair(args.run, args.text)
+    config, data, module, form = pair.config, pair.data, pair.module, pair.form
     pa = {k: form.a[k].float() for k in form.a}
     result = weight_matching(form.spec, form.a, form.b, WeightMatchingConfig())
     pb = {k: v.float() for k, v in apply(form.spec, form.b, result.transform).items()}

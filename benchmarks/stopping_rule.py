@@ -16,17 +16,12 @@ import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from trained_llama import TEXT, load_pair
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.data import batches
 from lmckit.evaluate import evaluate_path
-from lmckit.experiments.datasets import char_dataset
-from lmckit.experiments.llama_shakespeare import LlamaShakespeareConfig, _build
-from lmckit.recipe import aligned_form
 from lmckit.symmetry import apply
-
-TEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare"
 
 
 def main() -> None:
@@ -36,15 +31,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = LlamaShakespeareConfig()
-    data = char_dataset(args.text, chars=config.chars, block=config.block)
-    module, _ = _build(config, data.num_classes, 0)
-    names = dict(module.named_parameters())
-    folders = [args.run / "models" / f"llama-seed{seed}" for seed in (0, 1)]
-    a, b = (
-        {k: v for k, v in load_file(f / "model.safetensors").items() if k in names} for f in folders
-    )
-    form = aligned_form(module, a, b, symmetry="orthogonal")
+    pair = load_pair(args.run, args.text)
+    module, form, data = pair.module, pair.form, pair.data
     x, y = data.x_test[:512], data.y_test[:512]
 
     def barrier(pb: dict) -> float:
