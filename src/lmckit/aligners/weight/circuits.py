@@ -108,13 +108,12 @@ def head_counts(space: Space) -> tuple[HeadCircuits, int, int]:
 def _projections(
     params: Mapping[str, Tensor], circuits: HeadCircuits, heads: int, kv_heads: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """``Q, K, V`` ``(heads, head_dim, d + 1)`` and ``O`` ``(heads, d_out, head_dim)``
-    per query head (key/value heads repeated for the query heads of their group)."""
+    """``Q`` ``(heads, head_dim, d + 1)``, ``K, V`` ``(kv_heads, head_dim, d + 1)`` (one
+    per key/value head: query head ``i`` reads ``i // (heads // kv_heads)``) and ``O``
+    ``(heads, d_out, head_dim)``."""
     q = projection(params, circuits.query, circuits.query_bias, heads)
     k = projection(params, circuits.key, circuits.key_bias, kv_heads)
     v = projection(params, circuits.value, circuits.value_bias, kv_heads)
-    if kv_heads != heads:
-        k, v = (x.repeat_interleave(heads // kv_heads, 0) for x in (k, v))
     return q, k, v, _output(params, circuits, heads)
 
 
@@ -123,7 +122,13 @@ def head_circuits(params: Mapping[str, Tensor], space: Space) -> tuple[Tensor, T
     ``(heads, d_out, d + 1)``."""
     circuits, heads, kv_heads = head_counts(space)
     q, k, v, o = _projections(params, circuits, heads, kv_heads)
-    return q.transpose(1, 2) @ k, o @ v
+    group = _group_of(heads, kv_heads, slice(None), q.device)
+    return q.transpose(1, 2) @ k[group], o @ v[group]
+
+
+def _group_of(heads: int, kv_heads: int, rows: slice, device: torch.device) -> Tensor:
+    """The key/value head each query head of ``rows`` reads."""
+    return torch.arange(heads, device=device)[rows] // (heads // kv_heads)
 
 
 def head_similarity(
@@ -141,12 +146,19 @@ def head_similarity(
     """
     circuits, count, kv_heads = head_counts(space)
     rows = heads or slice(None)
-    qa, ka, va, oa = (x[rows] for x in _projections(ref, circuits, count, kv_heads))
-    qb, kb, vb, ob = (x[rows] for x in _projections(other, circuits, count, kv_heads))
+    qa, ka, va, oa = _projections(ref, circuits, count, kv_heads)
+    qb, kb, vb, ob = _projections(other, circuits, count, kv_heads)
+    qa, oa, qb, ob = qa[rows], oa[rows], qb[rows], ob[rows]
+    # key/value Gram blocks once per pair of key/value heads, not per pair of query heads
+    # (grouped-query attention shares them across each group's query heads)
+    group = _group_of(count, kv_heads, rows, qa.device)
+    used = torch.unique(group)
+    local = torch.searchsorted(used, group)
+    ka, va, kb, vb = ka[used], va[used], kb[used], vb[used]
     # (i, j, a, b) Gram blocks between head i of A and head j of B
     qq = torch.einsum("iae,jbe->ijab", qa, qb)
-    kk = torch.einsum("iae,jbe->ijab", ka, kb)
-    vv = torch.einsum("iae,jbe->ijab", va, vb)
+    kk = torch.einsum("iae,jbe->ijab", ka, kb)[local][:, local]
+    vv = torch.einsum("iae,jbe->ijab", va, vb)[local][:, local]
     oo = torch.einsum("dia,djb->ijab", oa.permute(1, 0, 2), ob.permute(1, 0, 2))
     return (qq * kk).sum((2, 3)) + (oo * vv).sum((2, 3))
 
@@ -219,32 +231,39 @@ def residual_circuit_similarity(
         inputs, outputs: whether the residual is the heads' input and/or output space.
     """
     circuits, h, kv_heads = head_counts(space)
-    # Q, K, V of every query head stacked: (3, h, k, e); O: (h, d_out, k)
-    *qkv_a, oa = _projections(ref, circuits, h, kv_heads)
-    *qkv_b, ob = _projections(other, circuits, h, kv_heads)
-    xa, xb = torch.stack(qkv_a), torch.stack(qkv_b)
-    t = current.to(device=xa.device, dtype=xa.dtype)
+    qa, ka, va, oa = _projections(ref, circuits, h, kv_heads)
+    qb, kb, vb, ob = _projections(other, circuits, h, kv_heads)
+    t = current.to(device=qa.device, dtype=qa.dtype)
     m, n = t.shape
-    k = xa.shape[2]
-    # X^a Ti for Q, K, V at once (one product; Ti = diag(T, 1) on the augmented inputs)
-    turned = xa
-    if inputs:
-        turned = xa[..., :m] @ t
-        turned = torch.cat([turned, xa[..., m:]], dim=-1)
-    # per head: K^a Ti K^b^T, Q^a Ti Q^b^T, V^a Ti V^b^T  ->  (3, h, k, k)
-    grams = turned @ xb.transpose(-1, -2)
+    k = qa.shape[1]
+    group = _group_of(h, kv_heads, slice(None), qa.device)
+
+    def turned(x: Tensor) -> Tensor:  # X^a Ti (Ti = diag(T, 1) on the augmented inputs)
+        return torch.cat([x[..., :m] @ t, x[..., m:]], dim=-1) if inputs else x
+
+    def per_group(x: Tensor) -> Tensor:  # summed over each group's query heads
+        return x.new_zeros(kv_heads, *x.shape[1:]).index_add_(0, group, x)
+
+    # Q^a Ti Q^b^T per query head, K^a Ti K^b^T and V^a Ti V^b^T per key/value head
+    gq, gk, gv = (turned(xa) @ xb.transpose(-1, -2) for xa, xb in ((qa, qb), (ka, kb), (va, vb)))
     grad = t.new_zeros(m, n)
     if inputs:
         # d/dTi of <QK^a, Ti QK^b Ti^T> = QK^a Ti QK^b^T + QK^a^T Ti QK^b and of
         # <OV^a, To OV^b Ti^T> = OV^a^T To OV^b, in low rank: sum over heads and parts of
-        # X^a^T M X^b with M = (K Ti K^T, Q Ti Q^T, O^T To O) for X = (Q, K, V)
+        # X^a^T M X^b with M = (K Ti K^T, Q Ti Q^T, O^T To O) for X = (Q, K, V); a
+        # key/value head shared by a group takes its query heads' M summed (one product
+        # per key/value head, not per query head)
         o_turned = oa.transpose(1, 2) @ t if outputs else oa.transpose(1, 2)
-        mids = torch.stack([grams[1], grams[0], o_turned @ ob])
-        left = mids.transpose(-1, -2) @ xa  # (3, h, k, e_a): M^T X^a
-        g_in = left.reshape(3 * h * k, -1).T @ xb.reshape(3 * h * k, -1)
+        left = torch.cat([
+            gk[group].transpose(-1, -2) @ qa,
+            per_group(gq).transpose(-1, -2) @ ka,
+            per_group(o_turned @ ob).transpose(-1, -2) @ va,
+        ])  # fmt: skip
+        right = torch.cat([qb, kb, vb])
+        g_in = left.reshape(-1, left.shape[-1]).T @ right.reshape(-1, right.shape[-1])
         grad += g_in[:m, :n]
     if outputs:
         # d/dTo of <OV^a, To OV^b Ti^T> = sum_h O^a (V^a Ti V^b^T) O^b^T
-        z = oa @ grams[2]  # (h, d_out, k)
+        z = oa @ gv[group]  # (h, d_out, k)
         grad += z.transpose(0, 1).reshape(m, h * k) @ ob.transpose(0, 1).reshape(n, h * k).T
     return grad

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
+from lmckit.aligners.weight.circuits import circuit_params, head_similarity_matrix
 from lmckit.aligners.weight.similarity import space_problem
 from lmckit.spaces import Part, region
 from lmckit.symmetry import Space, SymmetrySpec, Transform, apply_to_param
@@ -98,21 +99,52 @@ def space_objectives(
             for use in (u for u in space.uses if u.compare):
                 if owns is None or owns(use.param):
                     wanted.setdefault(use.param, set()).add(use.parts)
+    # head spaces compared by circuits, by the parameters their circuits read: these are
+    # moved once for all of a layer's head spaces (and their compared regions)
+    heads: dict[tuple[str, ...], list[Space]] = {}
+    for name in names:
+        space = spec[name]
+        if space.circuits is not None and not space.group.least_squares:
+            if whole is None or whole(name):
+                heads.setdefault(circuit_params(space.circuits), []).append(space)
     per_region: dict[tuple[str, tuple[Part, ...]], float] = {}
+    out: dict[str, float] = {}
+    for params, spaces in heads.items():
+        moved = {p: apply_to_param(spec, p, other[p], transform) for p in params}
+        for param in params:
+            for parts in wanted.pop(param, ()):
+                per_region[(param, parts)] = inner(
+                    region(ref[param], parts), region(moved[param], parts)
+                )
+        for space in spaces:
+            out[space.name] = _moved_heads_objective(spec, space, ref, moved)
+        del moved
     for param, parts_set in wanted.items():
         b = apply_to_param(spec, param, other[param], transform)
         for parts in parts_set:
             per_region[(param, parts)] = inner(region(ref[param], parts), region(b, parts))
-    out = {}
     for name in names:
         space = spec[name]
+        if name in out:
+            continue
         if space.circuits is not None or space.group.least_squares:
             mine = whole is None or whole(name)
             out[name] = space_objective(spec, space, ref, other, transform) if mine else 0.0
         else:
             terms = (per_region.get((u.param, u.parts), 0.0) for u in space.uses if u.compare)
             out[name] = sum(terms, 0.0)
-    return out
+    return {name: out[name] for name in names}
+
+
+def _moved_heads_objective(
+    spec: SymmetrySpec, space: Space, ref: Mapping[str, Tensor], moved: Mapping[str, Tensor]
+) -> float:
+    """The objective of head space ``space`` from B's circuit parameters ``moved`` by the
+    whole transform, its own element included: the similarity's value at the identity
+    (what :func:`space_objective` gives, without moving the parameters per space)."""
+    within = any(s.circuits is not None for s in spec.nested_in(space.name))
+    sim = head_similarity_matrix(space, ref, moved, within=within)
+    return float(space.group.objective(space.group.identity(space.n), sim))
 
 
 def inner(a: Tensor, b: Tensor) -> float:
