@@ -189,7 +189,9 @@ def add_use_term(
 
 def _row_products(a_mat: Tensor, b_mat: Tensor) -> Tensor:
     """The diagonal of ``a_mat @ b_mat.T``: each row's inner product, ``(n,)``."""
-    return torch.einsum("nk,nk->n", a_mat, b_mat)
+    # not einsum: on a transposed view (a reader's unit-major matrix) it runs a batched
+    # product per row, 3-20x slower than this elementwise reduction
+    return torch.linalg.vecdot(a_mat, b_mat, dim=1)
 
 
 def _gram(b_mat: Tensor, diagonal: bool) -> Tensor:
