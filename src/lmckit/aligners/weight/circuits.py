@@ -19,7 +19,9 @@ With grouped-query attention every query head has its circuits with the key/valu
 of its group. A space whose units are key/value groups (each carrying its query heads)
 compares groups ``g`` of A and ``g'`` of B by the best pairing of their query heads when
 the spec lets query heads permute within a group (nested query spaces), else by query
-heads in order; a space nested in one group compares that group's query heads.
+heads in order; a space nested in one group compares that group's query heads. The
+key/value factors (``Ka Kb^T``, ``Va Vb^T``) are computed once per pair of key/value
+heads and shared by their groups' query heads.
 
 The same circuits tell the *residual stream* how to move. The raw ``W_q``, ``W_k``,
 ``W_v`` and ``W_o`` of two independently trained models sit in unrelated within-head
