@@ -95,23 +95,10 @@ class FoldedParams(LazyParams):
 def _scaled(value: Tensor, factors: list[tuple[Tensor, int]]) -> Tensor:
     """``value`` times each ``(scale, axis)``, in float32 at least: one new tensor,
     scaled in place."""
-    wide = _wide(value.dtype)
-    if not factors:
-        return value.to(wide, copy=True)
-    along = [_along(scale.to(wide), axis % value.ndim, value.ndim) for scale, axis in factors]
-    # the first product casts as it multiplies (one pass over a bfloat16 weight, not a
-    # cast and then a product)
-    out = value * along[0]
-    for scale in along[1:]:
-        out.mul_(scale)
+    out = value.to(_wide(value.dtype), copy=True)
+    for scale, axis in factors:
+        out.movedim(axis, -1).mul_(scale)
     return out
-
-
-def _along(scale: Tensor, axis: int, ndim: int) -> Tensor:
-    """``scale`` shaped to broadcast along ``axis`` of an ``ndim``-axis tensor."""
-    shape = [1] * ndim
-    shape[axis] = -1
-    return scale.reshape(shape)
 
 
 def _wide(dtype: torch.dtype) -> torch.dtype:
