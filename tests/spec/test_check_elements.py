@@ -6,13 +6,14 @@ from __future__ import annotations
 import torch
 
 from lmckit.groups import Orthogonal
+from lmckit.groups.base import Group
 from lmckit.groups.rotary import RotaryPlanes
 from lmckit.spaces import Space, Use
 from lmckit.spec.check import _polar, _random_element
 
 
-def _space(group: object, n: int) -> Space:
-    return Space("s", n, group, (Use("w", 0, "write"),))  # type: ignore[arg-type]
+def _space(group: Group, n: int) -> Space:
+    return Space("s", n, group, (Use("w", 0, "write"),))
 
 
 def test_orthogonal_elements_are_orthogonal_in_float64() -> None:
