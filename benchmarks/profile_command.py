@@ -38,7 +38,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="functions and lines to print")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="the lmckit command")
     args = parser.parse_args()
-    command = [a for a in args.command if a != "--"] if args.command[:1] == ["--"] else args.command
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         parser.error("give the lmckit command after --")
 
