@@ -18,16 +18,30 @@ import collections
 import sys
 import threading
 import time
+from pathlib import Path
 from types import FrameType
+
+import lmckit
+
+#: where lmckit's own modules are (a frame of any other file is not lmckit's)
+PACKAGE = str(Path(lmckit.__file__).resolve().parent)
+
+
+def _ours(frame: FrameType) -> bool:
+    return frame.f_code.co_filename.startswith(PACKAGE)
+
+
+def _where(frame: FrameType) -> str:
+    """The frame's file, from the package's folder on (``lmckit/...``)."""
+    return "lmckit" + frame.f_code.co_filename[len(PACKAGE) :]
 
 
 def _frames(frame: FrameType | None) -> list[str]:
-    """``module:function`` of each lmckit frame, innermost first."""
+    """``file:function`` of each lmckit frame, innermost first."""
     out = []
     while frame is not None:
-        code = frame.f_code
-        if "lmckit" in code.co_filename:
-            out.append(f"{code.co_filename.split('/src/')[-1]}:{code.co_name}")
+        if _ours(frame):
+            out.append(f"{_where(frame)}:{frame.f_code.co_name}")
         frame = frame.f_back
     return out
 
@@ -56,10 +70,10 @@ def main() -> None:
                 continue
             samples += 1
             inclusive.update(set(_frames(frame)))
-            while frame is not None and "lmckit" not in frame.f_code.co_filename:
+            while frame is not None and not _ours(frame):
                 frame = frame.f_back
             if frame is not None:
-                lines[f"{frame.f_code.co_filename.split('/src/')[-1]}:{frame.f_lineno}"] += 1
+                lines[f"{_where(frame)}:{frame.f_lineno}"] += 1
 
     from lmckit.cli import main as lmckit_main
 
