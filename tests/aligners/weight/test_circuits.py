@@ -4,8 +4,11 @@ per key/value head)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
+from torch import Tensor
 
 from lmckit.aligners.weight.circuits import (
     head_circuits,
@@ -14,29 +17,34 @@ from lmckit.aligners.weight.circuits import (
 )
 from lmckit.aligners.weight.objective import space_objective, space_objectives
 from lmckit.params import module_params
-from lmckit.recipe import aligned_form
+from lmckit.recipe import AlignForm, aligned_form
 from lmckit.symmetry import Space, random_transform
 
 HEADS, KV_HEADS, HIDDEN = 6, 2, 24
 
 
-@pytest.fixture(scope="module")
-def pair() -> tuple[Space, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The key/value-group space of a GQA Llama layer, and two random models (biases
-    on the projections, so the augmented column counts too)."""
+def _llama_form(layers: int, *, bias: bool, change: Callable[[Tensor], Tensor]) -> AlignForm:
+    """Two GQA Llamas of random weights (seeds 0 and 1, each weight passed through
+    ``change``) in the orthogonal form."""
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=11, hidden_size=HIDDEN, intermediate_size=16, num_hidden_layers=1,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, attention_bias=True,
+        vocab_size=11, hidden_size=HIDDEN, intermediate_size=16, num_hidden_layers=layers,
+        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, attention_bias=bias,
         tie_word_embeddings=False, use_cache=False,
     )  # fmt: skip
     models = []
     for seed in (0, 1):
         torch.manual_seed(seed)
         module = transformers.LlamaForCausalLM(config).eval()
-        params = dict(module_params(module))
-        models.append({k: v + 0.1 * torch.randn_like(v) for k, v in params.items()})
-    form = aligned_form(module, models[0], models[1], symmetry="orthogonal")
+        models.append({k: change(v) for k, v in module_params(module).items()})
+    return aligned_form(module, models[0], models[1], symmetry="orthogonal")
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Space, dict[str, Tensor], dict[str, Tensor]]:
+    """The key/value-group space of a GQA Llama layer, and two random models (biases
+    on the projections, so the augmented column counts too)."""
+    form = _llama_form(1, bias=True, change=lambda v: v + 0.1 * torch.randn_like(v))
     spaces = [s for s in form.spec if s.circuits is not None and s.nest is None]
     assert spaces and spaces[0].circuits is not None
     assert (spaces[0].circuits.heads, spaces[0].circuits.kv_heads) == (HEADS, KV_HEADS)
@@ -81,19 +89,8 @@ def test_residual_circuit_similarity_is_the_gradient_of_the_circuit_objective(
 def test_objectives_of_head_spaces_moved_once_match_each_space_solved_alone() -> None:
     # space_objectives moves a layer's projections once by the whole transform; each
     # space's own subproblem (space_objective) moves them by every other space
-    transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(
-        vocab_size=11, hidden_size=HIDDEN, intermediate_size=16, num_hidden_layers=2,
-        num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, tie_word_embeddings=False,
-        use_cache=False,
-    )  # fmt: skip
-    models = []
-    for seed in (0, 1):
-        torch.manual_seed(seed)
-        module = transformers.LlamaForCausalLM(config).eval()
-        # weights of order one: circuits are products of four of them
-        models.append({k: 10 * v for k, v in module_params(module).items()})
-    form = aligned_form(module, models[0], models[1], symmetry="orthogonal")
+    # weights of order one: circuits are products of four of them
+    form = _llama_form(2, bias=False, change=lambda v: 10 * v)
     a, b = dict(form.a), dict(form.b)
     transform = random_transform(form.spec, 4)
     names = form.spec.names
