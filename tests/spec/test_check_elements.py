@@ -9,7 +9,7 @@ from lmckit.groups import Orthogonal
 from lmckit.groups.base import Group
 from lmckit.groups.rotary import RotaryPlanes
 from lmckit.spaces import Space, Use
-from lmckit.spec.check import _polar, _random_element
+from lmckit.spec.check_elements import polar, random_check_element
 
 
 def _space(group: Group, n: int) -> Space:
@@ -17,7 +17,7 @@ def _space(group: Group, n: int) -> Space:
 
 
 def test_orthogonal_elements_are_orthogonal_in_float64() -> None:
-    element = _random_element(_space(Orthogonal(), 96), torch.Generator().manual_seed(0))
+    element = random_check_element(_space(Orthogonal(), 96), torch.Generator().manual_seed(0))
     assert isinstance(element, torch.Tensor) and element.dtype == torch.float64
     error = (element.T @ element - torch.eye(96, dtype=torch.float64)).abs().max()
     assert float(error) < 1e-13
@@ -26,7 +26,7 @@ def test_orthogonal_elements_are_orthogonal_in_float64() -> None:
 def test_rotary_elements_keep_their_planes() -> None:
     group = RotaryPlanes(rotary=8)
     drawn = group.random(12, torch.Generator().manual_seed(1))
-    element = _random_element(_space(group, 12), torch.Generator().manual_seed(1))
+    element = random_check_element(_space(group, 12), torch.Generator().manual_seed(1))
     assert isinstance(element, torch.Tensor)
     # the same draw, made orthogonal in float64, with exact zeros outside its planes
     assert torch.equal(element == 0, drawn.double() == 0)
@@ -38,4 +38,4 @@ def test_rotary_elements_keep_their_planes() -> None:
 def test_polar_factor_of_a_far_from_orthogonal_matrix_is_the_svd_one() -> None:
     x = torch.randn(16, 16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     u, _, vh = torch.linalg.svd(x)
-    torch.testing.assert_close(_polar(x), u @ vh)
+    torch.testing.assert_close(polar(x), u @ vh)

@@ -20,6 +20,7 @@ from torch.func import functional_call
 
 from lmckit.params import LazyParams, Params, as_module, layout, meta_of, module_params
 from lmckit.params import dtype_of as read_dtype
+from lmckit.spec.check_elements import random_check_element
 from lmckit.spec.inputs import ExampleInputs, bind_inputs, split_inputs
 from lmckit.spec.trace import SpecInferenceError, prediction
 from lmckit.streamed import streamed_call
@@ -114,34 +115,6 @@ class _Moved(LazyParams):
 
     def meta(self, key: str) -> Tensor:
         return meta_of(self.source, key).to(self.dtype_of(key))
-
-
-def _random_element(space: Space, generator: torch.Generator) -> object:
-    element = space.group.random(space.n, generator)
-    if isinstance(element, Tensor) and element.is_floating_point():
-        element = element.double()
-        if space.group.self_dual and not space.group.gathers:
-            # an orthogonal map drawn in float32 is orthogonal to ~1e-7 only; the check
-            # runs in float64
-            element = _polar(element)
-    return element
-
-
-def _polar(x: Tensor, tol: float = 1e-13) -> Tensor:
-    """The orthogonal polar factor of a nearly orthogonal ``x`` (square or batched), by
-    Newton-Schulz steps ``X <- X (3 I - X^T X) / 2``: from float32's ~1e-7 two steps
-    reach float64's round-off, two products each where an SVD of the residual's width
-    costs several times more, and, like the SVD's ``U V^T``, they keep any block
-    structure ``x`` has."""
-    eye = torch.eye(x.shape[-1], dtype=x.dtype, device=x.device)
-    y = x
-    for _ in range(4):
-        gram = y.mT @ y
-        if float((gram - eye).abs().max()) <= tol:
-            return y
-        y = y @ (3 * eye - gram) / 2
-    u, _, vh = torch.linalg.svd(x)  # not nearly orthogonal: the steps need not converge
-    return u @ vh
 
 
 class FunctionCheck:
@@ -263,7 +236,7 @@ class FunctionCheck:
     ) -> float:
         """:meth:`error` of a random element of the spaces ``names`` (others fixed)."""
         generator = torch.Generator().manual_seed(seed)
-        elements = {name: _random_element(spec[name], generator) for name in names}
+        elements = {name: random_check_element(spec[name], generator) for name in names}
         return self.error(spec, Transform(spec, elements), keep_within=keep_within)
 
 
@@ -344,14 +317,14 @@ def verify(
             "a module that samples)? make the forward pass deterministic"
         )
     generator = torch.Generator().manual_seed(seed)
-    joint = Transform(spec, {s.name: _random_element(s, generator) for s in spec})
+    joint = Transform(spec, {s.name: random_check_element(s, generator) for s in spec})
     # what passes stays moved (the same function): no pass back over every parameter
     error = check.error(spec, joint, keep_within=rtol)
     if error <= rtol:
         return {"all": error}
     errors = {}
     for space in spec:
-        alone = Transform(spec, {space.name: _random_element(space, generator)})
+        alone = Transform(spec, {space.name: random_check_element(space, generator)})
         errors[space.name] = check.error(spec, alone, keep_within=rtol)
         if errors[space.name] > rtol:
             detail = ""
@@ -362,67 +335,6 @@ def verify(
                 f"the outputs (relative error {errors[space.name]:.2g}){detail}"
             )
     return errors
-
-
-def drop_failing(
-    check: FunctionCheck,
-    module: nn.Module,
-    spec: SymmetrySpec,
-    *,
-    seed: int = 0,
-    rtol: float = 1e-5,
-) -> tuple[SymmetrySpec, list[str]]:
-    """``spec`` without the spaces whose random elements change the outputs (and the
-    spaces nested in them), and one line per space left out, saying why.
-
-    For inference: a space the graph analysis proposed but the function refuses (e.g.
-    heads whose order per-head constants such as ALiBi slopes fix) is left out, not the
-    whole spec; nothing that changes the function is kept. The rest is verified again.
-
-    Raises:
-        SpecCheckError: outputs that are not deterministic (nothing can be checked), or
-            random elements of the remaining spaces that still change the outputs
-            together although each keeps them alone.
-    """
-    dropped: list[str] = []
-    for _ in range(len(spec) + 1):
-        try:
-            verify(check, module, spec, (), None, seed=seed, rtol=rtol, diagnose=False)
-            return spec, dropped
-        except SpecCheckError as err:
-            failing = _failing_spaces(check, spec, seed, rtol)
-            if not failing:
-                raise SpecCheckError(f"{err} (every space keeps the outputs alone)") from None
-        gone = set()
-        for name, error in failing.items():
-            inner = [s.name for s in spec.nested_in(name)]
-            gone |= {name, *inner}
-            also = f" (with {len(inner)} spaces nested in it)" if inner else ""
-            group = type(spec[name].group).__name__
-            dropped.append(
-                f"{name} ({group}, n={spec[name].n}){also}: a random element changes the "
-                f"outputs (relative error {error:.2g}), so it is left out"
-            )
-        spec = SymmetrySpec(tuple(s for s in spec if s.name not in gone))
-    raise SpecCheckError("the spec does not settle: spaces keep failing")  # pragma: no cover
-
-
-def _failing_spaces(
-    check: FunctionCheck, spec: SymmetrySpec, seed: int, rtol: float
-) -> dict[str, float]:
-    """``{space: relative error}`` of the spaces whose random element alone changes the
-    outputs (parents before the spaces nested in them)."""
-    tolerance = rtol * check.scale
-    generator = torch.Generator().manual_seed(seed + 1)
-    failing: dict[str, float] = {}
-    for space in spec:
-        if space.nest is not None and space.nest.parent in failing:
-            continue  # goes with its parent
-        alone = Transform(spec, {space.name: _random_element(space, generator)})
-        error = check.error(spec, alone, keep_within=tolerance)
-        if error > tolerance:
-            failing[space.name] = error
-    return failing
 
 
 def _diagnose(

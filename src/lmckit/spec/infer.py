@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from lmckit.params import module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
-from lmckit.spec.check import FunctionCheck, drop_failing
+from lmckit.spec.check import FunctionCheck
 from lmckit.spec.emit import Emitted, emit_spaces
 from lmckit.spec.experts import DRAWS, decide_experts, understood
 from lmckit.spec.experts import first_choices as experts_first_choices
@@ -26,6 +26,7 @@ from lmckit.spec.gating import decide_gates
 from lmckit.spec.gating import first_choices as gates_first_choices
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.spec.interpret import interpret
+from lmckit.spec.left_out import drop_failing
 from lmckit.spec.qk_basis import decide_candidates
 from lmckit.spec.qk_basis import first_choices as qk_first_choices
 from lmckit.spec.trace import SpecInferenceError, TracedGraph, trace
@@ -98,7 +99,7 @@ def analyze_symmetries(
             no axis and are in no space. Checked against ``params``.
         check: verify the spec (random group elements must not change the outputs)
             before returning; a space that fails is left out, with the reason in
-            :attr:`SymmetryAnalysis.left_out` (:func:`~lmckit.spec.check.drop_failing`).
+            :attr:`SymmetryAnalysis.left_out` (:func:`~lmckit.spec.left_out.drop_failing`).
         decide: settle the proposals the graph cannot decide alone (rotary query/key
             bases, experts chosen by a router, gated scales) by running the module,
             which reads every parameter's value. ``False`` leaves them out of the spec;
