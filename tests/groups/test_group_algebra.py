@@ -7,6 +7,7 @@ import torch
 from group_cases import Case
 
 from lmckit.groups import HeadPermutation, Invertible, Permutation, SemiPermutation
+from lmckit.groups.base import MatrixGroup
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -72,6 +73,19 @@ def test_action_is_the_matrix_on_writers_and_a_left_inverse_on_readers(case: Cas
     else:
         with pytest.raises(ValueError, match="elementwise"):
             group.act(x, element, "elementwise")
+
+
+def test_action_on_a_weight_read_along_its_columns_keeps_the_weight_row_major(
+    case: Case,
+) -> None:
+    # symmetry.act_on_axis hands a weight acted on along axis 1 over as a transposed view
+    group, element = case.group, case.random(6)
+    weight = torch.randn(5, case.n, generator=_gen(8), dtype=torch.float64)
+    x = weight.T.unsqueeze(0)
+    out = group.act(x, element, "write")
+    torch.testing.assert_close(out, torch.einsum("mn,onk->omk", group.matrix(element), x))
+    if isinstance(group, MatrixGroup):  # dense products keep the weight's layout
+        assert out[0].T.is_contiguous()
 
 
 def test_self_dual_groups_read_with_the_element_itself(case: Case) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "check_square",
     "check_tensor",
     "check_wide",
+    "contract_units",
 ]
 
 Role = Literal["write", "read", "elementwise"]
@@ -172,7 +173,7 @@ class Group(abc.ABC, Generic[E]):
         if role == "elementwise":
             raise ValueError(f"{self.name} cannot act on elementwise parameters")
         mat = self.matrix(element) if role == "write" else self.reader_matrix(element)
-        return torch.einsum("mn,onk->omk", mat.to(device=x.device, dtype=x.dtype), x)
+        return contract_units(mat.to(device=x.device, dtype=x.dtype), x)
 
     def units(self, n: int) -> int | None:
         """How many whole units the group moves in a space of ``n`` (heads for head
@@ -265,6 +266,20 @@ class Group(abc.ABC, Generic[E]):
         """Raise a one-line ``ValueError`` unless ``element`` belongs to the group and
         acts on ``n`` units. Cheap: linear in the element's size for unit-moving
         groups, one ``T^T T`` or factorisation for continuous ones."""
+
+
+def contract_units(mat: Tensor, x: Tensor) -> Tensor:
+    """``mat @ x``: ``(m, n)`` times ``x`` of shape ``(outer, n, k)``, laid out as ``x`` is.
+
+    A weight acted on along its columns arrives here as a transposed view (its units
+    first). A row-major product would hand it back transposed, and the gathers and
+    elementwise products that follow run several times slower on such a weight (a
+    permutation of a ``5632 x 2048`` matrix's rows: 6x). Contracting from the side on
+    which ``x`` is contiguous keeps the weight's own layout at no extra cost.
+    """
+    if x.stride(-2) == 1 and x.stride(-1) != 1:
+        return (x.mT @ mat.mT).mT
+    return torch.matmul(mat, x)
 
 
 def check_square(m: int | None, n: int, group: Group) -> None:

@@ -10,7 +10,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lmckit.groups.base import MatrixGroup, Role, Subproblem, check_tensor, check_wide
+from lmckit.groups.base import (
+    MatrixGroup,
+    Role,
+    Subproblem,
+    check_tensor,
+    check_wide,
+    contract_units,
+)
 
 __all__ = ["ONE_THREAD_ENTRIES", "Orthogonal"]
 
@@ -78,7 +85,7 @@ class Orthogonal(MatrixGroup):
         # no float64 round trip of the element
         if role == "elementwise":
             raise ValueError(f"{self.name} cannot act on elementwise parameters")
-        return torch.matmul(element.to(device=x.device, dtype=x.dtype), x)
+        return contract_units(element.to(device=x.device, dtype=x.dtype), x)
 
     def solve_subproblem(self, problem: Subproblem) -> Tensor:
         sim = problem.sim

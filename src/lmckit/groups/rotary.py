@@ -23,7 +23,14 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lmckit.groups.base import MatrixGroup, Role, Subproblem, check_square, check_tensor
+from lmckit.groups.base import (
+    MatrixGroup,
+    Role,
+    Subproblem,
+    check_square,
+    check_tensor,
+    contract_units,
+)
 
 __all__ = ["RotaryPlanes"]
 
@@ -90,7 +97,7 @@ class RotaryPlanes(MatrixGroup):
     def act(self, x: Tensor, element: Tensor, role: Role) -> Tensor:
         if role == "elementwise":
             raise ValueError(f"{self.name} cannot act on elementwise parameters")
-        return torch.matmul(element.to(device=x.device, dtype=x.dtype), x)
+        return contract_units(element.to(device=x.device, dtype=x.dtype), x)
 
     def solve_subproblem(self, problem: Subproblem) -> Tensor:
         sim = problem.sim.detach().cpu().double()
