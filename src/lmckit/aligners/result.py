@@ -72,7 +72,11 @@ class AlignmentResult:
         before = sum(d.objective_before for d in self.spaces.values())
         after = sum(d.objective_after for d in self.spaces.values())
         state = "converged" if self.converged else (self.stop or "stopped")
+        # "1 sweep", "1 step": the unit is named in the plural
+        unit = self.iteration_unit
+        if self.iterations == 1:
+            unit = unit.removesuffix("s")
         return (
             f"{len(self.spaces)} spaces, objective {before:.4g} -> {after:.4g}, "
-            f"{self.iterations} {self.iteration_unit} ({state}), {self.seconds:.2f} s"
+            f"{self.iterations} {unit} ({state}), {self.seconds:.2f} s"
         )

@@ -415,9 +415,18 @@ def test_the_sweep_limit_is_reported_not_a_silent_stop() -> None:
     assert full.converged and full.stop == "" and full.iterations > 1
     cut = weight_matching(spec, a, b, WeightMatchingConfig(max_iter=1, start="identity"))
     assert not cut.converged
-    assert cut.stop.startswith("sweep limit 1 reached, objective still rising")
-    assert cut.stop in cut.summary()
+    # one sweep has nothing to be compared with: no "+0% over the last 0 sweeps"
+    assert cut.stop == (
+        "sweep limit 1 reached after one sweep, "
+        "before a second could show whether the objective still rises"
+    )
+    assert f"1 sweep ({cut.stop})" in cut.summary()
+    two = weight_matching(spec, a, b, WeightMatchingConfig(max_iter=2, start="identity"))
+    assert not two.converged and "2 sweeps (sweep limit 2 reached" in two.summary()
     # the history tells rising from oscillating
+    assert sweep_limit_note([1.0, 2.0], 2) == (
+        "sweep limit 2 reached, objective still rising (+50% over the last sweep)"
+    )
     assert "still rising" in sweep_limit_note([1.0, 2.0, 2.5, 2.5], 3)
     assert "oscillating" in sweep_limit_note([1.0, 2.0, 1.5, 2.0], 3)
 

@@ -35,20 +35,29 @@ def sweep_limit_note(history: Sequence[float], limit: int) -> str:
     still rising over the last sweeps (more sweeps would improve it) or oscillating
     (moving both ways: more sweeps may not settle it). ``history``: the objective after
     each sweep."""
+    if len(history) < 2:  # no sweep to compare the only one with
+        return (
+            f"sweep limit {limit} reached after one sweep, "
+            "before a second could show whether the objective still rises"
+        )
     tail = list(history[-(LOOK_BACK + 1) :])
     steps = [b - a for a, b in zip(tail, tail[1:], strict=False)]
-    scale = max(abs(tail[-1]), 1e-12) if tail else 1.0
-    if not steps or all(d >= 0 for d in steps):
-        gain = (tail[-1] - tail[0]) / scale if tail else 0.0
+    scale = max(abs(tail[-1]), 1e-12)
+    if all(d >= 0 for d in steps):
+        gain = (tail[-1] - tail[0]) / scale
         return (
             f"sweep limit {limit} reached, objective still rising "
-            f"(+{100 * gain:.3g}% over the last {len(steps)} sweeps)"
+            f"(+{100 * gain:.3g}% over the last {_sweeps(len(steps))})"
         )
     spread = (max(tail) - min(tail)) / scale
     return (
         f"sweep limit {limit} reached, objective oscillating "
-        f"(range {100 * spread:.3g}% over the last {len(steps)} sweeps)"
+        f"(range {100 * spread:.3g}% over the last {_sweeps(len(steps))})"
     )
+
+
+def _sweeps(count: int) -> str:
+    return "sweep" if count == 1 else f"{count} sweeps"
 
 
 def space_objective(
