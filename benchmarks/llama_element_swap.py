@@ -76,19 +76,29 @@ def barrier(pair: TrainedPair, elements: Mapping[str, Tensor]) -> float:
     return result.barrier_loss
 
 
-def agreement(pair: TrainedPair, elements: Mapping[str, Tensor]) -> tuple[float, dict[str, float]]:
-    """The weight-matching objective ``sum_p <A_p, T(B)_p>`` and each kind of parameter's
-    cosine, averaged over layers (parameters no space moves left out)."""
+def inner_products(
+    pair: TrainedPair, elements: Mapping[str, Tensor]
+) -> dict[str, tuple[float, float]]:
+    """``<A_p, T(B)_p>`` and the cosine of ``A_p`` and ``T(B)_p``, of every parameter some
+    space moves."""
     form = pair.form
     moved = {u.param for s in form.spec for u in s.uses}
     b = apply(form.spec, form.b, Transform(form.spec, dict(elements)))
-    total, cosines = 0.0, {}
+    out = {}
     for name in sorted(moved):
         x, y = form.a[name].float(), b[name].float()
         inner = float((x * y).sum())
-        total += inner
-        cosines.setdefault(param_kind(name), []).append(inner / float(x.norm() * y.norm()))
-    return total, {k: sum(v) / len(v) for k, v in cosines.items()}
+        out[name] = inner, inner / float(x.norm() * y.norm())
+    return out
+
+
+def agreement(inner: Mapping[str, tuple[float, float]]) -> tuple[float, dict[str, float]]:
+    """The weight-matching objective ``sum_p <A_p, T(B)_p>`` and each kind of parameter's
+    cosine, averaged over layers."""
+    cosines: dict[str, list[float]] = {}
+    for name, (_, cosine) in inner.items():
+        cosines.setdefault(param_kind(name), []).append(cosine)
+    return sum(v for v, _ in inner.values()), {k: sum(c) / len(c) for k, c in cosines.items()}
 
 
 def main() -> None:
@@ -139,7 +149,11 @@ def main() -> None:
     print(f"\nweight matching started from L: barrier {barrier(pair, from_l_elements):.3f}")
 
     rows = [("W", w), ("L", lm), ("WM from L", from_l_elements)]
-    measured = [(label, *agreement(pair, el)) for label, el in rows]
+    inner = {label: inner_products(pair, el) for label, el in rows}
+    higher = [p for p in inner["W"] if inner["L"][p][0] > inner["W"][p][0]]
+    print(f"\nparameters on which L agrees with A more than W does: {len(higher)} of "
+          f"{len(inner['W'])} {higher or ''}")  # fmt: skip
+    measured = [(label, *agreement(inner[label])) for label, _ in rows]
     print("\n| parameter (mean over layers) | " + " | ".join(r[0] for r in measured) + " |")
     print("|---|" + "---:|" * len(measured))
     print("| objective, sum of <A_p, T(B)_p> | "
