@@ -33,8 +33,8 @@ LOOK_BACK = 10
 def sweep_limit_note(history: Sequence[float], limit: int) -> str:
     """What a coordinate descent stopped by its sweep ``limit`` was doing: its objective
     still rising over the last sweeps (more sweeps would improve it) or oscillating
-    (moving both ways: more sweeps may not settle it). ``history``: the objective after
-    each sweep."""
+    (moving both ways: more sweeps may not settle it); after a single sweep, that there
+    is nothing yet to tell. ``history``: the objective after each sweep."""
     if len(history) < 2:  # no sweep to compare the only one with
         return (
             f"sweep limit {limit} reached after one sweep, "
