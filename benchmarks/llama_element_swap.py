@@ -43,22 +43,26 @@ from lmckit.aligners import (
 )
 from lmckit.data import batches
 from lmckit.evaluate import evaluate_path
-from lmckit.symmetry import Space, Transform, apply
+from lmckit.symmetry import Space, SymmetrySpec, Transform, apply
 
 Elements = dict[str, Tensor]
 
 
-def space_kind(space: Space) -> str:
-    """The kind of a space of the Llama spec, from lmckit's names for inferred spaces."""
-    if space.nest is None:
-        if space.name.startswith("heads."):
-            return "key/value groups"
-        return "MLP units" if space.name.endswith("_proj") else "residual"
-    for part, kind in ((".query.", "query heads"), (".value.", "value bases"),
-                       (".qk.", "rotary planes"), (".scale", "up-branch scales")):  # fmt: skip
-        if part in space.name:
-            return kind
-    return space.name
+#: labels of the nested spaces' kinds (:class:`lmckit.spaces.Nest`)
+NESTED = {"query": "query heads", "value": "value bases", "qk": "rotary planes",
+          "scale": "up-branch scales"}  # fmt: skip
+
+
+def space_kind(spec: SymmetrySpec, space: Space) -> str:
+    """The kind of a space of the Llama spec: a nested space by its nest's kind, a
+    space others nest in by theirs (value bases live in key/value groups, scales in MLP
+    units); the space nothing nests in is the residual."""
+    if space.nest is not None:
+        return NESTED.get(space.nest.kind, space.nest.kind)
+    inner = {s.nest.kind for s in spec.nested_in(space.name) if s.nest is not None}
+    if not inner:
+        return "residual"
+    return "key/value groups" if "value" in inner else "MLP units"
 
 
 def param_kind(name: str) -> str:
@@ -126,7 +130,7 @@ def main() -> None:
 
     kinds: dict[str, list[str]] = {}
     for space in spec:
-        kinds.setdefault(space_kind(space), []).append(space.name)
+        kinds.setdefault(space_kind(spec, space), []).append(space.name)
     print(
         "\n| kind of space | W, this kind from L | L, this kind from W "
         "| L, this kind solved again by WM |"
