@@ -285,9 +285,8 @@ def write_json_output(json_path: str, obj: Any) -> None:
         text = json.dumps(obj, indent=2, allow_nan=False)
     except ValueError as err:
         raise ValueError(f"cannot write the JSON result: {err}") from err
-    stream = click.get_current_context().meta.get(_JSON_STREAM, sys.stdout)
-    stream.write(text + "\n")
-    stream.flush()
+    # the stdout the command started with (None: the current one)
+    click.echo(text, file=click.get_current_context().meta.get(_JSON_STREAM))
 
 
 # --------------------------------------------------------------------------- machine
