@@ -198,9 +198,10 @@ class Aligned:
         form differs from A as given, it is written too: ``path/reference`` (a file:
         ``NAME.reference.safetensors``), the model to measure barriers against.
         ``path`` follows lmckit's output policy (:mod:`lmckit.outputs`): never one of
-        the inputs, nor a folder lmckit did not write unless ``overwrite``. A Hugging
-        Face folder is stored as B's was: its floating dtype (or ``dtype``) and its
-        shards, with a model card.
+        the inputs, nor a folder or file lmckit did not write unless ``overwrite``; a
+        reference file's name is checked by the same rule, before anything is written.
+        A Hugging Face folder is stored as B's was: its floating dtype (or ``dtype``)
+        and its shards, with a model card.
 
         Returns:
             ``path``.
@@ -209,11 +210,6 @@ class Aligned:
         if dtype is not None and out.format != "hf":
             raise ValueError(f"dtype= is for Hugging Face folders; this is written as {out.format}")
         inputs = [*self.a.inputs, *self.b.inputs]
-        if out.format == "module":
-            check_output_file(path, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX])
-        else:
-            check_output_dir(path, kind=out.output_kind, inputs=inputs, force=overwrite)
-        metadata = {"aligned_to": _name(self.a), "source": _name(self.b), **self.metadata}
         reference = None
         if self.reference_differs:
             where = Path(path)
@@ -222,6 +218,15 @@ class Aligned:
                 if out.format == "module"
                 else where / REFERENCE_DIR
             )
+        if out.format == "module":
+            # both files are checked before either is written
+            for name in (path, reference) if reference is not None else (path,):
+                check_output_file(name, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX],
+                                  force=overwrite, kind="weights")  # fmt: skip
+        else:
+            check_output_dir(path, kind=out.output_kind, inputs=inputs, force=overwrite)
+        metadata = {"aligned_to": _name(self.a), "source": _name(self.b), **self.metadata}
+        if reference is not None:
             metadata["reference"] = str(reference)
         target = save_model(
             path, out, self.params, metadata=metadata, overwrite=overwrite, dtype=dtype
@@ -230,9 +235,10 @@ class Aligned:
             meta = {"rewritten_from": _name(self.a), "form": self.form}
             if "form_choice" in self.metadata:
                 meta["form_choice"] = self.metadata["form_choice"]
-            # inside (or beside) what was just written, so new: nothing to force
+            # a folder's reference is inside what was just written, so new; a file's
+            # name was checked above, with the same overwrite
             save_model(reference, self._written(self.reference), self.reference, metadata=meta,
-                       dtype=dtype)  # fmt: skip
+                       dtype=dtype, overwrite=overwrite)  # fmt: skip
         return target
 
     # ---------------------------------------------------------------------- measuring

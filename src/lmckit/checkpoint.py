@@ -319,8 +319,13 @@ def save(
         check_finite(state, what=f"refusing to save {target}")
     except ValueError as err:
         raise CheckpointError(str(err)) from None
-    # Check against the architecture now: a checkpoint that load() rejects is useless.
-    _check_layout(state, _build(config, target, meta=True), target)
+    # Check against the architecture now: a checkpoint that load() rejects is useless
+    # (names, shapes, and floating-point weights where the model computes in them).
+    shapes = _build(config, target, meta=True)
+    _check_layout(state, shapes, target)
+    expected = shapes.state_dict()
+    for key, value in state.items():
+        _check_kind(key, value.dtype, value.is_floating_point(), expected[key], target)
 
     doc: dict[str, Any] = {**config.to_json(), "lmckit_version": _version()}
     if metadata is not None:

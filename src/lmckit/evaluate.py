@@ -227,12 +227,16 @@ class PathResult(JsonRecord):
             out |= {"metric": name, "higher_is_better": self.higher_is_better}
         return out
 
-    def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    def plot(
+        self, path: str | os.PathLike[str], *, title: str | None = None, overwrite: bool = False
+    ) -> Path:
         """Draw loss and the metric against ``t`` into the image ``path`` (PNG, PDF, SVG,
-        ...; :func:`lmckit.plot.plot_paths`); returns ``path``."""
+        ...; :func:`lmckit.plot.plot_paths`; an existing file is replaced if lmckit drew
+        it, or with ``overwrite``); returns ``path``."""
         from lmckit.plot import plot_paths
 
-        return plot_paths({str(self.meta.get("method", "A -> B")): self}, path, title=title)
+        name = str(self.meta.get("method", "A -> B"))
+        return plot_paths({name: self}, path, title=title, overwrite=overwrite)
 
     @classmethod
     def _from_fields(cls, data: Mapping[str, Any]) -> PathResult:

@@ -252,8 +252,8 @@ def save_model(
         module: lmckit format only: the architecture to write when it differs from
             ``like``'s (e.g. after a rewrite to RMSNorm).
         config_changes: Hugging Face format only: ``config.json`` entries to change.
-        overwrite: also replace a non-empty folder lmckit did not write (the command
-            line's ``--force``).
+        overwrite: also replace a non-empty folder (or, for a module's safetensors file,
+            a file) lmckit did not write (the command line's ``--force``).
         dtype: Hugging Face format only: the floating dtype to store the weights in;
             ``None``: the source folder's (a bfloat16 folder stays bfloat16).
 
@@ -273,7 +273,7 @@ def save_model(
     if like.format == "module":
         if module is not None or config_changes is not None:
             raise ValueError("module= and config_changes= are for checkpoints and folders")
-        return _save_module_file(path, like, params, metadata=metadata)
+        return _save_module_file(path, like, params, metadata=metadata, overwrite=overwrite)
     if dtype is not None and like.format != "hf":
         raise ValueError("dtype= is for Hugging Face folders")
     check_output_dir(path, kind=like.output_kind, inputs=like.inputs, force=overwrite)
@@ -305,10 +305,14 @@ def _save_module_file(
     params: Mapping[str, Tensor],
     *,
     metadata: Mapping[str, Any] | None,
+    overwrite: bool,
 ) -> Path:
     """``params`` as one safetensors file (``module.load_state_dict(load_file(path))``
-    restores them; tied weights are stored once, under their first name)."""
-    target = check_output_file(path, inputs=like.inputs, suffixes=[MODULE_FILE_SUFFIX])
+    restores them; tied weights are stored once, under their first name). An existing
+    file is replaced if lmckit wrote it (its header says so), or with ``overwrite``."""
+    target = check_output_file(
+        path, inputs=like.inputs, suffixes=[MODULE_FILE_SUFFIX], force=overwrite, kind="weights"
+    )
     state = check_state_dict(dict(params), target)
     check_compatible(like.params, state)
     try:

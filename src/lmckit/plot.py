@@ -1,4 +1,9 @@
-"""Figures: loss and accuracy along paths, and over simplices (PNG, written atomically)."""
+"""Figures: loss and accuracy along paths, and over simplices (PNG, written atomically).
+
+Every figure carries lmckit's mark in its metadata (PNG, PDF, SVG, PS, EPS;
+:func:`lmckit.outputs.own_files.plot_metadata`), so that drawing it again may replace it
+while a user's image of the same name is refused (:func:`lmckit.outputs.check_output_file`).
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lmckit.atomic import atomic_path  # noqa: E402
 from lmckit.evaluate import PathResult  # noqa: E402
 from lmckit.outputs import check_output_file  # noqa: E402
+from lmckit.outputs.own_files import plot_metadata  # noqa: E402
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -40,15 +46,19 @@ def plot_paths(
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Plot loss (left) and accuracy (right) against ``t`` for each named path.
 
     Legends carry each path's loss and accuracy barrier. Returns the written path.
+    ``overwrite``: replace an existing file lmckit did not draw (a figure lmckit drew is
+    replaced anyway).
 
     Raises:
-        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
+        OutputError: ``path`` is a folder, a device, not an image type
+            (:data:`PLOT_SUFFIXES`), or a file lmckit did not write (without ``overwrite``).
     """
-    check_output_file(path, suffixes=PLOT_SUFFIXES)
+    check_output_file(path, suffixes=PLOT_SUFFIXES, force=overwrite)
     if not results:
         raise ValueError("nothing to plot")
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
@@ -78,8 +88,9 @@ def _save(fig: Figure, path: str | os.PathLike[str], title: str | None) -> Path:
     path = Path(path)
     if title:
         fig.suptitle(title)
+    fmt = path.suffix.lower().lstrip(".") or "png"
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+        fig.savefig(tmp, dpi=120, format=fmt, metadata=plot_metadata(fmt))
     plt.close(fig)
     return path
 
@@ -91,19 +102,21 @@ def plot_simplex(
     metric: str = "loss",
     labels: Sequence[str] = ("model 1", "model 2", "model 3"),
     title: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Triangle heat maps of loss (or accuracy) over 3-model simplices, one per result.
 
     Barycentric weights ``w`` map to the plane as ``w_1 v_1 + w_2 v_2 + w_3 v_3`` with
     the vertices of an equilateral triangle; all panels share one colour scale, and
     the point attaining each loss barrier is marked. Returns the written path.
+    ``overwrite``: as for :func:`plot_paths`.
 
     Raises:
-        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
+        OutputError: as for :func:`plot_paths`.
     """
     import numpy as np
 
-    check_output_file(path, suffixes=PLOT_SUFFIXES)
+    check_output_file(path, suffixes=PLOT_SUFFIXES, force=overwrite)
     from matplotlib.tri import Triangulation
 
     if not results:

@@ -68,19 +68,21 @@ def _version() -> str:
 
 def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     """Non-hidden, non-weight files at the top of ``source`` that may be copied, and
-    ``{name: why not}`` for those that may not (:func:`~lmckit.hf.files.copy_refusal`);
+    ``{name: why not}`` for every other entry but the config and weights, which are
+    written anew (a subfolder, a hidden entry, :func:`~lmckit.hf.files.copy_refusal`);
     nothing for a model held in memory (no ``source``)."""
     if source is None or not source.is_dir():
         return [], {}
     skip = {CONFIG_FILE, HF_MARKER}
     copies, refused = [], {}
     for entry in sorted(source.iterdir()):
-        if (
-            entry.name.startswith(".")
-            or entry.name in skip
-            or entry.name.lower().endswith(WEIGHT_SUFFIXES)
-            or (entry.is_dir() and not entry.is_symlink())
-        ):
+        if entry.name in skip or entry.name.lower().endswith(WEIGHT_SUFFIXES):
+            continue
+        if entry.name.startswith("."):
+            refused[entry.name] = "a hidden entry (never copied)"
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            refused[entry.name] = "a subfolder (only the files at the top are copied)"
             continue
         reason = copy_refusal(entry, source)
         if reason is None:
@@ -93,6 +95,52 @@ def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
 def _check_entry(key: object, value: object, target: Path) -> None:
     if not isinstance(key, str) or not isinstance(value, Tensor):
         raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
+
+
+def _check_readable_kinds(like: HFModel, params: Mapping[str, Tensor], target: Path) -> None:
+    """Refuse what :func:`~lmckit.hf.model.load_hf` would refuse in the folder written:
+    a weight that is not floating point where the model computes in floating point."""
+    reference = {**like.module.state_dict(), **like.params}
+    for key, value in params.items():
+        ref = reference.get(key)
+        if ref is not None and ref.is_floating_point() and not value.is_floating_point():
+            raise HFError(
+                f"cannot write {target}: weight {key} is {value.dtype}, not floating point; "
+                "lmckit needs floating-point weights (float32, float16, bfloat16 or float64)"
+            )
+
+
+def _check_class_kept(cls: type, config: Any, changes: Mapping[str, Any], target: Path) -> None:
+    """Refuse config changes that make the folder another class than its weights', which
+    :func:`~lmckit.hf.model.load_hf` would refuse (or build as that other class)."""
+    archs = changes.get("architectures")
+    if "architectures" in changes and (not isinstance(archs, list) or archs[:1] != [cls.__name__]):
+        raise HFError(
+            f"cannot write {target}: config_changes set architectures to {archs!r}, but the "
+            f"weights are a {cls.__name__}'s (a folder keeps its class)"
+        )
+    expected = getattr(cls, "config_class", None)
+    if isinstance(expected, type) and not isinstance(config, expected):
+        raise HFError(
+            f"cannot write {target}: {cls.__name__} takes a {expected.__name__}, but "
+            f"config_changes make it a {type(config).__name__} (model_type "
+            f"{getattr(config, 'model_type', None)!r}); a folder keeps its class"
+        )
+
+
+def _check_ties_written(
+    cls: type, like: HFModel, tied: Mapping[str, str], params: Mapping[str, Tensor], target: Path
+) -> None:
+    """Refuse config changes that untie a weight ``params`` hold only once (under the name
+    it is tied to): the folder would lack it, and :func:`~lmckit.hf.model.load_hf` would
+    refuse it."""
+    before = tied_keys(cls, make_config(like.config, target))
+    for name, source in sorted(before.items()):
+        if name not in tied and name not in params and source in params:
+            raise HFError(
+                f"cannot write {target}: the config changes untie {name} from {source}, but "
+                f"the params hold it only as {source}; give {name} too"
+            )
 
 
 def _checked_params(
@@ -238,9 +286,13 @@ def save_hf(
     if not isinstance(params, LazyParams):  # a lazy mapping computes tensors by design
         for key, value in params.items():
             _check_entry(key, value, target)
+        _check_readable_kinds(like, params, target)
     transformers = import_transformers()
     cls = type(like.module)
     config, untied, tied = _config_for(cls, like.config, changes, params, target)
+    _check_class_kept(cls, config, changes, target)
+    if config_changes:  # (a meta module more: only when the caller changes the config)
+        _check_ties_written(cls, like, tied, params, target)
     # the source's own tensors go straight into its layout, one at a time; anything else
     # is built as a module and saved by transformers
     plan = direct_plan(like.path, layout, params, changes=changes, untied=untied, tied=tied)

@@ -1,46 +1,29 @@
-"""Where results may be written: the one output policy of every writer, library and CLI alike.
-
-Every writer (``lmckit.save``, ``lmckit.save_model``, the Hugging Face writer, plots, every
-command) checks its outputs here *before* it writes, and every command also before it
-computes anything:
-
-* an output may not be, contain, or lie inside one of the command's inputs (checkpoints,
-  data files and folders), whatever ``force`` says;
-* the current working directory and its ancestors are never an output folder;
-* an output folder that exists must be empty or an lmckit output of the same kind
-  (a checkpoint written by lmckit holding only the files lmckit writes, a Hugging Face
-  folder whose ``lmckit.json`` lists every entry, or an experiment folder carrying
-  lmckit's run marker); a subfolder such an output may hold (``reference/``) must itself
-  be lmckit's, and every listed entry must be the regular file it claims to be;
-  anything else is refused unless ``force`` is given (``--force`` on the command line,
-  ``overwrite=True`` in Python);
-* two outputs of one command never share a path, nor lie one inside the other;
-* the place must be writable: a probe file is created and removed in the nearest
-  existing ancestor.
-
-The writes themselves are atomic (:mod:`lmckit.atomic`); this module decides whether a
-write is allowed at all.
-"""
+"""Output folders: an existing one is replaced only if lmckit wrote it, or with ``force``."""
 
 from __future__ import annotations
 
 import json
 import os
-import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
+
+from lmckit.outputs.places import (
+    FORCE_HINT,
+    OutputError,
+    check_protected,
+    check_writable,
+    named_output,
+)
 
 __all__ = [
     "CHECKPOINT_FILES",
     "HF_MARKER",
-    "RUN_MARKER",
-    "OutputError",
-    "OutputKind",
     "REFERENCE_DIR",
-    "check_distinct_outputs",
+    "RUN_MARKER",
+    "OutputKind",
+    "check_no_links",
     "check_output_dir",
-    "check_output_file",
     "is_lmckit_output",
 ]
 
@@ -57,22 +40,6 @@ RUN_MARKER = "lmckit-run.json"
 HF_MARKER = "lmckit.json"
 # Marker and config files are tiny; a larger one is not ours (and is not read whole).
 _MAX_MARKER_BYTES = 1 << 20
-
-
-_FORCE = "pass --force (overwrite=True in Python)"
-
-
-class OutputError(ValueError):
-    """An output target is refused; the message names it and says why."""
-
-
-def _real(path: str | os.PathLike[str]) -> Path:
-    return Path(os.path.realpath(os.path.abspath(os.fspath(path))))
-
-
-def _inside(child: Path, parent: Path) -> bool:
-    """Whether ``child`` is ``parent`` or lies below it (both resolved)."""
-    return child == parent or parent in child.parents
 
 
 def _read_small_json(path: Path) -> object:
@@ -152,59 +119,36 @@ def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
         return False
 
 
-def _check_inputs(out: Path, inputs: Iterable[str | os.PathLike[str]], what: str) -> None:
-    for raw in inputs:
-        inp = _real(raw)
-        if out == inp:
-            raise OutputError(f"refusing to write {what} {out}: it is an input of this command")
-        if _inside(out, inp):
-            raise OutputError(f"refusing to write {what} {out}: it lies inside the input {inp}")
-        if _inside(inp, out):
-            raise OutputError(
-                f"refusing to write {what} {out}: it contains the input {inp}, which "
-                "writing it would destroy"
-            )
+def check_no_links(folder: str | os.PathLike[str]) -> None:
+    """Refuse a folder lmckit fills in place (an experiment's) that is, or holds, a
+    symbolic link: lmckit never writes through a link into what it points to.
 
-
-def _check_writable(target: Path, what: str) -> None:
-    """Create and remove a probe file in the nearest existing ancestor of ``target``."""
-    ancestor = target.parent
-    while not ancestor.exists():
-        if ancestor.parent == ancestor:
-            break
-        ancestor = ancestor.parent
-    if not ancestor.is_dir():
-        raise OutputError(f"cannot write {what} {target}: {ancestor} is not a folder")
-    probe = ancestor / f".lmckit-write-probe-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        probe.touch(exist_ok=False)
-    except OSError as err:
-        reason = err.strerror or str(err)
+    Raises:
+        OutputError: naming the first link found.
+    """
+    root = Path(folder)
+    if root.is_symlink():
         raise OutputError(
-            f"cannot write {what} {target}: {ancestor} is not writable ({reason})"
-        ) from None
-    finally:
-        probe.unlink(missing_ok=True)
+            f"refusing to write into {root}: it is a symbolic link (to "
+            f"{os.readlink(root)}); lmckit writes only into a real folder, name it instead"
+        )
+    if not root.is_dir():
+        return
+    for dirpath, dirs, files in os.walk(root):
+        for name in sorted(dirs + files):
+            entry = Path(dirpath) / name
+            if entry.is_symlink():
+                raise OutputError(
+                    f"refusing to write into {root}: {entry} is a symbolic link (to "
+                    f"{os.readlink(entry)}) lmckit did not make, and lmckit never writes "
+                    "through a link; remove it or choose a new folder"
+                )
 
 
 def _example_entries(folder: Path, limit: int = 3) -> str:
     names = sorted(entry.name for entry in folder.iterdir())
     shown = ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
     return f"{len(names)} entr{'y' if len(names) == 1 else 'ies'}: {shown}"
-
-
-def _named_output(
-    path: str | os.PathLike[str], inputs: Iterable[str | os.PathLike[str]], what: str
-) -> tuple[Path, Path]:
-    """``path`` as given and resolved, after refusing an empty path or an overlap with
-    ``inputs`` (``what`` names the output in errors)."""
-    text = os.fspath(path)
-    if not text.strip():
-        raise OutputError(f"the {what} is an empty path")
-    target = Path(text)
-    out = _real(target)
-    _check_inputs(out, inputs, what)
-    return target, out
 
 
 def check_output_dir(
@@ -222,23 +166,20 @@ def check_output_dir(
             replaced.
         inputs: paths the command reads; the output may not overlap any of them.
         force: allow replacing an existing non-empty folder that is not an lmckit
-            output of ``kind`` (never an input, never the working directory); the
-            command line's ``--force``, the library writers' ``overwrite``.
+            output of ``kind`` (never an input, never the working directory, the home
+            folder or one of their parents); the command line's ``--force``, the
+            library writers' ``overwrite``.
 
     Raises:
         OutputError: naming the folder and the reason.
     """
     what = "output folder"
-    target, out = _named_output(path, inputs, what)
-    if _inside(_real(Path.cwd()), out):
-        raise OutputError(
-            f"refusing to write {what} {target}: it is the current working directory "
-            "or one of its parents; name a new folder"
-        )
+    target, out = named_output(path, inputs, what)
+    check_protected(target, out, what)
     if target.is_symlink():
         if not force:
             raise OutputError(
-                f"refusing to replace {target}: it is a symbolic link ({_FORCE} to replace "
+                f"refusing to replace {target}: it is a symbolic link ({FORCE_HINT} to replace "
                 "the link itself; what it points to is left alone)"
             )
     elif target.exists():
@@ -260,64 +201,13 @@ def check_output_dir(
                 raise OutputError(
                     f"refusing to replace {target}: its {REFERENCE_DIR}/ is not a folder "
                     f"lmckit wrote ({_example_entries(target / REFERENCE_DIR)}); choose a "
-                    f"new folder or {_FORCE}"
+                    f"new folder or {FORCE_HINT}"
                 )
             raise OutputError(
                 f"refusing to replace {target}: it is not {made} "
-                f"({_example_entries(target)}); choose a new folder or {_FORCE}"
+                f"({_example_entries(target)}); choose a new folder or {FORCE_HINT}"
             )
-    _check_writable(out, what)
-    return target
-
-
-def check_distinct_outputs(outputs: Mapping[str, str | os.PathLike[str] | None]) -> None:
-    """Two outputs of one command never share a path, nor lie one inside the other.
-
-    Args:
-        outputs: each output's name as the user gave it (``"--json"``) and its path;
-            ``None`` entries (not asked for) are skipped.
-
-    Raises:
-        OutputError: naming both outputs and the path.
-    """
-    named = [(name, _real(path)) for name, path in outputs.items() if path is not None]
-    for i, (name_a, a) in enumerate(named):
-        for name_b, b in named[i + 1 :]:
-            if a == b:
-                raise OutputError(
-                    f"{name_a} and {name_b} both name {a}: one would overwrite the other; "
-                    "give each its own path"
-                )
-            if _inside(a, b) or _inside(b, a):
-                inner, outer = (name_a, name_b) if _inside(a, b) else (name_b, name_a)
-                raise OutputError(f"{inner} lies inside {outer} ({a}, {b}); give each its own path")
-
-
-def check_output_file(
-    path: str | os.PathLike[str],
-    *,
-    inputs: Iterable[str | os.PathLike[str]] = (),
-    suffixes: Iterable[str] | None = None,
-) -> Path:
-    """Validate an output file (``--json``, ``--plot``) before any work.
-
-    An existing regular file at ``path`` is replaced (the user named it); a folder, an
-    input, or a file inside an input folder is refused, as is a suffix outside
-    ``suffixes`` (e.g. the image formats a plot can be saved in).
-
-    Raises:
-        OutputError: naming the file and the reason.
-    """
-    what = "output file"
-    target, out = _named_output(path, inputs, what)
-    if suffixes is not None:
-        allowed = sorted({s.lower() for s in suffixes})
-        if target.suffix.lower() not in allowed:
-            raise OutputError(
-                f"cannot write {target}: unknown file type {target.suffix or '(none)'!r}; "
-                f"use one of {', '.join(allowed)}"
-            )
-    if target.is_dir():
-        raise OutputError(f"cannot write {what} {target}: it is a folder")
-    _check_writable(out, what)
+    if kind == "experiment":  # filled in place, not replaced: no link to write through
+        check_no_links(target)
+    check_writable(out, what)
     return target
