@@ -46,6 +46,7 @@ __all__ = [
     "LoadedModel",
     "ModelFormat",
     "check_same_architecture",
+    "check_same_config",
     "held_model",
     "load_model",
     "model_format",
@@ -205,24 +206,49 @@ def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
         raise IncompatibleModelsError(f"{_described(a)} and {_described(b)}")
     check_compatible(a.params, b.params)
     if isinstance(a.source, HFModel) and isinstance(b.source, HFModel):
-        differences = config_differences(a.source, b.source)
-        if differences:
-            more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
-            raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
-        # the output is stored as B is: two storages would leave one of them unsaid
-        stored = stored_layout(a.source.path).dtype, stored_layout(b.source.path).dtype
-        if None not in stored and stored[0] != stored[1]:
-            dtypes = [str(d).removeprefix("torch.") for d in stored]
-            raise IncompatibleModelsError(
-                f"their weights are stored in different dtypes ({dtypes[0]} and {dtypes[1]}); "
-                "save one in the other's dtype first"
-            )
+        check_same_config(a, b)
     elif isinstance(a.source, Checkpoint) and isinstance(b.source, Checkpoint):
         if a.source.config != b.source.config:
             raise IncompatibleModelsError(f"{a.source.config} vs {b.source.config}")
     elif type(a.module) is not type(b.module):
         names = type(a.module).__name__, type(b.module).__name__
         raise IncompatibleModelsError(f"a {names[0]} and a {names[1]}")
+
+
+def check_same_config(
+    a: LoadedModel, b: LoadedModel, *, ignore: frozenset[str] = frozenset()
+) -> None:
+    """The checks of :func:`check_same_architecture` beyond names and shapes, for two
+    Hugging Face models: every config entry that changes what they compute, and each
+    weight's stored dtype. ``barrier`` and ``merge`` run it on a model ``lmckit align``
+    wrote beside another (their shapes are compared once both are in the recorded form).
+
+    Args:
+        a, b: the models (nothing is checked unless both are Hugging Face models).
+        ignore: config entries not compared (``tie_word_embeddings``, which a form that
+            folds a scale into a tied head turns off).
+
+    Raises:
+        IncompatibleModelsError: naming the first config entry, or the first weight,
+            that differs.
+    """
+    if not (isinstance(a.source, HFModel) and isinstance(b.source, HFModel)):
+        return
+    differences = [d for d in config_differences(a.source, b.source)
+                   if d.split(":")[0] not in ignore]  # fmt: skip
+    if differences:
+        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+        raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
+    # the output is stored as B is, weight by weight: two storages would leave one unsaid
+    stored_a, stored_b = stored_layout(a.source.path), stored_layout(b.source.path)
+    for name in sorted(stored_a.dtypes.keys() & stored_b.dtypes.keys()):
+        da, db = stored_a.dtypes[name], stored_b.dtypes[name]
+        if da != db:
+            dtypes = [str(d).removeprefix("torch.") for d in (da, db)]
+            raise IncompatibleModelsError(
+                f"their weights are stored in different dtypes ({dtypes[0]} and {dtypes[1]}), "
+                f"{name} first; save one in the other's dtypes first"
+            )
 
 
 def save_model(

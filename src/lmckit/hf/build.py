@@ -195,3 +195,14 @@ def tied_keys(cls: type, config: Any) -> dict[str, str]:
     except Exception as err:  # whatever the model's __init__ raises on this config
         raise HFError(f"cannot build {cls.__name__}: {_one_line(err)}") from None
     return dict(module.all_tied_weights_keys)
+
+
+def keep_dtypes(module: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Give each of ``module``'s floating tensors the dtype it has in ``state`` (same
+    names): ``transformers`` builds a module in one dtype, but a folder may store
+    float32 norms beside bfloat16 weights, and each is kept as stored."""
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            given = state.get(name)
+            if given is not None and given.is_floating_point() and given.dtype != tensor.dtype:
+                tensor.data = given.to(tensor.device)
