@@ -17,7 +17,7 @@ import copy
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -344,13 +344,34 @@ class Aligned:
         Returns:
             a :class:`~lmckit.io.LoadedModel`: ``module`` (a new module of the form's
             class holding the merged weights), ``params``, and ``save(path)`` writing it
-            in the format :meth:`save` writes B in.
+            in the format :meth:`save` writes B in, with the record ``lmckit merge``
+            writes (both ends, ``t``, the fix, the form; a Hugging Face card carries
+            both models' licenses).
         """
         dataset = _dataset(data) if data is not None else None
         merged = merge_pair(
             self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
         )
-        return self._written(merged, _holding(self.architecture, merged))
+        out = self._written(merged, _holding(self.architecture, merged))
+        return replace(
+            out, record=self._merge_record(t, fix, data), derived_from=tuple(self.a.inputs)
+        )
+
+    def _merge_record(self, t: float, fix: str, data: Dataset | str | None) -> dict[str, Any]:
+        """What a merged point records, as ``lmckit merge`` does (B aligned here, in memory)."""
+        record: dict[str, Any] = {
+            "a": _name(self.a),
+            "b": _name(self.b),
+            "t": t,
+            "reset_bn": fix == "reset_bn",
+            "repair": fix == "repair",
+            "data": data if isinstance(data, str) or data is None else data.name,
+            "circuits": bool(self.metadata.get("circuits")),
+            "alignment": {k: self.metadata.get(k) for k in ("method", "symmetry", "seed", "form")},
+        }
+        if "form_choice" in self.metadata:
+            record["form_choice"] = self.metadata["form_choice"]
+        return record
 
 
 def align(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -74,6 +74,10 @@ class LoadedModel:
         source: the format's own object: a :class:`~lmckit.checkpoint.Checkpoint` or a
             :class:`~lmckit.hf.HFModel` (``None`` for the ``"module"`` format);
             :func:`save_model` writes from it.
+        record: what :meth:`save` records of how the model was made when given no
+            ``metadata`` (a merged point's ends, ``t``, fix; ``None``: nothing).
+        derived_from: other saved models these weights derive from (a merge's other
+            end): a Hugging Face card written by :meth:`save` carries their licenses.
     """
 
     module: nn.Module
@@ -81,6 +85,8 @@ class LoadedModel:
     format: ModelFormat
     path: Path | None
     source: Checkpoint | HFModel | None
+    record: Mapping[str, Any] | None = None
+    derived_from: tuple[Path, ...] = ()
 
     @property
     def output_kind(self) -> OutputKind:
@@ -101,8 +107,11 @@ class LoadedModel:
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
     ) -> Path:
-        """Write this model in its format (:func:`save_model` with its own parameters)."""
-        return save_model(path, self, self.params, metadata=metadata, overwrite=overwrite)
+        """Write this model in its format (:func:`save_model` with its own parameters);
+        ``metadata`` defaults to the model's :attr:`record` of how it was made."""
+        meta = metadata if metadata is not None else self.record
+        return save_model(path, self, self.params, metadata=meta, overwrite=overwrite,
+                          sources=self.derived_from)  # fmt: skip
 
 
 def model_format(path: str | os.PathLike[str]) -> ModelFormat:
@@ -261,6 +270,7 @@ def save_model(
     config_changes: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write ``params`` in the format ``like`` came in.
 
@@ -281,7 +291,10 @@ def save_model(
         overwrite: also replace a non-empty folder lmckit did not write (the command
             line's ``--force``).
         dtype: Hugging Face format only: the floating dtype to store the weights in;
-            ``None``: the source folder's (a bfloat16 folder stays bfloat16).
+            ``None``: the source folder's, weight by weight (a bfloat16 folder stays
+            bfloat16, its float32 norms float32).
+        sources: Hugging Face format only: other folders the weights derive from (a
+            merge's other model), whose licenses the model card carries.
 
     Raises:
         ValueError: an option of the other format.
@@ -317,6 +330,7 @@ def save_model(
             metadata=metadata,
             overwrite=overwrite,
             dtype=dtype,
+            sources=[p for p in sources if is_hf_folder(p)],
         )
     if config_changes is not None:
         raise ValueError("config_changes= is for Hugging Face folders; pass module= instead")

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from importlib import metadata as _metadata
 from pathlib import Path
 from typing import Any
@@ -96,6 +96,14 @@ def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
         else:
             refused[entry.name] = reason
     return copies, refused
+
+
+def _card_of(folder: Path) -> str:
+    """The model card of another source folder, read as its files are copied (a regular
+    file inside it, under the size cap), or ``""``."""
+    copies, _ = _files_to_copy(folder)
+    card = next((f for f in copies if f.name == CARD_FILE), None)
+    return card.read_text(errors="replace") if card is not None else ""
 
 
 def _check_entry(key: object, value: object, target: Path) -> None:
@@ -219,6 +227,7 @@ def save_hf(
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write ``params`` as a Hugging Face folder of ``like``'s class, stored as ``like``'s.
 
@@ -244,8 +253,10 @@ def save_hf(
         config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
         metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
         overwrite: also replace a non-empty folder lmckit did not write (``--force``).
-        dtype: the floating dtype to store; ``None``: the source folder's (for a module
-            held in memory, the params' own).
+        dtype: the floating dtype to store; ``None``: the source folder's, weight by
+            weight (for a module held in memory, the params' own).
+        sources: the other folders the weights derive from (a merge's other model):
+            the card carries their licenses beside the source's.
 
     Returns:
         ``path``.
@@ -314,7 +325,10 @@ def save_hf(
             shutil.copyfile(file, tmp / file.name)
         card = source_card.read_text(errors="replace") if source_card is not None else ""
         stored = _dtype_name(dtype, per_tensor)
-        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card)
+        others = [(str(p), _card_of(Path(p))) for p in sources]
+        name = str(like.path) if like.path is not None else "the source"
+        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card,
+                          other_cards=others, source_name=name)  # fmt: skip
         (tmp / CARD_FILE).write_text(text)
         # safetensors creates its files 0600; give them the config's (umask) permissions
         mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777
