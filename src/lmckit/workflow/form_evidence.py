@@ -63,7 +63,8 @@ def _scales(model: LoadedModel) -> dict[str, float] | str:
     except (ValueError, TypeError, SpecInferenceError) as err:
         return str(err).splitlines()[0] if str(err) else type(err).__name__
     keys = analysis.traced.params
-    return {keys[s.weight]: 1.0 - s.offset for s in analysis.scales if s.weight in keys}
+    return {keys[s.weight]: 1.0 - s.offset for s in analysis.scales
+            if s.weight is not None and s.weight in keys}  # fmt: skip
 
 
 def _claimed(meta: Mapping[str, Any]) -> list[str]:
