@@ -182,3 +182,44 @@ def test_held_module_aligned_is_a_copy_of_b() -> None:
     assert aligned.left_out == ()
     with torch.no_grad():
         assert _relative(b(_x()), aligned.module(_x())) < LIMIT
+
+
+# --------------------------------------------- the last guard: nothing changes B
+
+
+class _Twins(nn.Module):
+    """Two identical branches; B (``leak``) also reads unit 0 of each hidden layer, so
+    that swapping units 0 and 1 changes its outputs a little in each branch, and twice
+    as much in both."""
+
+    def __init__(self, leak: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.f1, self.f2 = nn.Linear(5, 4), nn.Linear(5, 4)
+        self.g1, self.g2 = nn.Linear(4, 3), nn.Linear(4, 3)
+        self.f2.load_state_dict(self.f1.state_dict())
+        self.g2.load_state_dict(self.g1.state_dict())
+        self.leak = leak
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h1, h2 = self.f1(x).relu(), self.f2(x).relu()
+        y = self.g1(h1) + self.g2(h2)
+        return y + self.leak * (h1[:, :1] + h2[:, :1]) if self.leak else y
+
+
+def test_spaces_that_keep_b_alone_but_not_together_align_nothing() -> None:
+    from lmckit.symmetry import Transform
+    from lmckit.workflow.b_function import BFunctionError, check_b_function
+
+    x = torch.randn(8, 5, generator=torch.Generator().manual_seed(0))
+    with torch.random.fork_rng(devices=[]):
+        spec = lmckit.infer_spec(_Twins(0.0), (x,))
+        b = _Twins(1e-3).eval()
+    assert spec.names == ("f1", "f2")
+    swap = torch.tensor([1, 0, 2, 3])
+    alone = check_b_function(b, b.state_dict(), Transform(spec, {"f1": swap}), (x,), rtol=1)
+    both = Transform(spec, {"f1": swap, "f2": swap})
+    # each alone within the limit, both together beyond it
+    rtol = 1.5 * alone.error
+    with pytest.raises(BFunctionError, match="the aligned B computes another function than B"):
+        check_b_function(b, b.state_dict(), both, (x,), rtol=rtol)
