@@ -96,8 +96,25 @@ def checked_form(
     if isinstance(a.module, ZooModel) or isinstance(b.module, ZooModel):
         return choice, ""  # lmckit's own models change their config in every form
     claims = [_claimed(r) for r in records]
+    # a record's claims are checked without the graph: a folded scale is all ones (all
+    # zeros where the norm multiplies by 1 + w), a scale in use is neither
+    for model, claim in zip((a, b), claims, strict=True):
+        wrong = [k for k in claim if k in model.params and not _folded_value(model.params, k)]
+        if wrong:
+            raise IncompatibleModelsError(
+                f"{_name(model)}: lmckit.json says its norm scales are folded, but "
+                f"{wrong[0]} is not at its folded value: the record does not describe "
+                "these weights"
+            )
+    folds = choice is not None and choice.symmetry == "orthogonal"
+    if any(claims):
+        if folds:
+            return choice, ""
+        model = a if claims[0] else b
+        why = "its lmckit.json names the scales folded, its form_choice another form"
+        return _folded(choice, model, why)
     hints = _constant_vectors(a.params) ^ _constant_vectors(b.params)
-    if not hints and not any(claims):
+    if folds or not hints:
         return choice, ""
     scales = _scales(a)
     if isinstance(scales, str):
@@ -105,26 +122,22 @@ def checked_form(
     units = [
         {k for k, v in scales.items() if k in m.params and _at(m.params, k, v)} for m in (a, b)
     ]
-    folded: list[tuple[LoadedModel, str]] = []
-    for model, claim, unit, other, record in zip(
-        (a, b), claims, units, units[::-1], records, strict=True
-    ):
-        wrong = [k for k in claim if k in scales and k not in unit]
-        if wrong:
-            raise IncompatibleModelsError(
-                f"{_name(model)}: lmckit.json says its norm scales are folded, but "
-                f"{wrong[0]} is not at its folded value: the record does not describe "
-                "these weights"
-            )
-        if claim or unit - other:
+    for model, unit, other, record in zip((a, b), units, units[::-1], records, strict=True):
+        if unit - other:
             said = "no lmckit.json" if not record else "an lmckit.json naming another form"
             why = (
                 f"{len(unit)} of {len(scales)} norm scales at their folded value, "
                 f"{len(other)} in the other model, {said}"
             )
-            folded.append((model, why))
-    if not folded or choice is not None and choice.symmetry == "orthogonal":
-        return choice, ""
-    model, why = folded[0]
+            return _folded(choice, model, why)
+    return choice, ""
+
+
+def _folded_value(params: Mapping[str, Tensor], key: str) -> bool:
+    return _at(params, key, 1.0) or _at(params, key, 0.0)
+
+
+def _folded(choice: FormChoice | None, model: LoadedModel, why: str) -> tuple[FormChoice, str]:
+    """The folded form, and the note saying which model showed it and how."""
     note = f"{_name(model)} is in the folded form ({why}): the path is measured in that form"
     return (FOLDED if choice is None else replace(choice, symmetry="orthogonal")), note
