@@ -70,7 +70,6 @@ def test_alibi_heads_a_admits_are_checked_on_b_in_memory() -> None:
                if any(line.startswith(f"{name} (") for line in aligned.left_out))  # fmt: skip
 
 
-@pytest.mark.slow
 def test_alibi_heads_checked_on_b_by_the_command_line(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     _bloom(0, quiet_attention=True).save_pretrained(tmp_path / "a")
@@ -173,7 +172,7 @@ def test_held_modules_whose_unsaved_buffers_differ_are_refused() -> None:
         lmckit.align(a, b, example_inputs=(_x(),))
 
 
-def test_held_module_aligned_is_a_copy_of_b() -> None:
+def test_held_pair_of_one_architecture_still_aligns_and_keeps_b() -> None:
     """A pair that is one architecture is aligned as before; ``Aligned.module`` computes
     B's function."""
     with torch.random.fork_rng(devices=[]):
