@@ -17,7 +17,7 @@ import copy
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -42,11 +42,13 @@ from lmckit.measure import EvalSettings, measure_path, resolve_fix
 from lmckit.models import ZooModel
 from lmckit.outputs import REFERENCE_DIR, check_output_dir, check_output_file
 from lmckit.params import IncompatibleModelsError, Params, stored_params
+from lmckit.recipe import default_inputs
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import CLASSIFICATION, Task
 from lmckit.workflow.align import AlignedPair, align_models, check_align_request
 from lmckit.workflow.pair import merge_pair
+from lmckit.workflow.same_graph import check_same_graph
 
 __all__ = ["Aligned", "ModelSource", "align"]
 
@@ -78,11 +80,22 @@ def _model(source: object, what: str) -> LoadedModel:
     )
 
 
-def _pair(a: object, b: object) -> tuple[LoadedModel, LoadedModel]:
-    """Both models, loaded or held, after refusing two different architectures."""
+def _pair(
+    a: object, b: object, example_inputs: ExampleInputs | None = None
+) -> tuple[LoadedModel, LoadedModel]:
+    """Both models, loaded or held, after refusing two different architectures (a
+    module held in memory carries no config: the two are traced and compared)."""
     ma, mb = _model(a, "a"), _model(b, "b")
     try:
         check_same_architecture(ma, mb)
+        if ma.path is None or mb.path is None:
+            # a config (zoo, transformers) says which code runs; a plain module is traced
+            plain = ma.format == "module"
+            inputs = example_inputs
+            if plain and inputs is None:
+                inputs = default_inputs(ma.module)  # refuses, naming example_inputs
+            check_same_graph(ma.module, mb.module, () if inputs is None else inputs,
+                             traced=plain)  # fmt: skip
     except IncompatibleModelsError as err:
         raise IncompatibleModelsError(
             f"{_name(ma)} and {_name(mb)} are different architectures: {err}"
@@ -135,6 +148,9 @@ class Aligned:
             architecture (written as an lmckit checkpoint).
         reference_differs: A in the form differs from A as given; :meth:`save` then
             writes it beside B (measure barriers against it).
+        left_out: one line per space whose element changed B's own outputs and was
+            reset to the identity (the spec is inferred on A; the transform is checked
+            on B before anything is returned or written).
     """
 
     params: Params = field(repr=False)
@@ -149,6 +165,7 @@ class Aligned:
     architecture: nn.Module = field(repr=False)
     same_architecture: bool = True
     reference_differs: bool = False
+    left_out: tuple[str, ...] = ()
 
     @property
     def transform(self) -> Transform:
@@ -163,12 +180,15 @@ class Aligned:
     @cached_property
     def module(self) -> nn.Module:
         """B aligned, as a module of the form's class (B's class unless the form rewrote
-        the architecture), eval mode; built on first use."""
-        return _holding(self.architecture, self.params)
+        the architecture), eval mode; built on first use: a copy of B's own module when
+        the form is the models' own (B's buffers outside its state dict, not A's)."""
+        own = self.architecture is self.a.module
+        return _holding(self.b.module if own else self.architecture, self.params)
 
     def __str__(self) -> str:
         form = f" ({self.form})" if self.form else ""
-        return f"{self.metadata.get('method', 'aligned')}{form}: {self.result.summary()}"
+        text = f"{self.metadata.get('method', 'aligned')}{form}: {self.result.summary()}"
+        return "\n".join([text, *(f"left out: {line}" for line in self.left_out)])
 
     # ------------------------------------------------------------------------ writing
 
@@ -330,13 +350,34 @@ class Aligned:
         Returns:
             a :class:`~lmckit.io.LoadedModel`: ``module`` (a new module of the form's
             class holding the merged weights), ``params``, and ``save(path)`` writing it
-            in the format :meth:`save` writes B in.
+            in the format :meth:`save` writes B in, with the record ``lmckit merge``
+            writes (both ends, ``t``, the fix, the form; a Hugging Face card carries
+            both models' licenses).
         """
         dataset = _dataset(data) if data is not None else None
         merged = merge_pair(
             self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
         )
-        return self._written(merged, _holding(self.architecture, merged))
+        out = self._written(merged, _holding(self.architecture, merged))
+        return replace(
+            out, record=self._merge_record(t, fix, data), derived_from=tuple(self.a.inputs)
+        )
+
+    def _merge_record(self, t: float, fix: str, data: Dataset | str | None) -> dict[str, Any]:
+        """What a merged point records, as ``lmckit merge`` does (B aligned here, in memory)."""
+        record: dict[str, Any] = {
+            "a": _name(self.a),
+            "b": _name(self.b),
+            "t": t,
+            "reset_bn": fix == "reset_bn",
+            "repair": fix == "repair",
+            "data": data if isinstance(data, str) or data is None else data.name,
+            "circuits": bool(self.metadata.get("circuits")),
+            "alignment": {k: self.metadata.get(k) for k in ("method", "symmetry", "seed", "form")},
+        }
+        if "form_choice" in self.metadata:
+            record["form_choice"] = self.metadata["form_choice"]
+        return record
 
 
 def align(
@@ -404,7 +445,7 @@ def align(
     if example_inputs is not None:
         split_inputs(example_inputs)
     start = time.perf_counter()
-    ma, mb = _pair(a, b)
+    ma, mb = _pair(a, b, example_inputs)
     dataset = _dataset(data) if data is not None else None
     loaded = time.perf_counter()
     pair = align_models(
@@ -443,4 +484,5 @@ def _aligned(
         architecture=pair.module,
         same_architecture=pair.same_architecture,
         reference_differs=pair.reference is not None,
+        left_out=pair.left_out,
     )

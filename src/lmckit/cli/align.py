@@ -244,6 +244,8 @@ def _report(
     elif chosen_on_data:
         click.echo(aligned.choice.describe())
     click.echo(result.summary())
+    for line in aligned.left_out:  # checked on B: the spec was inferred on A
+        click.echo(f"left out: {line}")
     if "masked_rows" in aligned.metadata:
         rows = max(aligned.metadata["masked_rows"].values())
         click.echo(f"masked {rows} token rows that never occur in the training split")

@@ -82,12 +82,14 @@ def write_direct(
     params: Mapping[str, Tensor],
     config: Mapping[str, Any],
     dtype: torch.dtype | None,
+    dtypes: Mapping[str, torch.dtype] | None = None,
     *,
     sharded: bool,
     what: str,
 ) -> None:
-    """Write ``plan``'s files of ``params`` (floating tensors in ``dtype``, ``None``: as
-    they are) and ``config`` into ``folder``, with an index when ``sharded``.
+    """Write ``plan``'s files of ``params`` (each floating tensor in its own stored dtype
+    from ``dtypes``, else in ``dtype``, ``None``: as it is) and ``config`` into
+    ``folder``, with an index when ``sharded``.
 
     Raises:
         HFError: a tensor holding a NaN or an infinity (naming it; ``what`` says what
@@ -97,7 +99,9 @@ def write_direct(
 
     def stored(key: str) -> torch.dtype:
         own = meta[key].dtype
-        return dtype if dtype is not None and own.is_floating_point else own
+        if not own.is_floating_point:
+            return own
+        return (dtypes or {}).get(key) or dtype or own
 
     shapes = {name: (stored(name), tuple(meta[name].shape)) for names in plan.values()
               for name in names}  # fmt: skip

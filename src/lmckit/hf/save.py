@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from importlib import metadata as _metadata
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,14 @@ import torch
 from torch import Tensor
 
 from lmckit.atomic import atomic_dir, write_json
-from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
+from lmckit.hf.build import (
+    build_module,
+    import_transformers,
+    keep_dtypes,
+    make_config,
+    quiet,
+    tied_keys,
+)
 from lmckit.hf.card import model_card
 from lmckit.hf.direct import direct_plan, write_direct
 from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
@@ -92,6 +100,14 @@ def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     return copies, refused
 
 
+def _card_of(folder: Path) -> str:
+    """The model card of another source folder, read as its files are copied (a regular
+    file inside it, under the size cap), or ``""``."""
+    copies, _ = _files_to_copy(folder)
+    card = next((f for f in copies if f.name == CARD_FILE), None)
+    return card.read_text(errors="replace") if card is not None else ""
+
+
 def _check_entry(key: object, value: object, target: Path) -> None:
     if not isinstance(key, str) or not isinstance(value, Tensor):
         raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
@@ -144,17 +160,21 @@ def _check_ties_written(
 
 
 def _checked_params(
-    params: Mapping[str, Tensor], target: Path, dtype: torch.dtype | None = None
+    params: Mapping[str, Tensor],
+    target: Path,
+    dtype: torch.dtype | None = None,
+    dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> Params:
-    """``params`` as a plain state dict, floating tensors in ``dtype`` (``None``: as
-    given), each rounded as it is read (a lazily computed float32 tensor never waits
-    beside the others)."""
+    """``params`` as a plain state dict, each floating tensor in its own stored dtype
+    (``dtypes``), else ``dtype`` (``None``: as given), rounded as it is read (a lazily
+    computed float32 tensor never waits beside the others)."""
     state: Params = {}
     for key, value in params.items():
         _check_entry(key, value, target)
         value = value.detach()
-        if dtype is not None and value.is_floating_point():
-            value = value.to(dtype)
+        want = (dtypes or {}).get(key, dtype)
+        if want is not None and value.is_floating_point():
+            value = value.to(want)
         # contiguous: save_pretrained views every tensor flat (aligned weights may be
         # permuted views of another tensor)
         state[key] = value.contiguous()
@@ -165,22 +185,46 @@ def _checked_params(
     return state
 
 
-def _float_dtype(state: Params, target: Path) -> torch.dtype | None:
-    dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
-    if len(dtypes) > 1:
-        names = ", ".join(sorted(str(d) for d in dtypes))
-        raise HFError(f"cannot write {target}: params mix floating dtypes ({names})")
-    return dtypes.pop() if dtypes else None
+def _float_dtype(state: Params) -> torch.dtype | None:
+    """The floating dtype most of ``state``'s floating tensors have."""
+    counts = Counter(v.dtype for v in state.values() if v.is_floating_point())
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def _stored_state(
-    params: Mapping[str, Tensor], dtype: torch.dtype | None, target: Path
+    params: Mapping[str, Tensor],
+    dtype: torch.dtype | None,
+    dtypes: Mapping[str, torch.dtype],
+    target: Path,
 ) -> tuple[Params, torch.dtype | None]:
-    """The checked params in the dtype they are stored in (``None``: as given), and it."""
+    """The checked params in the dtypes they are stored in (each its own from
+    ``dtypes``, else ``dtype``; ``None``: as given), and the main one."""
     if dtype is not None and not dtype.is_floating_point:
         raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
-    state = _checked_params(params, target, dtype)
-    return state, _float_dtype(state, target)
+    state = _checked_params(params, target, dtype, dtypes)
+    return state, _float_dtype(state)
+
+
+def _tensor_dtypes(
+    stored: Mapping[str, torch.dtype], untied: list[list[str]]
+) -> dict[str, torch.dtype]:
+    """Each weight's stored dtype, an untied weight taking the one it was tied to."""
+    out = dict(stored)
+    for target, source in untied:
+        if source in out:
+            out.setdefault(target, out[source])
+    return out
+
+
+def _dtype_name(dtype: torch.dtype | None, dtypes: Mapping[str, torch.dtype]) -> str | None:
+    """The stored dtype for the model card: the main one, and the others with counts."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    others = Counter(str(d).removeprefix("torch.") for d in dtypes.values() if d != dtype)
+    if others:
+        name += " (" + ", ".join(f"{n}: {c} weights" for n, c in sorted(others.items())) + ")"
+    return name
 
 
 def _differing_ties(tied: Mapping[str, str], state: Mapping[str, Tensor]) -> list[tuple[str, str]]:
@@ -231,6 +275,7 @@ def save_hf(
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write ``params`` as a Hugging Face folder of ``like``'s class, stored as ``like``'s.
 
@@ -256,8 +301,10 @@ def save_hf(
         config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
         metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
         overwrite: also replace a non-empty folder lmckit did not write (``--force``).
-        dtype: the floating dtype to store; ``None``: the source folder's (for a module
-            held in memory, the params' own).
+        dtype: the floating dtype to store; ``None``: the source folder's, weight by
+            weight (for a module held in memory, the params' own).
+        sources: the other folders the weights derive from (a merge's other model):
+            the card carries their licenses beside the source's.
 
     Returns:
         ``path``.
@@ -280,6 +327,8 @@ def save_hf(
             f"cannot write {target}: config changes or metadata not JSON: {err}"
         ) from None
     layout = stored_layout(like.path)
+    # each weight keeps the dtype the source stores it in, unless dtype= names one for all
+    per_tensor = dict(layout.dtypes) if dtype is None else {}
     dtype = dtype or layout.dtype
     if dtype is not None and not dtype.is_floating_point:
         raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
@@ -296,10 +345,13 @@ def save_hf(
     # the source's own tensors go straight into its layout, one at a time; anything else
     # is built as a module and saved by transformers
     plan = direct_plan(like.path, layout, params, changes=changes, untied=untied, tied=tied)
+    per_tensor = _tensor_dtypes(per_tensor, untied)
     module: Any = None  # a transformers PreTrainedModel (save_pretrained)
     if plan is None:
-        state, dtype = _stored_state(params, dtype, target)
+        state, dtype = _stored_state(params, dtype, per_tensor, target)
         module = build_module(cls, config, state, dtype=dtype, where=target)
+        keep_dtypes(module, state)
+        per_tensor = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
         built = module.state_dict()
         for key, value in state.items():
             # build_module checked names and shapes; this guards against silent re-tying.
@@ -312,7 +364,7 @@ def save_hf(
     copies = [f for f in copies if f.name != CARD_FILE]
     with atomic_dir(target) as tmp:
         if plan is not None:
-            write_direct(tmp, plan, params, {**like.config, **changes}, dtype,
+            write_direct(tmp, plan, params, {**like.config, **changes}, dtype, per_tensor,
                          sharded=layout.shards is not None, what=str(target))  # fmt: skip
         else:
             with quiet(transformers):
@@ -324,8 +376,11 @@ def save_hf(
             # The source's generation config (and tokenizer files) win over defaults.
             shutil.copyfile(file, tmp / file.name)
         card = source_card.read_text(errors="replace") if source_card is not None else ""
-        stored = str(dtype).removeprefix("torch.") if dtype is not None else None
-        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card)
+        stored = _dtype_name(dtype, per_tensor)
+        others = [(str(p), _card_of(Path(p))) for p in sources]
+        name = str(like.path) if like.path is not None else "the source"
+        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card,
+                          other_cards=others, source_name=name)  # fmt: skip
         (tmp / CARD_FILE).write_text(text)
         # safetensors creates its files 0600; give them the config's (umask) permissions
         mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777

@@ -21,7 +21,7 @@ from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
 from lmckit.forms import FORMS, FormChoice
 from lmckit.hf.files import MAX_CONFIG_BYTES, read_json_file
-from lmckit.io import LoadedModel, model_format
+from lmckit.io import LoadedModel, check_same_config, model_format
 from lmckit.measure import (
     MERGE_METHOD_OF_FIX,
     EvalSettings,
@@ -37,6 +37,10 @@ from lmckit.params import IncompatibleModelsError, Params, check_compatible, mod
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
 from lmckit.recipe import aligned_form, spec_of, written_alike
 from lmckit.workflow.align import model_in_form
+from lmckit.workflow.form_evidence import checked_form
+
+#: Config entries a recorded form may change: folding a norm scale into a tied head unties it.
+UNTIED = frozenset({"tie_word_embeddings"})
 
 __all__ = [
     "MERGE_FIXES",
@@ -45,6 +49,7 @@ __all__ = [
     "pair_barrier",
     "path_form",
     "recorded_form",
+    "recorded_metadata",
     "simplex_barrier",
 ]
 
@@ -83,25 +88,31 @@ def merge_pair(
     return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
 
 
-def recorded_form(path: str | os.PathLike[str] | None) -> FormChoice | None:
-    """The form an lmckit output at ``path`` says it is in (``lmckit align`` records it),
-    or ``None`` (no record, not an lmckit output, or a model held in memory: no path).
-    Reads the metadata only."""
+def recorded_metadata(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """What lmckit recorded of the output at ``path`` (an HF folder's ``lmckit.json``
+    ``metadata``, a checkpoint's ``metadata``); ``{}`` for none, or no path."""
     if path is None:
-        return None
+        return {}
     folder = Path(path)
     try:
         if model_format(folder) == "hf":
             marker = folder / HF_MARKER
             if not marker.is_file():
-                return None
+                return {}
             meta = read_json_file(marker, max_bytes=MAX_CONFIG_BYTES, what="lmckit.json")
             meta = meta.get("metadata", {}) if isinstance(meta, dict) else {}
         else:
             meta = load_metadata(folder)
     except (CheckpointError, OSError):
-        return None  # loading the model reports the problem in its own words
-    return FormChoice.from_dict(meta.get("form_choice")) if isinstance(meta, dict) else None
+        return {}  # loading the model reports the problem in its own words
+    return meta if isinstance(meta, dict) else {}
+
+
+def recorded_form(path: str | os.PathLike[str] | None) -> FormChoice | None:
+    """The form an lmckit output at ``path`` says it is in (``lmckit align`` records it),
+    or ``None`` (no record, not an lmckit output, or a model held in memory: no path).
+    Reads the metadata only."""
+    return FormChoice.from_dict(recorded_metadata(path).get("form_choice"))
 
 
 @dataclass(frozen=True)
@@ -135,19 +146,31 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
     the same form (exact: the same function), and the path interpolates heads as
     circuits when the form says so. ``circuits`` (``True`` / ``False``) overrides that.
     """
-    choice = recorded_form(b.path) or recorded_form(a.path)
+    records = recorded_metadata(a.path), recorded_metadata(b.path)
+    choice = FormChoice.from_dict(records[1].get("form_choice")) or FormChoice.from_dict(
+        records[0].get("form_choice")
+    )
+    try:
+        # a recorded form changes the shapes, never the config or the storage (a folded
+        # LM head is untied); and a fold no record names shows in the weights
+        check_same_config(a, b, ignore=UNTIED if choice is not None else frozenset())
+        choice, evidence = checked_form(a, b, choice, records)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(
+            f"{a.path} and {b.path} are different architectures: {err}"
+        ) from None
     module, pa, pb = a.module, a.params, b.params
-    notes = []
+    notes = [evidence] if evidence else []
     if choice is not None:
         formed = []
-        for model in (a, b):
+        for model, record in zip((a, b), records, strict=True):
             changes = (
                 choice.to_zoo
                 or choice.circuits
                 or choice.symmetry == "orthogonal"
                 or FORMS[choice.name].rms
             )
-            if changes and recorded_form(model.path) is None:
+            if changes and not FormChoice.from_dict(record.get("form_choice")):
                 form = model_in_form(_float32(model), choice)
                 formed.append((form.module, dict(form.a)))
                 if form.form:
