@@ -19,10 +19,10 @@ if TYPE_CHECKING:
     # at run time ``_EXPORTS`` and ``__all__`` are read from them (nothing is imported
     # until a name is first used).
     from lmckit.aligned import Aligned, align
-    from lmckit.checkpoint import Checkpoint, CheckpointError, load, save
+    from lmckit.checkpoint import CheckpointError, save
     from lmckit.evaluate import PathResult, evaluate, evaluate_path
-    from lmckit.hf import from_hf
-    from lmckit.io import LoadedModel, load_model, save_model
+    from lmckit.io import load, load_model, save_model
+    from lmckit.loaded import LoadedModel
     from lmckit.params import (
         Params,
         check_compatible,

@@ -4,11 +4,11 @@
 lmckit checkpoints or Hugging Face folders), aligns B to A under the architecture's
 symmetries and returns an :class:`Aligned`: B moved onto A's units, ready to be
 measured (:meth:`Aligned.barrier`), merged (:meth:`Aligned.merge`) or written in the
-format it came in (:meth:`Aligned.save`). It is a thin layer over the steps it names:
-:func:`lmckit.load_model`, :func:`lmckit.workflow.align_models` (the form, the method,
-the transform), :func:`lmckit.measure.measure_path` and
-:func:`lmckit.workflow.merge_pair`; the command line's ``align`` goes through the same
-steps.
+format it came in (:meth:`Aligned.save`). It is the four steps of ``lmckit align``,
+the same for the command line: plan (:func:`lmckit.plan.plan_alignment`, from model A
+and the request), describe (:meth:`~lmckit.plan.AlignPlan.describe`), run on B
+(:meth:`~lmckit.plan.AlignPlan.run`), write (:func:`lmckit.plan.write_aligned`);
+:meth:`Aligned.barrier` and :meth:`Aligned.merge` measure and merge in the form.
 """
 
 from __future__ import annotations
@@ -26,31 +26,23 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners.result import AlignmentResult
-from lmckit.checkpoint import Checkpoint
+from lmckit.checkpoint import held_checkpoint
 from lmckit.data import Dataset, load_data
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult, evaluate_path
-from lmckit.io import (
-    MODULE_FILE_SUFFIX,
-    LoadedModel,
-    check_same_architecture,
-    held_model,
-    load_model,
-    save_model,
-)
+from lmckit.io import LoadedModel, check_same_architecture, held_model, load
 from lmckit.measure import EvalSettings, measure_path, resolve_fix
 from lmckit.models import ZooModel
-from lmckit.outputs import REFERENCE_DIR, check_output_dir, check_output_file
 from lmckit.params import IncompatibleModelsError, Params, stored_params
-from lmckit.recipe import default_inputs
-from lmckit.spec.inputs import ExampleInputs, split_inputs
+from lmckit.plan import AlignedPair, AlignRequest, Written, plan_alignment
+from lmckit.recipe import AlignForm, default_inputs, written_alike
+from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import CLASSIFICATION, Task
-from lmckit.workflow.align import AlignedPair, align_models, check_align_request
 from lmckit.workflow.pair import merge_pair
 from lmckit.workflow.same_graph import check_same_graph
 
-__all__ = ["Aligned", "ModelSource", "align"]
+__all__ = ["Aligned", "ModelSource", "align", "aligned_result"]
 
 #: What :func:`align` takes for each model: a module, a saved model's path, or a
 #: :class:`~lmckit.io.LoadedModel`.
@@ -67,7 +59,7 @@ def _model(source: object, what: str) -> LoadedModel:
     if isinstance(source, (str, os.PathLike)):
         if not Path(source).exists():
             raise FileNotFoundError(f"{what}: {os.fspath(source)} does not exist")
-        return load_model(source)
+        return load(source)
     if isinstance(source, nn.Module):
         return held_model(source)
     hint = ""
@@ -80,27 +72,27 @@ def _model(source: object, what: str) -> LoadedModel:
     )
 
 
-def _pair(
-    a: object, b: object, example_inputs: ExampleInputs | None = None
-) -> tuple[LoadedModel, LoadedModel]:
-    """Both models, loaded or held, after refusing two different architectures (a
-    module held in memory carries no config: the two are traced and compared)."""
-    ma, mb = _model(a, "a"), _model(b, "b")
+def _other(a: LoadedModel, b: object, example_inputs: ExampleInputs | None) -> LoadedModel:
+    """Model B, loaded or held, after refusing another architecture than A's (a module
+    held in memory carries no config: the two are traced and compared)."""
+    if isinstance(b, (str, os.PathLike)) and Path(b).exists():
+        return load(b, like=a)
+    mb = _model(b, "b")
     try:
-        check_same_architecture(ma, mb)
-        if ma.path is None or mb.path is None:
+        check_same_architecture(a, mb)
+        if a.path is None or mb.path is None:
             # a config (zoo, transformers) says which code runs; a plain module is traced
-            plain = ma.format == "module"
+            plain = a.format.name == "module"
             inputs = example_inputs
             if plain and inputs is None:
-                inputs = default_inputs(ma.module)  # refuses, naming example_inputs
-            check_same_graph(ma.module, mb.module, () if inputs is None else inputs,
+                inputs = default_inputs(a.module)  # refuses, naming example_inputs
+            check_same_graph(a.module, mb.module, () if inputs is None else inputs,
                              traced=plain)  # fmt: skip
     except IncompatibleModelsError as err:
         raise IncompatibleModelsError(
-            f"{_name(ma)} and {_name(mb)} are different architectures: {err}"
+            f"{a.name} and {mb.name} are different architectures: {err}"
         ) from None
-    return ma, mb
+    return mb
 
 
 def _dataset(data: Dataset | str) -> Dataset:
@@ -116,10 +108,6 @@ def _holding(module: nn.Module, params: Params) -> nn.Module:
         for key, value in params.items():
             state[key].copy_(value)
     return out
-
-
-def _name(model: LoadedModel) -> str:
-    return str(model.path) if model.path is not None else type(model.module).__name__
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,14 +131,15 @@ class Aligned:
         a, b: the two models as given (loaded, or the modules as held; never changed).
         architecture: the form's module (A's own module when the form is the models'
             own, so it holds A's weights): evaluate parameters with it, do not change it.
-        same_architecture: the form keeps the models' architecture, so B aligned is
-            written in B's format; ``False`` after a rewrite to a new lmckit
-            architecture (written as an lmckit checkpoint).
-        reference_differs: A in the form differs from A as given; :meth:`save` then
-            writes it beside B (measure barriers against it).
+        written: how :meth:`save` writes B aligned (:class:`~lmckit.plan.run.Written`):
+            in B's format and class (a Hugging Face GPT-2 or ViT aligned in lmckit's
+            form is lifted back into its class), or lmckit's model of the form; and A
+            beside it when A as written differs from A as given.
         left_out: one line per space whose element changed B's own outputs and was
             reset to the identity (the spec is inferred on A; the transform is checked
             on B before anything is returned or written).
+        in_form: the pair in its form (:class:`~lmckit.recipe.AlignForm`: the named
+            steps that put a model of the given architecture in it).
     """
 
     params: Params = field(repr=False)
@@ -163,9 +152,9 @@ class Aligned:
     a: LoadedModel = field(repr=False)
     b: LoadedModel = field(repr=False)
     architecture: nn.Module = field(repr=False)
-    same_architecture: bool = True
-    reference_differs: bool = False
+    written: Written = field(repr=False)
     left_out: tuple[str, ...] = ()
+    in_form: AlignForm | None = field(default=None, repr=False)
 
     @property
     def transform(self) -> Transform:
@@ -192,15 +181,6 @@ class Aligned:
 
     # ------------------------------------------------------------------------ writing
 
-    def _written(self, params: Params, module: nn.Module | None = None) -> LoadedModel:
-        """``params`` of the form as a model in the format results are written in."""
-        if self.same_architecture:
-            held = module if module is not None else self.b.module
-            return LoadedModel(held, params, self.b.format, None, self.b.source)
-        arch = module if module is not None else self.architecture
-        assert isinstance(arch, ZooModel)  # a rewrite's new form is a zoo configuration
-        return LoadedModel(arch, params, "lmckit", None, Checkpoint(arch, params, arch.config))
-
     def save(
         self,
         path: str | os.PathLike[str],
@@ -208,58 +188,30 @@ class Aligned:
         overwrite: bool = False,
         dtype: torch.dtype | None = None,
     ) -> Path:
-        """Write B aligned in its input's format, with what was done in its metadata.
+        """Write B aligned in its input's format, with what was done in its record
+        (:func:`lmckit.plan.write_aligned`, the writer ``lmckit align`` uses).
 
         An lmckit checkpoint or a Hugging Face folder stays one (a folder keeps its
-        class, tokenizer and config files); a zoo module is written as a checkpoint, a
-        ``transformers`` module as a Hugging Face folder, any other module as a
-        safetensors file of its parameters (``path`` ending ``.safetensors``). A form
-        that rewrote the architecture is written as an lmckit checkpoint. When A in the
-        form differs from A as given, it is written too: ``path/reference`` (a file:
-        ``NAME.reference.safetensors``), the model to measure barriers against.
-        ``path`` follows lmckit's output policy (:mod:`lmckit.outputs`): never one of
-        the inputs, nor a folder or file lmckit did not write unless ``overwrite``; a
-        reference file's name is checked by the same rule, before anything is written.
-        A Hugging Face folder is stored as B's was: its floating dtype (or ``dtype``)
-        and its shards, with a model card.
+        class, tokenizer and config files, whatever form it was aligned in: a GPT-2 or
+        ViT aligned in lmckit's circuit or RMSNorm form is written back in its class,
+        the form recorded for :func:`lmckit.workflow.pair_barrier`); a zoo module is
+        written as a checkpoint, a ``transformers`` module as a Hugging Face folder, any
+        other module as a safetensors file of its parameters (``path`` ending
+        ``.safetensors``). A form of lmckit's own model no class holds is written as an
+        lmckit checkpoint. When A as written differs from A as given, it is written
+        too: ``path/reference`` (a file: ``NAME.reference.safetensors``), the model to
+        measure barriers against. ``path`` follows lmckit's output policy
+        (:mod:`lmckit.outputs`): never one of the inputs, nor a folder or file lmckit
+        did not write unless ``overwrite``; a reference file's name is checked by the
+        same rule, before anything is written. A Hugging Face folder is stored as B's
+        was: its floating dtype (or ``dtype``) and its shards, with a model card.
 
         Returns:
             ``path``.
         """
-        out = self._written(self.params)
-        if dtype is not None and out.format != "hf":
-            raise ValueError(f"dtype= is for Hugging Face folders; this is written as {out.format}")
-        inputs = [*self.a.inputs, *self.b.inputs]
-        reference = None
-        if self.reference_differs:
-            where = Path(path)
-            reference = (
-                where.with_name(f"{where.stem}.reference{where.suffix}")
-                if out.format == "module"
-                else where / REFERENCE_DIR
-            )
-        if out.format == "module":
-            # both files are checked before either is written
-            for name in (path, reference) if reference is not None else (path,):
-                check_output_file(name, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX],
-                                  force=overwrite, kind="weights")  # fmt: skip
-        else:
-            check_output_dir(path, kind=out.output_kind, inputs=inputs, force=overwrite)
-        metadata = {"aligned_to": _name(self.a), "source": _name(self.b), **self.metadata}
-        if reference is not None:
-            metadata["reference"] = str(reference)
-        target = save_model(
-            path, out, self.params, metadata=metadata, overwrite=overwrite, dtype=dtype
-        )
-        if reference is not None:
-            meta = {"rewritten_from": _name(self.a), "form": self.form}
-            if "form_choice" in self.metadata:
-                meta["form_choice"] = self.metadata["form_choice"]
-            # a folder's reference is inside what was just written, so new; a file's
-            # name was checked above, with the same overwrite
-            save_model(reference, self._written(self.reference), self.reference, metadata=meta,
-                       dtype=dtype, overwrite=overwrite)  # fmt: skip
-        return target
+        from lmckit.plan.write import write_aligned
+
+        return write_aligned(self, path, overwrite=overwrite, dtype=dtype).model
 
     # ---------------------------------------------------------------------- measuring
 
@@ -300,7 +252,7 @@ class Aligned:
             ValueError: data that does not fit the model, or an option that does not
                 apply to the data given (named).
         """
-        meta = {"a": _name(self.a), "b": "aligned", "form": self.form}
+        meta = {"a": self.a.name, "b": "aligned", "form": self.form}
         if isinstance(data, (Dataset, str)):
             if task is not None:
                 raise ValueError(
@@ -358,16 +310,35 @@ class Aligned:
         merged = merge_pair(
             self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
         )
-        out = self._written(merged, _holding(self.architecture, merged))
+        out = self._point(merged)
         return replace(
             out, record=self._merge_record(t, fix, data), derived_from=tuple(self.a.inputs)
         )
 
+    def _point(self, merged: Params) -> LoadedModel:
+        """A point of the path as a model of the format B aligned is written in: B's
+        class when the form is its own or is lifted back into it (not a point between
+        circuit forms, which no class of projected heads holds), else lmckit's model of
+        the form."""
+        from lmckit.plan.lift import class_module, point_in_class
+
+        if self.written.like is self.b:
+            if written_alike(self.architecture, self.b.module):
+                module = _holding(self.architecture, merged)
+                return LoadedModel(module, merged, self.b.format, None)
+            own = point_in_class(self.in_form, self.b, merged) if self.in_form else "no form"
+            if not isinstance(own, str):
+                module = _holding(class_module(self.b, own), own)
+                return LoadedModel(module, own, self.b.format, None)
+        arch = self.architecture
+        assert isinstance(arch, ZooModel)  # a rewrite's new form is a zoo configuration
+        return held_checkpoint(_holding(arch, merged))  # type: ignore[arg-type]
+
     def _merge_record(self, t: float, fix: str, data: Dataset | str | None) -> dict[str, Any]:
         """What a merged point records, as ``lmckit merge`` does (B aligned here, in memory)."""
         record: dict[str, Any] = {
-            "a": _name(self.a),
-            "b": _name(self.b),
+            "a": self.a.name,
+            "b": self.b.name,
             "t": t,
             "reset_bn": fix == "reset_bn",
             "repair": fix == "repair",
@@ -434,55 +405,51 @@ def align(
             method, missing data, two architectures, a symmetry the architecture cannot
             have, a module without example inputs, an unreadable file).
     """
-    # everything cheap is checked before anything is loaded or traced
-    check_align_request(
-        method,
-        symmetry=symmetry,
-        circuits=circuits,
-        head_bases=head_bases,
-        has_data=data is not None,
-    )
-    if example_inputs is not None:
-        split_inputs(example_inputs)
+    request = AlignRequest(method=method, symmetry=symmetry, circuits=circuits,
+                           head_bases=head_bases, config=config, mask_unseen=mask_unseen,
+                           seed=seed, has_data=data is not None,
+                           example_inputs=example_inputs)  # fmt: skip
+    request.checked()  # everything cheap is checked before anything is loaded or traced
     start = time.perf_counter()
-    ma, mb = _pair(a, b, example_inputs)
+    ma = _model(a, "a")
     dataset = _dataset(data) if data is not None else None
+    loaded_a = time.perf_counter()
+    plan = plan_alignment(ma, request)  # A's graph traced, its form worked out
+    planned = time.perf_counter()
+    mb = _other(ma, b, example_inputs)
     loaded = time.perf_counter()
-    pair = align_models(
-        ma,
-        mb,
-        method=method,
-        symmetry=symmetry,
-        circuits=circuits,
-        head_bases=head_bases,
-        data=dataset,
-        mask_unseen=mask_unseen,
-        seed=seed,
-        config=config,
-        device=device,
-        progress=progress,
-        example_inputs=example_inputs,
-    )
-    timings = {"load": loaded - start, "align": time.perf_counter() - loaded}
-    return _aligned(pair, ma, mb, {**timings, "method": pair.result.seconds})
+    pair = plan.run(mb, dataset, device=device, progress=progress)
+    timings = {"load": loaded_a - start + loaded - planned,
+               "align": planned - loaded_a + time.perf_counter() - loaded,
+               "method": pair.result.seconds}  # fmt: skip
+    return aligned_result(pair, ma, mb, timings, data)
 
 
-def _aligned(
-    pair: AlignedPair, a: LoadedModel, b: LoadedModel, timings: dict[str, float]
+def aligned_result(
+    pair: AlignedPair,
+    a: LoadedModel,
+    b: LoadedModel,
+    timings: dict[str, float],
+    data: Dataset | str | None = None,
 ) -> Aligned:
+    """The :class:`Aligned` of a plan's run (:meth:`lmckit.plan.AlignPlan.run`) on ``b``;
+    ``data``: what the record names as the training data (a data spec, or a dataset's
+    name)."""
+    metadata = dict(pair.metadata)
+    metadata["data"] = data if isinstance(data, str) or data is None else data.name
     return Aligned(
         params=stored_params(pair.params),
         # A in a folded form is computed when read: kept as stored, rounded once
         reference=stored_params(pair.reference) if pair.reference is not None else a.params,
         spec=pair.result.transform.spec,
         result=pair.result,
-        form=pair.form,
-        metadata=dict(pair.metadata),
+        form=pair.form.form,
+        metadata=metadata,
         timings=timings,
         a=a,
         b=b,
         architecture=pair.module,
-        same_architecture=pair.same_architecture,
-        reference_differs=pair.reference is not None,
+        written=pair.written,
         left_out=pair.left_out,
+        in_form=pair.form,
     )

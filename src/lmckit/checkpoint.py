@@ -11,19 +11,22 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import metadata as _metadata
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor
+from torch import Tensor, nn
 
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
+from lmckit.loaded import LoadedModel, check_output_dtype
 from lmckit.models import ModelConfig, ZooModel, build_zoo_model, get_model_class
-from lmckit.outputs import check_output_dir
-from lmckit.params import Params, as_params, check_finite, first_nonfinite
+from lmckit.outputs import OutputKind, check_output_dir
+from lmckit.parameter_error import ParameterError
+from lmckit.params import as_params, check_finite, first_nonfinite, module_params
 from lmckit.weightfile import (
     SAFETENSORS_FLOATS,
     CheckpointError,
@@ -35,8 +38,9 @@ from lmckit.weightfile import (
 __all__ = [
     "CONFIG_FILE",
     "WEIGHTS_FILE",
-    "Checkpoint",
     "CheckpointError",
+    "CheckpointFormat",
+    "held_checkpoint",
     "load",
     "load_metadata",
     "load_params_file",
@@ -53,12 +57,55 @@ _REPEAT_KWARGS = ("n_layer", "depth", "hidden", "widths")
 MAX_CONFIG_BYTES = 1 << 20
 
 
-class Checkpoint(NamedTuple):
-    """A loaded checkpoint: the rebuilt module (eval mode, weights loaded), its weights, config."""
+@dataclass(frozen=True)
+class CheckpointFormat:
+    """The lmckit checkpoint format (:class:`~lmckit.loaded.ModelFormat`): a zoo
+    architecture's ``ModelConfig`` and the folder (or weights file) it was read from."""
 
-    module: ZooModel
-    params: Params
     config: ModelConfig
+    source: Path | None = None
+    name: ClassVar[str] = "lmckit"
+    output_kind: ClassVar[OutputKind] = "checkpoint"
+
+    def differences(
+        self, other: Any, modules: tuple[nn.Module, nn.Module], *, full: bool = True
+    ) -> list[str]:
+        """The two configs when they differ (a recorded form changes a checkpoint's
+        config: compared in the form, so nothing without ``full``)."""
+        if not full or other.config == self.config:
+            return []
+        return [f"{self.config} vs {other.config}"]
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        model: Any,
+        params: Mapping[str, Tensor],
+        *,
+        metadata: Mapping[str, Any] | None,
+        overwrite: bool,
+        dtype: torch.dtype | None = None,
+        sources: Any = (),
+        module: ZooModel | None = None,
+        config_changes: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """:func:`save` of ``params`` (``module``: another zoo architecture to write)."""
+        if config_changes is not None:
+            raise ParameterError("{config_changes} is for Hugging Face folders; pass {module}",
+                                 config_changes="config_changes", module="module")  # fmt: skip
+        check_output_dtype(dtype, self.output_kind)
+        check_output_dir(path, kind="checkpoint", inputs=model.inputs, force=overwrite)
+        arch = module if module is not None else self.config
+        return save(path, arch, params, metadata=metadata, overwrite=overwrite)
+
+    def describe(self, module: nn.Module) -> str:
+        return f"an lmckit model ({type(module).__name__})"
+
+
+def held_checkpoint(module: ZooModel) -> LoadedModel:
+    """A zoo model held in memory, written as an lmckit checkpoint."""
+    params = module_params(module)
+    return LoadedModel(module, params, CheckpointFormat(module.config), None)
 
 
 def _version() -> str:
@@ -202,8 +249,9 @@ def load(
     *,
     dtype: torch.dtype | None = torch.float32,
     check_values: bool = True,
-) -> Checkpoint:
-    """Load a checkpoint directory, or a weights file with ``config.json`` beside it.
+) -> LoadedModel:
+    """Read a checkpoint directory, or a weights file with ``config.json`` beside it
+    (the checkpoint format's reader: :func:`lmckit.load` reads every format).
 
     Nothing large is allocated before the weights are known to fit the config: the
     module is first built on the meta device (shapes only) and a safetensors file's
@@ -259,7 +307,7 @@ def load(
         )
     module.load_state_dict(params, strict=True)
     module.eval()
-    return Checkpoint(module, params, config)
+    return LoadedModel(module, params, CheckpointFormat(config, Path(path)), Path(path))
 
 
 def load_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -19,13 +19,15 @@ from torch import nn
 
 from lmckit.groups import HeadPermutation
 from lmckit.models import ZooModel
-from lmckit.recipe import SYMMETRIES
+from lmckit.parameter_error import Param, ParameterError, Worded, worded
+from lmckit.recipe import SYMMETRIES, check_symmetry
 
 __all__ = [
     "FORMS",
     "PREFERRED_FORMS",
     "Form",
     "FormChoice",
+    "check_heads_request",
     "choose_form",
     "possible_forms",
 ]
@@ -41,21 +43,50 @@ class Form:
             same functions either way; the points between them differ).
         rms: permutations of a LayerNorm stream act on its RMSNorm form (see
             :func:`lmckit.recipe.aligned_form`'s ``rms``), where it is also interpolated.
+        label: how the form is named to people (``"projected, circuit path"``).
+        what: what the form does, in a phrase.
     """
 
     circuits: bool
     path_circuits: bool
     rms: bool = False
+    label: str = ""
+    what: str = ""
+
+    @property
+    def rewrites(self) -> bool:
+        """Whether the form needs rewrites only lmckit's own transformers have."""
+        return self.circuits or self.path_circuits or self.rms
 
 
-#: The forms :func:`choose_form` picks from, by name.
+#: The forms :func:`choose_form` picks from, by identifier (what records hold).
 FORMS: dict[str, Form] = {
-    "projected": Form(circuits=False, path_circuits=False),
-    "circuits": Form(circuits=True, path_circuits=True),
+    "projected": Form(False, False, label="projected", what="attention heads as their projections"),
+    "circuits": Form(
+        True,
+        True,
+        label="circuits",
+        what="attention heads as QK/OV circuits, aligned and interpolated in that form",
+    ),
     # heads aligned as their projections, interpolated as circuits (as the paper's code)
-    "projected, circuit path": Form(circuits=False, path_circuits=True),
-    "circuits, RMSNorm form": Form(circuits=True, path_circuits=True, rms=True),
+    "circuit_path": Form(
+        False,
+        True,
+        label="projected, circuit path",
+        what="attention heads aligned as their projections and interpolated as QK/OV circuits",
+    ),
+    "circuits_rms": Form(
+        True,
+        True,
+        rms=True,
+        label="circuits, RMSNorm form",
+        what="attention heads as QK/OV circuits, the residual stream permuted and "
+        "interpolated in its RMSNorm form",
+    ),
 }
+
+#: Names of the forms in records written before the forms had identifiers.
+_RECORDED_LABELS = {f.label: name for name, f in FORMS.items()}
 
 #: Default forms, best first, by ``(method, symmetry)``: the first form a model can take
 #: is the default (a pair without attention heads, or one whose class lmckit cannot
@@ -63,14 +94,9 @@ FORMS: dict[str, Form] = {
 #: barrier on CPU-trained GPT-2 pairs (``docs/experiments/reference_comparison.md``);
 #: a new form or a new measurement is a change of this table only.
 PREFERRED_FORMS: dict[tuple[str, str | None], tuple[str, ...]] = {
-    ("weight", "orthogonal"): ("circuits", "projected, circuit path", "projected"),
-    ("weight", "permutation"): (
-        "circuits",
-        "projected, circuit path",
-        "circuits, RMSNorm form",
-        "projected",
-    ),
-    ("weight", None): ("circuits", "projected, circuit path", "projected"),
+    ("weight", "orthogonal"): ("circuits", "circuit_path", "projected"),
+    ("weight", "permutation"): ("circuits", "circuit_path", "circuits_rms", "projected"),
+    ("weight", None): ("circuits", "circuit_path", "projected"),
     ("learned", "orthogonal"): ("circuits", "projected"),
     ("learned", "permutation"): ("circuits", "projected"),
     ("learned", None): ("circuits", "projected"),
@@ -97,19 +123,24 @@ class FormChoice:
     to_zoo: bool = False
     chosen: bool = True
 
-    def describe(self) -> str:
-        """One line for the user: the form and how to get the other."""
-        what = {
-            "circuits": "attention heads as QK/OV circuits, aligned and interpolated in that form",
-            "projected": "attention heads as their projections",
-            "projected, circuit path": "attention heads aligned as their projections and "
-            "interpolated as QK/OV circuits",
-            "circuits, RMSNorm form": "attention heads as QK/OV circuits, the residual stream "
-            "permuted and interpolated in its RMSNorm form",
-        }.get(self.name, self.name)
+    @property
+    def form(self) -> Form:
+        """The form's entry in :data:`FORMS`."""
+        return FORMS[self.name]
+
+    def described(self) -> Worded:
+        """One line for the user: the form and how to get the other (parameters named
+        as :mod:`lmckit.parameter_error` words them)."""
         how = "the best measured for this method and symmetry" if self.chosen else "as asked"
-        other = " (--no-circuits for the projected form)" if self.circuits and self.chosen else ""
-        return f"form: {self.name} ({what}; {how}){other}"
+        line = f"form: {self.form.label} ({self.form.what}; {how})"
+        if not (self.circuits and self.chosen):
+            return worded(line.replace("{", "{{").replace("}", "}}"))
+        return worded(line + " ({circuits} for the projected form)",
+                      circuits=Param("circuits", False))  # fmt: skip
+
+    def describe(self) -> str:
+        """:meth:`described` in Python's words."""
+        return str(self.described())
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, for what an aligned model records (:meth:`from_dict` reads it)."""
@@ -124,8 +155,12 @@ class FormChoice:
 
     @classmethod
     def from_dict(cls, data: Any) -> FormChoice | None:
-        """The choice :meth:`to_dict` wrote, or ``None`` for anything else."""
-        if not isinstance(data, dict) or data.get("name") not in FORMS:
+        """The choice :meth:`to_dict` wrote (or an earlier version, which named the forms
+        by their labels), or ``None`` for anything else."""
+        if not isinstance(data, dict):
+            return None
+        name = _RECORDED_LABELS.get(data.get("name"), data.get("name"))  # type: ignore[arg-type]
+        if name not in FORMS:
             return None
         symmetry = data.get("symmetry")
         if symmetry is not None and symmetry not in SYMMETRIES:
@@ -134,7 +169,22 @@ class FormChoice:
         if not all(isinstance(f, bool) for f in flags):
             return None
         circuits, path_circuits, to_zoo, chosen = (bool(f) for f in flags)
-        return cls(data["name"], symmetry, circuits, path_circuits, to_zoo, chosen)
+        return cls(name, symmetry, circuits, path_circuits, to_zoo, chosen)
+
+
+def check_heads_request(circuits: bool | None, head_bases: bool) -> None:
+    """Refuse aligning the bases inside heads together with the circuit form, which
+    leaves no bases inside heads: the one check of the two together.
+
+    Raises:
+        ParameterError: both asked for.
+    """
+    if circuits and head_bases:
+        raise ParameterError(
+            "{head_bases} aligns bases inside heads; {circuits} leaves none",
+            head_bases=Param("head_bases", True),
+            circuits=Param("circuits", True),
+        )
 
 
 def _circuits_possible(module: nn.Module, convertible: bool) -> bool:
@@ -146,11 +196,6 @@ def _circuits_possible(module: nn.Module, convertible: bool) -> bool:
             for s in module.symmetry_spec()
         )
     return convertible
-
-
-def _needs_rewrites(form: Form) -> bool:
-    """Whether ``form`` needs rewrites only lmckit's own transformers have."""
-    return form.circuits or form.path_circuits or form.rms
 
 
 def possible_forms(
@@ -165,7 +210,7 @@ def possible_forms(
     bases inside heads leaves the heads as projections)."""
     order = PREFERRED_FORMS.get((method, symmetry), ("projected",))
     possible = _circuits_possible(module, convertible) and not head_bases
-    names = [n for n in order if possible or not _needs_rewrites(FORMS[n])]
+    names = [n for n in order if possible or not FORMS[n].rewrites]
     return names or ["projected"]
 
 
@@ -194,26 +239,24 @@ def choose_form(
     Raises:
         ValueError: a symmetry or form the architecture cannot have, saying why.
     """
-    if symmetry is not None and symmetry not in SYMMETRIES:
-        raise ValueError(
-            f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
-        )
-    if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+    check_symmetry(symmetry)
+    check_heads_request(circuits, head_bases)
     zoo = isinstance(module, ZooModel)
     if circuits and zoo and not _circuits_possible(module, convertible):
-        raise ValueError(f"--circuits: {type(module).__name__} has no attention heads")
+        raise ParameterError(f"{{circuits}}: {type(module).__name__} has no attention heads",
+                             circuits=Param("circuits", True))  # fmt: skip
     if circuits and not _circuits_possible(module, convertible):
-        raise ValueError(
-            f"--circuits rewrites lmckit's own transformers (and Hugging Face GPT-2 and ViT "
-            f"folders, converted first); {type(module).__name__} is not one"
+        raise ParameterError(
+            "{circuits} rewrites lmckit's own transformers (and Hugging Face GPT-2 and ViT "
+            f"folders, converted first); {type(module).__name__} is not one",
+            circuits=Param("circuits", True),
         )
     if circuits is None:
         name, chosen = possible_forms(module, method, symmetry, head_bases, convertible)[0], True
     else:
         name, chosen = ("circuits" if circuits else "projected"), False
     form = FORMS[name]
-    to_zoo = not zoo and _needs_rewrites(form)
+    to_zoo = not zoo and form.rewrites
     # whether the stream admits rotations (and how) is decided by the aligned form
     # itself (lmckit.recipe.orthogonal_route), which refuses a model with no route in one
     # line before any alignment: deciding it here too would trace and check the model

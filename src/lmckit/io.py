@@ -1,121 +1,129 @@
-"""Models in and out, in either format: an lmckit checkpoint or a Hugging Face folder.
+"""Models in and out, in any format: :func:`load` reads them, :func:`save_model` writes.
 
-:func:`load_model` tells the two apart by ``config.json`` (lmckit's names an
-``architecture``, Hugging Face's a ``model_type``) and returns one :class:`LoadedModel`;
-:func:`held_model` wraps a module the caller holds in the same type; :func:`save_model`
-writes new parameters in the format the model came in, so a result goes back to the
-ecosystem its input came from.
+:func:`load` is the one loader: an lmckit checkpoint (a folder, or a weights file with
+its ``config.json``), a Hugging Face folder, or a ``.safetensors`` / ``.pt`` file of
+parameters (given the module they belong to, ``like=``) all become one
+:class:`~lmckit.loaded.LoadedModel`; :func:`held_model` wraps a module the caller holds
+in the same type. What differs between formats is the model's
+:class:`~lmckit.loaded.ModelFormat`, which writes a result back in its format
+(:func:`save_model`) and says what makes two models different architectures
+(:func:`check_same_architecture`): no caller branches on where a model came from.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from lmckit.atomic import atomic_path
-from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
-from lmckit.checkpoint import load as load_checkpoint
-from lmckit.checkpoint import save as save_checkpoint
+from lmckit.checkpoint import CONFIG_FILE, CheckpointError, CheckpointFormat, held_checkpoint
+from lmckit.checkpoint import load as read_checkpoint
 from lmckit.hf.files import MAX_CONFIG_BYTES, HFError, is_hf_folder, read_json_file
-from lmckit.hf.layout import stored_layout
-from lmckit.hf.model import HFModel, config_differences, load_hf
-from lmckit.hf.save import save_hf
+from lmckit.hf.model import HFFormat, held_hf, load_hf
+from lmckit.loaded import LoadedModel, ModelFormat, check_output_dtype
 from lmckit.models import ZooModel
-from lmckit.outputs import OutputKind, check_output_dir, check_output_file
+from lmckit.outputs import OutputKind, check_output_file
+from lmckit.parameter_error import ParameterError, literal
 from lmckit.params import (
     IncompatibleModelsError,
-    Params,
     as_module,
     as_params,
     check_compatible,
     check_finite,
     module_params,
 )
-from lmckit.weightfile import check_state_dict
+from lmckit.weightfile import check_state_dict, load_params_file
 
 __all__ = [
     "MODULE_FILE_SUFFIX",
     "LoadedModel",
     "ModelFormat",
+    "ModuleFormat",
     "check_same_architecture",
     "check_same_config",
     "held_model",
+    "load",
     "load_model",
     "model_format",
+    "output_kind_of",
     "save_model",
 ]
 
-#: ``"lmckit"``: a checkpoint; ``"hf"``: a Hugging Face folder; ``"module"``: any other
-#: module, written as a safetensors file of its parameters.
-ModelFormat = Literal["lmckit", "hf", "module"]
 #: Suffix of the file a ``"module"``-format model is written to.
 MODULE_FILE_SUFFIX = ".safetensors"
+#: What :func:`model_format` finds at a path.
+StoredFormat = Literal["lmckit", "hf"]
 
 
-@dataclass(frozen=True, eq=False)
-class LoadedModel:
-    """A model, and the format it is read from and written in.
+@dataclass(frozen=True)
+class ModuleFormat:
+    """Any other module's format (:class:`~lmckit.loaded.ModelFormat`): its parameters as
+    one safetensors file (``module.load_state_dict(load_file(path))`` restores them).
 
     Attributes:
-        module: the module, eval mode, weights loaded (a zoo model, a ``transformers``
-            model, or any module the caller holds).
-        params: its state dict (flat, detached; tied weights once).
-        format: ``"lmckit"`` (a checkpoint), ``"hf"`` (a Hugging Face folder) or
-            ``"module"`` (any other module: a safetensors file of its parameters).
-        path: what was loaded; ``None`` for a module held in memory.
-        source: the format's own object: a :class:`~lmckit.checkpoint.Checkpoint` or a
-            :class:`~lmckit.hf.HFModel` (``None`` for the ``"module"`` format);
-            :func:`save_model` writes from it.
-        record: what :meth:`save` records of how the model was made when given no
-            ``metadata`` (a merged point's ends, ``t``, fix; ``None``: nothing).
-        derived_from: other saved models these weights derive from (a merge's other
-            end): a Hugging Face card written by :meth:`save` carries their licenses.
+        source: the parameters file it was read from (``None``: held in memory).
     """
 
-    module: nn.Module
-    params: Params
-    format: ModelFormat
-    path: Path | None
-    source: Checkpoint | HFModel | None
-    record: Mapping[str, Any] | None = None
-    derived_from: tuple[Path, ...] = ()
+    source: Path | None = None
+    name: ClassVar[str] = "module"
+    output_kind: ClassVar[OutputKind] = "checkpoint"
+    config: ClassVar[Any] = None
 
-    @property
-    def output_kind(self) -> OutputKind:
-        """The ``kind`` for :func:`lmckit.outputs.check_output_dir` of a result in this format
-        (a ``"module"``-format result is one file, not a folder)."""
-        return "hf" if self.format == "hf" else "checkpoint"
-
-    @property
-    def inputs(self) -> list[Path]:
-        """The paths this model was read from (its own, its source's): never an output."""
-        source = getattr(self.source, "path", None)
-        return [p for p in {self.path, source} if p is not None]
+    def differences(
+        self, other: Any, modules: tuple[nn.Module, nn.Module], *, full: bool = True
+    ) -> list[str]:
+        a, b = (type(m).__name__ for m in modules)
+        return [f"a {a} and a {b}"] if type(modules[0]) is not type(modules[1]) else []
 
     def save(
         self,
         path: str | os.PathLike[str],
+        model: LoadedModel,
+        params: Mapping[str, Tensor],
         *,
-        metadata: Mapping[str, Any] | None = None,
-        overwrite: bool = False,
+        metadata: Mapping[str, Any] | None,
+        overwrite: bool,
+        dtype: torch.dtype | None = None,
+        sources: Sequence[str | os.PathLike[str]] = (),
+        module: Any = None,
+        config_changes: Mapping[str, Any] | None = None,
     ) -> Path:
-        """Write this model in its format (:func:`save_model` with its own parameters);
-        ``metadata`` defaults to the model's :attr:`record` of how it was made."""
-        meta = metadata if metadata is not None else self.record
-        return save_model(path, self, self.params, metadata=meta, overwrite=overwrite,
-                          sources=self.derived_from)  # fmt: skip
+        """``params`` as one safetensors file (tied weights once, under their first
+        name); an existing file is replaced if lmckit wrote it, or with ``overwrite``."""
+        check_output_dtype(dtype, self.output_kind)
+        if module is not None or config_changes is not None:
+            raise ParameterError("{module} and {config_changes} are for checkpoints and folders",
+                                 module="module", config_changes="config_changes")  # fmt: skip
+        target = check_output_file(path, inputs=model.inputs, suffixes=[MODULE_FILE_SUFFIX],
+                                   force=overwrite, kind="weights")  # fmt: skip
+        state = check_state_dict(dict(params), target)
+        check_compatible(model.params, state)
+        try:
+            check_finite(state, what=f"refusing to write {target}")
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+        meta = {"lmckit": json.dumps(dict(metadata or {}), allow_nan=False)}
+        tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+        with atomic_path(target) as tmp:
+            save_file(tensors, str(tmp), metadata={"format": "pt", **meta})
+        return target
+
+    def describe(self, module: nn.Module) -> str:
+        return f"a module ({type(module).__name__})"
 
 
-def model_format(path: str | os.PathLike[str]) -> ModelFormat:
-    """``"hf"`` for a folder with a Hugging Face ``config.json``, else ``"lmckit"``.
+def model_format(path: str | os.PathLike[str]) -> StoredFormat:
+    """``"hf"`` for a folder with a Hugging Face ``config.json``, else ``"lmckit"`` (reads
+    the config once per process: loading the model reads it from memory).
 
     Raises:
         CheckpointError: a folder whose ``config.json`` is neither format's.
@@ -136,16 +144,39 @@ def model_format(path: str | os.PathLike[str]) -> ModelFormat:
     return "lmckit"
 
 
-def load_model(
+#: Each stored format's reader's format class (what a path holds, before it is read).
+_FORMATS: dict[str, Any] = {"hf": HFFormat, "lmckit": CheckpointFormat}
+
+
+def output_kind_of(path: str | os.PathLike[str]) -> OutputKind:
+    """The output policy's kind of a model written like the one at ``path`` (its config
+    read once per process: loading it reads it from memory)."""
+    kind: OutputKind = _FORMATS[model_format(path)].output_kind
+    return kind
+
+
+def _parameters_file(path: Path) -> bool:
+    """A weights file with no ``config.json`` beside it: parameters without a module."""
+    return path.is_file() and not (path.parent / CONFIG_FILE).is_file()
+
+
+def load(
     path: str | os.PathLike[str],
     *,
+    like: LoadedModel | nn.Module | None = None,
     dtype: torch.dtype | None = torch.float32,
     check_values: bool = True,
 ) -> LoadedModel:
-    """Load an lmckit checkpoint (folder or weights file) or a Hugging Face folder.
+    """Load a model in any format: the one loader.
 
     Args:
-        path: the checkpoint or folder.
+        path: an lmckit checkpoint (folder, or weights file with its ``config.json``), a
+            Hugging Face folder, or a ``.safetensors`` / ``.pt`` / ``.pth`` / ``.bin`` file
+            of parameters alone (``like=`` gives their module).
+        like: a model the one at ``path`` must be an architecture of: a
+            :class:`~lmckit.loaded.LoadedModel` (checked as
+            :func:`check_same_architecture`; a mismatch names both), or the module a
+            parameters file belongs to (a copy of it holds them).
         dtype: floating dtype of the weights; ``None`` keeps them as stored.
         check_values: refuse NaN and infinite values on loading, which reads every
             value. ``False``: not checked here, for a caller that checks what it reads
@@ -156,108 +187,137 @@ def load_model(
     Raises:
         CheckpointError: (or its subclass :class:`~lmckit.hf.HFError`) naming the file
             and the problem.
+        IncompatibleModelsError: a model that is not ``like``'s architecture.
+        ParameterError: a parameters file without ``like``.
     """
-    if model_format(path) == "hf":
-        hf = load_hf(path, dtype=dtype, check_values=check_values)
-        return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
-    ckpt = load_checkpoint(path, dtype=dtype, check_values=check_values)
-    return LoadedModel(ckpt.module, ckpt.params, "lmckit", Path(path), ckpt)
+    where = Path(path)
+    if _parameters_file(where) and like is not None:
+        return _load_parameters(where, like, dtype=dtype, check_values=check_values)
+    if model_format(where) == "hf":
+        model = load_hf(where, dtype=dtype, check_values=check_values)
+    else:
+        try:
+            model = read_checkpoint(where, dtype=dtype, check_values=check_values)
+        except CheckpointError as err:
+            if _parameters_file(where) and like is None:
+                why = literal(err)
+                raise ParameterError(f"{why}: give the module these parameters belong to, "
+                                     "{like}", like="like") from None  # fmt: skip
+            raise
+    if isinstance(like, LoadedModel):
+        try:
+            check_same_architecture(like, model)
+        except IncompatibleModelsError as err:
+            raise IncompatibleModelsError(
+                f"{_name(like)} and {where} are different architectures: {err}"
+            ) from None
+    return model
+
+
+#: The name this loader had (kept: tests, scripts and docs call it).
+load_model = load
+
+
+def _name(model: LoadedModel) -> str:
+    return str(model.path) if model.path is not None else type(model.module).__name__
+
+
+def _load_parameters(
+    path: Path, like: LoadedModel | nn.Module, *, dtype: torch.dtype | None, check_values: bool
+) -> LoadedModel:
+    """A parameters file held by a copy of ``like``'s module (format: ``like``'s)."""
+    holder = like if isinstance(like, LoadedModel) else held_model(like)
+    state = load_params_file(path, require_finite=check_values)
+    try:
+        check_compatible(holder.params, state)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(f"{path} does not hold {_name(holder)}'s parameters: "
+                                      f"{err}") from None  # fmt: skip
+    module = copy.deepcopy(holder.module).eval()
+    if dtype is not None:
+        module.to(dtype)
+    with torch.no_grad():
+        own = module.state_dict(keep_vars=True)
+        for key in holder.params:
+            own[key].copy_(state[key])
+    return LoadedModel(module, module_params(module), holder.format, path)
 
 
 def held_model(module: nn.Module) -> LoadedModel:
-    """A module the caller holds, as a :class:`LoadedModel` (``path`` ``None``).
+    """A module the caller holds, as a :class:`~lmckit.loaded.LoadedModel` (``path``
+    ``None``).
 
     A zoo model is written as an lmckit checkpoint, a ``transformers`` model as a
     Hugging Face folder of its class (with no source folder, nothing else is copied),
-    any other module as a safetensors file of its parameters (format ``"module"``).
+    any other module as a safetensors file of its parameters (:class:`ModuleFormat`).
     The module itself is referenced, not copied: lmckit never changes it.
 
     Raises:
         TypeError: ``module`` is not an ``nn.Module`` (naming where a loaded model's is).
     """
     module = as_module(module)
-    params = module_params(module)
     if isinstance(module, ZooModel):
-        ckpt = Checkpoint(module, params, module.config)
-        return LoadedModel(module, params, "lmckit", None, ckpt)
+        return held_checkpoint(module)
     config: Any = getattr(module, "config", None)
     if getattr(module, "main_input_name", None) is not None and hasattr(config, "to_dict"):
-        # a transformers model: its config is all a Hugging Face folder needs
-        raw = config.to_dict()
-        hf = HFModel(module, params, raw, type(module).__name__, None)
-        return LoadedModel(module, params, "hf", None, hf)
-    return LoadedModel(module, params, "module", None, None)
-
-
-_FORMAT_NAMES = {"lmckit": "an lmckit model", "hf": "a Hugging Face model", "module": "a module"}
-
-
-def _described(model: LoadedModel) -> str:
-    return f"{_FORMAT_NAMES[model.format]} ({type(model.module).__name__})"
+        return held_hf(module)
+    return LoadedModel(module, module_params(module), ModuleFormat(), None)
 
 
 def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
     """Refuse two models that do not compute the same function of their weights.
 
-    Same format, same parameter names and shapes, and the same configuration: an lmckit
-    checkpoint's ``ModelConfig``; a Hugging Face folder's class and every config entry
-    that changes what it computes (activation, heads, norm epsilon, rotary settings, ...;
-    see :func:`lmckit.hf.model.config_differences`). Two folders of one class and shape
-    can still differ (``activation_function: relu``, ``n_head: 4``): B's weights would
-    then be evaluated with A's config.
-
-    Two Hugging Face folders must also store their weights in one floating dtype.
+    Same format, same parameter names and shapes, and the same configuration, as the
+    format judges it (:meth:`~lmckit.loaded.ModelFormat.differences`): an lmckit
+    checkpoint's ``ModelConfig``; a Hugging Face folder's class, every config entry that
+    changes what it computes (activation, heads, norm epsilon, rotary settings, ...; see
+    :func:`lmckit.hf.model.config_differences`) and each weight's stored dtype; another
+    module's class. Two folders of one class and shape can still differ
+    (``activation_function: relu``, ``n_head: 4``): B's weights would then be evaluated
+    with A's config.
 
     Raises:
         IncompatibleModelsError: naming the first difference.
     """
-    if a.format != b.format:
-        raise IncompatibleModelsError(f"{_described(a)} and {_described(b)}")
+    if a.format.name != b.format.name:
+        described = (m.format.describe(m.module) for m in (a, b))
+        raise IncompatibleModelsError(" and ".join(described))
     check_compatible(a.params, b.params)
-    if isinstance(a.source, HFModel) and isinstance(b.source, HFModel):
-        check_same_config(a, b)
-    elif isinstance(a.source, Checkpoint) and isinstance(b.source, Checkpoint):
-        if a.source.config != b.source.config:
-            raise IncompatibleModelsError(f"{a.source.config} vs {b.source.config}")
-    elif type(a.module) is not type(b.module):
-        names = type(a.module).__name__, type(b.module).__name__
-        raise IncompatibleModelsError(f"a {names[0]} and a {names[1]}")
+    _refuse(a.format.differences(b.format, (a.module, b.module)))
 
 
 def check_same_config(
     a: LoadedModel, b: LoadedModel, *, ignore: frozenset[str] = frozenset()
 ) -> None:
-    """The checks of :func:`check_same_architecture` beyond names and shapes, for two
-    Hugging Face models: every config entry that changes what they compute, and each
-    weight's stored dtype. ``barrier`` and ``merge`` run it on a model ``lmckit align``
-    wrote beside another (their shapes are compared once both are in the recorded form).
+    """The checks of :func:`check_same_architecture` that no recorded form explains (a
+    Hugging Face folder's config entries and stored dtypes; a checkpoint's config changes
+    with its form and is compared in it): ``barrier`` and ``merge`` run it on a model
+    ``lmckit align`` wrote beside another.
 
     Args:
-        a, b: the models (nothing is checked unless both are Hugging Face models).
+        a, b: the models.
         ignore: config entries not compared (``tie_word_embeddings``, which a form that
             folds a scale into a tied head turns off).
 
     Raises:
-        IncompatibleModelsError: naming the first config entry, or the first weight,
-            that differs.
+        IncompatibleModelsError: naming the first difference.
     """
-    if not (isinstance(a.source, HFModel) and isinstance(b.source, HFModel)):
-        return
-    differences = [d for d in config_differences(a.source, b.source)
-                   if d.split(":")[0] not in ignore]  # fmt: skip
+    if a.format.name != b.format.name:
+        return  # the formats are compared in the form
+    found = a.format.differences(b.format, (a.module, b.module), full=False)
+    _refuse([d for d in found if d.split(":")[0] not in ignore])
+
+
+def _refuse(differences: list[str]) -> None:
     if differences:
+        first = differences[0]
         more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
-        raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
-    # the output is stored as B is, weight by weight: two storages would leave one unsaid
-    stored_a, stored_b = stored_layout(a.source.path), stored_layout(b.source.path)
-    for name in sorted(stored_a.dtypes.keys() & stored_b.dtypes.keys()):
-        da, db = stored_a.dtypes[name], stored_b.dtypes[name]
-        if da != db:
-            dtypes = [str(d).removeprefix("torch.") for d in (da, db)]
+        if first.startswith("stored dtype: "):
             raise IncompatibleModelsError(
-                f"their weights are stored in different dtypes ({dtypes[0]} and {dtypes[1]}), "
-                f"{name} first; save one in the other's dtypes first"
+                "their weights are stored in different dtypes ("
+                + first.removeprefix("stored dtype: ").replace(" vs ", " and ", 1)
             )
+        raise IncompatibleModelsError(f"their configs differ in {first}{more}")
 
 
 def save_model(
@@ -272,7 +332,7 @@ def save_model(
     dtype: torch.dtype | None = None,
     sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
-    """Write ``params`` in the format ``like`` came in.
+    """Write ``params`` in the format ``like`` came in (its format's ``save``).
 
     ``path`` follows lmckit's output policy (:func:`lmckit.outputs.check_output_dir`,
     ``kind=like.output_kind``): a new or empty folder, or an lmckit output of that
@@ -280,7 +340,7 @@ def save_model(
     working directory or one of its parents.
 
     Args:
-        path: the output folder (replaced atomically).
+        path: the output folder (replaced atomically), or file for a module's parameters.
         like: the loaded model whose architecture ``params`` belong to.
         params: the weights to write.
         metadata: what lmckit did and its inputs (a checkpoint's ``config.json``
@@ -297,7 +357,7 @@ def save_model(
             merge's other model), whose licenses the model card carries.
 
     Raises:
-        ValueError: an option of the other format.
+        ParameterError: an option of another format.
         OutputError: ``path`` may not be written (the message says why).
         TypeError: ``like`` or ``params`` of the wrong kind, named.
         CheckpointError / HFError: params that do not fit, or that cannot be written;
@@ -305,62 +365,10 @@ def save_model(
     """
     if not isinstance(like, LoadedModel):
         raise TypeError(
-            f"like must be the LoadedModel the params belong to (lmckit.load_model(path)), "
+            f"like must be the LoadedModel the params belong to (lmckit.load(path)), "
             f"got {type(like).__name__}"
         )
     as_params(params)
-    if like.format == "module":
-        if module is not None or config_changes is not None:
-            raise ValueError("module= and config_changes= are for checkpoints and folders")
-        return _save_module_file(path, like, params, metadata=metadata, overwrite=overwrite)
-    if dtype is not None and like.format != "hf":
-        raise ValueError("dtype= is for Hugging Face folders")
-    check_output_dir(path, kind=like.output_kind, inputs=like.inputs, force=overwrite)
-    if like.format == "hf":
-        if module is not None:
-            raise ValueError(
-                "module= is for lmckit checkpoints; a Hugging Face folder keeps its class"
-            )
-        assert isinstance(like.source, HFModel)
-        return save_hf(
-            path,
-            like.source,
-            params,
-            config_changes=config_changes,
-            metadata=metadata,
-            overwrite=overwrite,
-            dtype=dtype,
-            sources=[p for p in sources if is_hf_folder(p)],
-        )
-    if config_changes is not None:
-        raise ValueError("config_changes= is for Hugging Face folders; pass module= instead")
-    assert isinstance(like.source, Checkpoint)
-    arch = module if module is not None else like.source.config
-    return save_checkpoint(path, arch, params, metadata=metadata, overwrite=overwrite)
-
-
-def _save_module_file(
-    path: str | os.PathLike[str],
-    like: LoadedModel,
-    params: Mapping[str, Tensor],
-    *,
-    metadata: Mapping[str, Any] | None,
-    overwrite: bool,
-) -> Path:
-    """``params`` as one safetensors file (``module.load_state_dict(load_file(path))``
-    restores them; tied weights are stored once, under their first name). An existing
-    file is replaced if lmckit wrote it (its header says so), or with ``overwrite``."""
-    target = check_output_file(
-        path, inputs=like.inputs, suffixes=[MODULE_FILE_SUFFIX], force=overwrite, kind="weights"
-    )
-    state = check_state_dict(dict(params), target)
-    check_compatible(like.params, state)
-    try:
-        check_finite(state, what=f"refusing to write {target}")
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
-    meta = {"lmckit": json.dumps(dict(metadata or {}), allow_nan=False)}
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
-    with atomic_path(target) as tmp:
-        save_file(tensors, str(tmp), metadata={"format": "pt", **meta})
-    return target
+    return like.format.save(path, like, params, metadata=metadata, overwrite=overwrite,
+                            dtype=dtype, sources=sources, module=module,
+                            config_changes=config_changes)  # fmt: skip

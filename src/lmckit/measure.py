@@ -22,6 +22,7 @@ from lmckit.data import Dataset, batches
 from lmckit.evaluate import Metrics, PathResult, evaluate, evaluate_path, linear_grid
 from lmckit.merge import has_batchnorm
 from lmckit.merge_methods import path_prepare
+from lmckit.parameter_error import ParameterError
 from lmckit.params import Params
 from lmckit.table import Column, format_table, percent
 
@@ -29,8 +30,10 @@ __all__ = [
     "FIXES",
     "LM_EVAL_LOGITS",
     "MAX_PATH_POINTS",
+    "MERGE_FIXES",
     "MERGE_METHOD_OF_FIX",
     "EvalSettings",
+    "check_fix",
     "eval_batch_size",
     "evaluate_split",
     "measure_path",
@@ -42,8 +45,10 @@ __all__ = [
 #: The merge method (:mod:`lmckit.merge_methods`) that makes each point under a fix: the
 #: fixes of a merged model.
 MERGE_METHOD_OF_FIX = {"none": "interpolate", "reset_bn": "reset_bn", "repair": "repair"}
+#: The fixes of a merged model (:func:`lmckit.workflow.merge_pair`).
+MERGE_FIXES = tuple(MERGE_METHOD_OF_FIX)
 #: The fixes of a path: those of a merged model, and ``auto`` (:func:`resolve_fix`).
-FIXES = ("auto", *MERGE_METHOD_OF_FIX)
+FIXES = ("auto", *MERGE_FIXES)
 #: Logit floats per evaluation batch of a language model (batch * time * vocab), ~256 MB.
 LM_EVAL_LOGITS = 2**26
 #: Most points on one path: each point is a full evaluation of the split.
@@ -66,6 +71,17 @@ def eval_batch_size(data: Dataset, requested: int | None = None) -> int:
     return _DEFAULT_BATCH
 
 
+def check_fix(fix: str, fixes: tuple[str, ...] = FIXES) -> None:
+    """Refuse a fix that is not one of ``fixes`` (:data:`FIXES`, or :data:`MERGE_FIXES`
+    for a merged model): the one check of a fix's name.
+
+    Raises:
+        ParameterError: naming the fixes there are.
+    """
+    if fix not in fixes:
+        raise ParameterError(f"{{fix}} must be one of {', '.join(fixes)}, got {fix!r}", fix="fix")
+
+
 def resolve_fix(model: nn.Module, fix: str) -> str:
     """The fix applied at each point of a path: ``auto`` resolved, the rest checked.
 
@@ -77,8 +93,7 @@ def resolve_fix(model: nn.Module, fix: str) -> str:
     Raises:
         ValueError: an unknown fix, or ``reset_bn`` for a network without BatchNorm.
     """
-    if fix not in FIXES:
-        raise ValueError(f"fix must be one of {', '.join(FIXES)}, got {fix!r}")
+    check_fix(fix)
     if fix == "auto":
         return "reset_bn" if has_batchnorm(model) else "none"
     if fix == "reset_bn" and not has_batchnorm(model):
@@ -117,8 +132,7 @@ class EvalSettings:
     def __post_init__(self) -> None:
         if self.split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {self.split!r}")
-        if self.fix not in FIXES:
-            raise ValueError(f"fix must be one of {FIXES}, got {self.fix!r}")
+        check_fix(self.fix)
         if not 3 <= self.points <= MAX_PATH_POINTS:
             raise ValueError(
                 f"points must be between 3 and {MAX_PATH_POINTS} (both ends are included, so "

@@ -25,13 +25,15 @@ from typing import Protocol
 from torch import nn
 
 from lmckit.merge import Inputs, has_batchnorm, repair_prepare, reset_prepare
+from lmckit.parameter_error import Param, ParameterError
 from lmckit.params import Params, interpolate
-from lmckit.registry import Registry, summary
+from lmckit.registry import Registry, check_needs, summary
 
 __all__ = [
     "MergeInfo",
     "MergeMethod",
     "Prepare",
+    "check_t",
     "get_merge_method",
     "list_merge_methods",
     "merge",
@@ -139,13 +141,22 @@ def path_prepare(
     """The ``prepare`` hook of method ``name`` for the path from A to B (``None`` for
     plain interpolation), after checking that the method has what it needs."""
     info = merge_info(name)
-    if info.needs_model and model is None:
-        raise ValueError(f"merge method {name!r} needs model=...")
-    if info.needs_data and inputs is None:
-        raise ValueError(f"merge method {name!r} needs inputs=... (training batches)")
+    check_needs(Param("name", name), info, data=inputs is not None, model=model is not None,
+                names=("inputs", "model"))  # fmt: skip
     if info.needs_batchnorm and model is not None and not has_batchnorm(model):
-        raise ValueError(f"merge method {name!r} needs a network with BatchNorm layers")
+        raise ParameterError(f"{{name}}: {type(model).__name__} has no BatchNorm layers",
+                             name=Param("name", name))  # fmt: skip
     return info.prepare(model, params_a, params_b, inputs)  # type: ignore[arg-type]
+
+
+def check_t(t: float) -> None:
+    """Refuse a point ``t`` off the path from A (0) to B (1): the one check of ``t``.
+
+    Raises:
+        ParameterError: ``t`` outside ``[0, 1]`` (or not a number).
+    """
+    if not 0.0 <= t <= 1.0:
+        raise ParameterError(f"{{t}} must lie in [0, 1], got {t}", t="t")
 
 
 def merge(
@@ -158,6 +169,7 @@ def merge(
     inputs: Inputs | None = None,
 ) -> Params:
     """The point ``t`` of the path from A to B made by method ``name``."""
+    check_t(t)
     theta = interpolate(params_a, params_b, t)
     prepare = path_prepare(name, model, params_a, params_b, inputs)
     return theta if prepare is None else prepare(theta, t)

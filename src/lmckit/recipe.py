@@ -25,14 +25,17 @@ pair is aligned in by default is :mod:`lmckit.forms`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
 
 from torch import Tensor, nn
 
 from lmckit.distributed import computed_once
-from lmckit.groups import HeadPermutation, Orthogonal, Permutation
+from lmckit.groups import CenteredOrthogonal, HeadPermutation, Orthogonal, Permutation
 from lmckit.models import ZooModel
+from lmckit.parameter_error import Param, ParameterError
 from lmckit.params import Params, as_module, as_params
 from lmckit.spec import analyze_symmetries, infer_spec
 from lmckit.spec.fold import fold_norm_scales
@@ -41,15 +44,18 @@ from lmckit.spec.untie import untie_refused, untied_module, untied_params
 from lmckit.symmetry import SymmetrySpec
 
 __all__ = [
+    "STEP_LABELS",
     "SYMMETRIES",
     "AlignForm",
+    "Rewrite",
     "aligned_form",
     "check_symmetry",
     "default_inputs",
+    "form_of",
     "has_rotations",
     "layernorm_error",
-    "orthogonal_route",
     "spec_of",
+    "step_label",
     "written_alike",
 ]
 
@@ -57,20 +63,56 @@ __all__ = [
 SYMMETRIES = ("permutation", "orthogonal")
 
 
+#: How each step of a form is named to people (``untie:KEY``: ``KEY untied``; the
+#: conversion to lmckit's own model is not a change of form and is not named).
+STEP_LABELS = {
+    "to_zoo": "",
+    "fold_norms": "norm scales folded",
+    "rmsnorm": "RMSNorm form",
+    "circuits": "circuit form",
+}
+#: Steps after which the module is a new architecture of lmckit's own.
+REWRITING_STEPS = frozenset({"rmsnorm", "circuits"})
+
+
+def step_label(name: str) -> str:
+    """How the step ``name`` is named to people (``""``: not named)."""
+    if name.startswith("untie:"):
+        return f"{name.removeprefix('untie:')} untied"
+    return STEP_LABELS[name]
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One exact step of a form, named: how a model's parameters are put in it.
+
+    Attributes:
+        name: an identifier: ``"to_zoo"`` (a Hugging Face folder as lmckit's own
+            model), ``"fold_norms"``, ``"untie:KEY"``, ``"rmsnorm"``, ``"circuits"``.
+        before: the module whose parameters the step takes.
+        after: the module of the parameters it gives.
+        apply: one model's parameters (of ``before``) in the step's form (of ``after``),
+            the same function.
+    """
+
+    name: str
+    before: nn.Module = field(repr=False)
+    after: nn.Module = field(repr=False)
+    apply: Callable[[Mapping[str, Tensor]], Mapping[str, Tensor]] = field(repr=False)
+
+
 @dataclass(frozen=True)
 class AlignForm:
     """Two models in the form they are aligned in, and the spec to align under.
 
     Attributes:
-        module: the form's module (the given one unless ``rewritten``).
+        module: the form's module (the given one unless a step rewrote it).
         a, b: both models' parameters in that form (same functions as given); with
             norm scales folded, a :class:`~lmckit.spec.fold.FoldedParams` that computes
             each folded weight when it is read (no float32 copy of a bfloat16 model).
         spec: the symmetry spec of that form, with the groups ``symmetry`` chose.
-        rewritten: the module is a new architecture (RMSNorm form, circuits): results
-            are only comparable with ``a`` in this form, and are written in lmckit's form.
-        form: what was done, e.g. ``"norm scales folded"``, ``"RMSNorm form and circuit
-            form"``; empty when nothing was.
+        steps: the form's steps in order (:class:`Rewrite`): :meth:`put` takes another
+            model of the same architecture through them.
         folded: keys of the norm scales folded into their readers (now all ones).
         inputs: the example inputs the spec was inferred from (a tensor, a tuple of
             positional inputs or a dict of keyword inputs, as given).
@@ -80,17 +122,48 @@ class AlignForm:
     a: Mapping[str, Tensor]
     b: Mapping[str, Tensor]
     spec: SymmetrySpec
-    rewritten: bool = False
-    form: str = ""
+    steps: tuple[Rewrite, ...] = ()
     folded: frozenset[str] = frozenset()
     inputs: ExampleInputs = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The steps' identifiers, in order."""
+        return tuple(step.name for step in self.steps)
+
+    @property
+    def rewritten(self) -> bool:
+        """The module is a new architecture (RMSNorm form, circuits): results are only
+        comparable with ``a`` in this form, and are written in lmckit's form."""
+        return any(name in REWRITING_STEPS for name in self.names)
+
+    @property
+    def form(self) -> str:
+        """What was done, e.g. ``"norm scales folded"``, ``"RMSNorm form and circuit
+        form"``; empty when nothing was."""
+        return " and ".join(label for label in map(step_label, self.names) if label)
+
+    def put(self, params: Mapping[str, Tensor]) -> Mapping[str, Tensor]:
+        """Another model of the given architecture in this form (each step in turn)."""
+        for step in self.steps:
+            params = step.apply(params)
+        return params
+
+    def with_b(self, params: Mapping[str, Tensor]) -> AlignForm:
+        """This form with ``params`` (of the given architecture) put in it as ``b``."""
+        return replace(self, b=self.put(params))
+
+    def after(self, steps: tuple[Rewrite, ...]) -> AlignForm:
+        """This form reached after ``steps`` (e.g. the conversion to lmckit's model)."""
+        return replace(self, steps=(*steps, *self.steps))
 
 
 def check_symmetry(symmetry: str | None) -> None:
     """``ValueError`` unless ``symmetry`` is ``None`` or one of :data:`SYMMETRIES`."""
     if symmetry is not None and symmetry not in SYMMETRIES:
-        raise ValueError(
-            f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
+        raise ParameterError(
+            f"{{symmetry}} must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}",
+            symmetry="symmetry",
         )
 
 
@@ -140,85 +213,119 @@ def has_rotations(spec: SymmetrySpec) -> bool:
 
 
 @dataclass(frozen=True)
-class _OrthogonalRoute:
-    """How a module without rotations in its spec admits them: ``"fold"`` (norm scales
-    folded into their readers; ``a``, ``b``, ``spec``, ``scales`` hold the result, and
-    ``module`` the module with the weights in ``untied`` given their own copy so that a
-    tied reader can take a scale) or ``"rmsnorm"`` (the LayerNorm -> RMSNorm rewrite,
-    zoo models only)."""
+class _Formed:
+    """A model part-way through its form: module, parameters, spec and steps so far."""
 
-    route: str
-    a: Mapping[str, Tensor] | None = None
-    b: Mapping[str, Tensor] | None = None
-    spec: SymmetrySpec | None = None
-    scales: frozenset[str] = frozenset()
-    module: nn.Module | None = None
-    untied: tuple[str, ...] = ()
+    module: nn.Module
+    params: Mapping[str, Tensor]
+    spec: SymmetrySpec
+    steps: tuple[Rewrite, ...] = ()
+    folded: frozenset[str] = frozenset()
 
 
-def orthogonal_route(
-    module: nn.Module, a: Mapping[str, Tensor], b: Mapping[str, Tensor], inputs: ExampleInputs
-) -> _OrthogonalRoute:
-    """How the pair reaches a form with an orthogonal stream (module docstring).
+def _no_rotations(module: nn.Module, skipped: tuple[str, ...], names: list[str]) -> ValueError:
+    why = "; ".join(skipped) or "every space passes through ops that act unit by unit"
+    return ValueError(
+        f"{type(module).__name__} has no space that admits orthogonal maps ({why}): its "
+        f"spaces {', '.join(names)} allow permutations only"
+    )
+
+
+def _fold_norms(
+    module: nn.Module, params: Mapping[str, Tensor], inputs: ExampleInputs, analysis: Any
+) -> _Formed:
+    """Norm scales folded into the layers that read them (a tied reader given its own copy
+    first, so that it can take a scale); the module keeps its class.
 
     Raises:
-        ValueError: no route (no space admits rotations, saying why).
+        ValueError: no scale folds into a stream that then admits rotations, saying why.
     """
     names = module.space_names if isinstance(module, ZooModel) else None
-    # the graph's analysis is all the fold needs: no value of the models is read for it
-    analysis = analyze_symmetries(module, inputs, names=names, params=a, check=False, decide=False)
-    layer_norms = any(site.kind == "layer" for site in analysis.scales)
-    if isinstance(module, ZooModel) and layer_norms:
-        # the zoo's own rewrite reaches every orthogonal map, not only those fixing the mean
-        return _OrthogonalRoute("rmsnorm")
-    fa = fold_norm_scales(analysis, a)
-    untied: dict[str, str] = {}
+    fa = fold_norm_scales(analysis, params)
+    steps: list[Rewrite] = []
     refused = untie_refused(module) if fa.tied else None
     if refused:
         fa = replace(fa, skipped=(*fa.skipped, refused))
     elif fa.tied and not isinstance(module, ZooModel):
-        # a tied reader (an output head sharing the embedding) gets its own copy
-        untied = fa.tied
-        module = untied_module(module, untied)
-        a, b = untied_params(a, untied), untied_params(b, untied)
+        untied = untied_module(module, fa.tied)
+        for key, tied_to in sorted(fa.tied.items()):
+            steps.append(Rewrite(f"untie:{key}", module, untied,
+                                 partial(untied_params, keys={key: tied_to})))  # fmt: skip
+        module, params = untied, untied_params(params, fa.tied)
         analysis = analyze_symmetries(
-            module, inputs, names=names, params=a, check=False, decide=False
+            module, inputs, names=names, params=params, check=False, decide=False
         )
-        fa = fold_norm_scales(analysis, a)
-    fb = fold_norm_scales(analysis, b)
+        fa = fold_norm_scales(analysis, params)
     if fa.scales:
         spec = computed_once(
             lambda: infer_spec(module, inputs, names=names, params=fa.params, uniform=fa.scales)
         )
         if has_rotations(spec):
-            return _OrthogonalRoute("fold", fa.params, fb.params, spec, fa.scales, module,
-                                    tuple(sorted(untied)))  # fmt: skip
-    why = "; ".join(fa.skipped) or "every space passes through ops that act unit by unit"
-    raise ValueError(
-        f"{type(module).__name__} has no space that admits orthogonal maps ({why}): its "
-        f"spaces {', '.join(analysis.spec.names)} allow permutations only"
+            fold = Rewrite("fold_norms", module, module,
+                           lambda p: fold_norm_scales(analysis, p).params)  # fmt: skip
+            return _Formed(module, fa.params, spec, (*steps, fold), fa.scales)
+    raise _no_rotations(module, fa.skipped, list(analysis.spec.names))
+
+
+def _rmsnorm(module: ZooModel, params: Mapping[str, Tensor]) -> _Formed:
+    """lmckit's own transformer rewritten from LayerNorm to RMSNorm (a new architecture)."""
+    from lmckit.rewrites import centred_streams, layernorm_to_rmsnorm
+
+    rms, ra = layernorm_to_rmsnorm(module, dict(params))
+    spec = rms.symmetry_spec()
+    # the rewrite centres every writer of the streams its norms read: each stream stays
+    # in the zero-mean subspace, whose rotations are the maps with Q 1 = 1 (the ones a
+    # LayerNorm of the model's own class commutes with, so B aligned is written in it)
+    centred = {name: CenteredOrthogonal() for name in centred_streams(module)
+               if name in spec.names and type(spec[name].group) is Orthogonal}  # fmt: skip
+    step = Rewrite("rmsnorm", module, rms, lambda p: layernorm_to_rmsnorm(module, dict(p))[1])
+    return _Formed(rms, ra, spec.with_groups(**centred), (step,))
+
+
+def _orthogonal(module: nn.Module, params: Mapping[str, Tensor], inputs: ExampleInputs) -> _Formed:
+    """The model in a form whose stream admits orthogonal maps (the module docstring)."""
+    names = module.space_names if isinstance(module, ZooModel) else None
+    # the graph's analysis is all the route needs: no value of the model is read for it
+    analysis = analyze_symmetries(
+        module, inputs, names=names, params=params, check=False, decide=False
     )
+    if isinstance(module, ZooModel) and any(site.kind == "layer" for site in analysis.scales):
+        # the zoo's own rewrite reaches every orthogonal map, not only those fixing the mean
+        return _rmsnorm(module, params)
+    return _fold_norms(module, params, inputs, analysis)
 
 
-def _orthogonal(
-    module: nn.Module, a: Mapping[str, Tensor], b: Mapping[str, Tensor], inputs: ExampleInputs
-) -> tuple[
-    nn.Module, Mapping[str, Tensor], Mapping[str, Tensor], SymmetrySpec, list[str], frozenset[str]
-]:
-    """The pair in a form with an orthogonal stream (see the module docstring)."""
-    route = orthogonal_route(module, a, b, inputs)
-    if route.route == "fold":
-        assert route.a is not None and route.b is not None and route.spec is not None
-        assert route.module is not None
-        done = ["norm scales folded"] + [f"{k} untied" for k in route.untied]
-        return route.module, route.a, route.b, route.spec, done, route.scales
-    if isinstance(module, ZooModel):
-        from lmckit.rewrites import layernorm_to_rmsnorm
+def _circuits(formed: _Formed) -> _Formed:
+    """Attention heads rewritten as QK/OV circuits, keeping the groups chosen so far."""
+    module = formed.module
+    if not isinstance(module, ZooModel):
+        raise ParameterError(
+            f"{{circuits}} rewrites lmckit's own transformers; {type(module).__name__} is not one",
+            circuits=Param("circuits", True),
+        )
+    from lmckit.rewrites import heads_to_circuits
 
-        rms, ra = layernorm_to_rmsnorm(module, dict(a))
-        _, rb = layernorm_to_rmsnorm(module, dict(b))
-        return rms, ra, rb, rms.symmetry_spec(), ["RMSNorm form"], frozenset()
-    raise layernorm_error(module)
+    circuit, params, steps = module, formed.params, formed.steps
+    if module.config.kwargs.get("attention") != "circuits":  # else nothing to rewrite
+        try:
+            # a zoo model's form is a plain state dict (only folding makes lazy ones)
+            circuit, params = heads_to_circuits(module, dict(formed.params))
+        except ValueError:
+            raise ParameterError(f"{{circuits}}: {module.config.name} has no attention heads",
+                                 circuits=Param("circuits", True)) from None  # fmt: skip
+        step = Rewrite("circuits", module, circuit,
+                       lambda p: heads_to_circuits(module, dict(p))[1])  # fmt: skip
+        steps = (*steps, step)
+    full = circuit.symmetry_spec()
+    chosen = formed.spec
+    # keep the groups the symmetry chose (the permutations-only ablation); circuit
+    # heads are plain permutations of whole circuits
+    kept = {
+        s.name: chosen[s.name].group
+        for s in full
+        if s.name in chosen.names and not isinstance(chosen[s.name].group, HeadPermutation)
+    }
+    return _Formed(circuit, params, full.with_groups(**kept), steps, formed.folded)
 
 
 def written_alike(form_module: nn.Module, module: nn.Module) -> bool:
@@ -239,6 +346,44 @@ def layernorm_error(module: nn.Module) -> ValueError:
     )
 
 
+def form_of(
+    module: nn.Module,
+    params: Mapping[str, Tensor],
+    *,
+    symmetry: str | None = None,
+    circuits: bool = False,
+    example_inputs: ExampleInputs | None = None,
+    rms: bool = False,
+    spec: SymmetrySpec | None = None,
+) -> AlignForm:
+    """One model in the form it is aligned in: :func:`aligned_form` of model A alone
+    (``b`` is ``a``), whose :meth:`AlignForm.with_b` puts model B in the same form.
+
+    See :func:`aligned_form` for the arguments and what is raised.
+    """
+    check_symmetry(symmetry)
+    as_module(module, "module")
+    as_params(params, "params")
+    if example_inputs is not None:
+        split_inputs(example_inputs)  # a wrong type is refused before any work
+    inputs = example_inputs if example_inputs is not None else default_inputs(module)
+    if spec is None:
+        spec = spec_of(module) if example_inputs is None else spec_of(module, inputs)
+    formed = _Formed(module, params, spec)
+    if symmetry == "permutation":
+        if rms and not has_rotations(spec):
+            formed = _orthogonal(module, params, inputs)
+        formed = replace(formed, spec=_permutations_only(formed.spec))
+    elif symmetry == "orthogonal" and not has_rotations(spec):
+        formed = _orthogonal(module, params, inputs)
+    if circuits:
+        formed = _circuits(formed)
+    if isinstance(formed.module, ZooModel):
+        inputs = formed.module.example_inputs()
+    return AlignForm(formed.module, formed.params, formed.params, formed.spec, formed.steps,
+                     formed.folded, inputs)  # fmt: skip
+
+
 def aligned_form(
     module: nn.Module,
     params_a: Mapping[str, Tensor],
@@ -251,6 +396,9 @@ def aligned_form(
     spec: SymmetrySpec | None = None,
 ) -> AlignForm:
     """Two models of ``module``'s architecture in the form they are aligned in.
+
+    The form is a list of named steps (:class:`Rewrite`), worked out on ``params_a``
+    (one analysis of the graph, traced once) and applied to ``params_b`` in turn.
 
     Args:
         module: the architecture (any module ``torch.export`` traces).
@@ -271,53 +419,8 @@ def aligned_form(
         ValueError: an unknown symmetry, a symmetry the architecture cannot have (saying
             why), or circuits for a model without projected attention heads.
     """
-    check_symmetry(symmetry)
-    as_module(module, "module")
     as_params(params_a, "params_a")
     as_params(params_b, "params_b")
-    if example_inputs is not None:
-        split_inputs(example_inputs)  # a wrong type is refused before any work
-    inputs = example_inputs if example_inputs is not None else default_inputs(module)
-    a, b = params_a, params_b
-    if spec is None:
-        spec = spec_of(module) if example_inputs is None else spec_of(module, inputs)
-    parts: list[str] = []
-    folded: frozenset[str] = frozenset()
-    if symmetry == "permutation":
-        if rms and not has_rotations(spec):
-            module, a, b, spec, parts, folded = _orthogonal(module, a, b, inputs)
-        spec = _permutations_only(spec)
-    elif symmetry == "orthogonal" and not has_rotations(spec):
-        module, a, b, spec, parts, folded = _orthogonal(module, a, b, inputs)
-    rewritten = parts == ["RMSNorm form"]
-    if circuits:
-        if not isinstance(module, ZooModel):
-            raise ValueError(
-                f"--circuits rewrites lmckit's own transformers; {type(module).__name__} is not one"
-            )
-        from lmckit.rewrites import heads_to_circuits
-
-        chosen = spec
-        if module.config.kwargs.get("attention") == "circuits":
-            circuit = module  # already in circuit form: nothing to rewrite
-        else:
-            try:
-                # a zoo model's form is a plain state dict (only folding makes lazy ones)
-                circuit, a = heads_to_circuits(module, dict(a))
-                _, b = heads_to_circuits(module, dict(b))
-            except ValueError:
-                name = module.config.name
-                raise ValueError(f"--circuits: {name} has no attention heads") from None
-        full = circuit.symmetry_spec()
-        # keep the groups the symmetry chose (the permutations-only ablation); circuit
-        # heads are plain permutations of whole circuits
-        kept = {
-            s.name: chosen[s.name].group
-            for s in full
-            if s.name in chosen.names and not isinstance(chosen[s.name].group, HeadPermutation)
-        }
-        module, spec, rewritten = circuit, full.with_groups(**kept), True
-        parts.append("circuit form")
-    if isinstance(module, ZooModel):
-        inputs = module.example_inputs()
-    return AlignForm(module, a, b, spec, rewritten, " and ".join(parts), folded, inputs)
+    form = form_of(module, params_a, symmetry=symmetry, circuits=circuits,
+                   example_inputs=example_inputs, rms=rms, spec=spec)  # fmt: skip
+    return form.with_b(params_b)

@@ -10,9 +10,11 @@ valid ones.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["Registry", "summary"]
+from lmckit.parameter_error import Param, ParameterError
+
+__all__ = ["Declared", "Registry", "check_needs", "summary"]
 
 T = TypeVar("T")
 
@@ -60,3 +62,42 @@ class Registry(Generic[T]):
         except KeyError:
             known = ", ".join(sorted(entries))
             raise KeyError(f"unknown {self.kind} {name!r}; known {self.kind}s: {known}") from None
+
+
+class Declared(Protocol):
+    """What a registered method declares it needs (aligners and merge methods alike)."""
+
+    @property
+    def needs_data(self) -> bool: ...
+
+    @property
+    def needs_model(self) -> bool: ...
+
+
+def check_needs(
+    chosen: Param,
+    info: Declared,
+    *,
+    data: bool,
+    model: bool = True,
+    names: tuple[str, str] = ("data", "model"),
+) -> None:
+    """Refuse a method run without what it declares it needs: the one check of a
+    declared need, for every registry.
+
+    Args:
+        chosen: the parameter that chose the method, as the caller named it
+            (``Param("method", "learned")``, ``Param("fix", "repair")``).
+        info: the method's registry entry.
+        data, model: whether the run has data and a model.
+        names: the caller's parameters that give the data and the model.
+
+    Raises:
+        ParameterError: naming the method and what it lacks.
+    """
+    if info.needs_data and not data:
+        raise ParameterError("{chosen} needs training data: give {data}", chosen=chosen,
+                             data=names[0])  # fmt: skip
+    if info.needs_model and not model:
+        raise ParameterError("{chosen} runs the network: give {model}", chosen=chosen,
+                             model=names[1])  # fmt: skip

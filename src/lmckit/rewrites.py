@@ -49,7 +49,14 @@ from lmckit.symmetry import (
     random_transform,
 )
 
-__all__ = ["Rewritable", "embed_in_wider", "heads_to_circuits", "layernorm_to_rmsnorm"]
+__all__ = [
+    "Rewritable",
+    "centred_streams",
+    "embed_in_wider",
+    "heads_to_circuits",
+    "folded_readers",
+    "layernorm_to_rmsnorm",
+]
 
 
 class Rewritable(Protocol):
@@ -172,6 +179,38 @@ def _untie(reader: Reader, params: Params, work: Params, shared: set[str]) -> Re
     return Reader(copies[0], reader.axis, None)
 
 
+def _reader_keys(
+    readers: list[Reader], params: Params, work: Params, shared: set[str]
+) -> list[tuple[Reader, str]]:
+    """Each reader as :func:`layernorm_to_rmsnorm` writes it (a tied weight's own untied
+    copy, from ``work``), and the key of its bias there (made when it has none)."""
+    out = []
+    for reader in (_untie(r, params, work, shared) for r in readers):
+        out.append((reader, reader.bias or reader.weight.removesuffix("weight") + "bias"))
+    return out
+
+
+def folded_readers(
+    module: ZooModel, params: Params
+) -> list[tuple[str, str, list[tuple[Reader, str]]]]:
+    """``(scale key, shift key, [(reader, its bias key)])`` of every LayerNorm of
+    ``module``, under the names :func:`layernorm_to_rmsnorm` gives them in the RMSNorm
+    form (a tied reader is its own untied copy): what the rewrite folds where."""
+    analysis = _analysis(module)
+    model: Rewritable = module  # type: ignore[assignment]
+    work, shared = model.untied(params), _shared(analysis)
+    return [(scale, shift, _reader_keys(readers, params, work, shared))
+            for scale, shift, readers in _norm_readers(analysis, "layer")]  # fmt: skip
+
+
+def centred_streams(module: ZooModel) -> tuple[str, ...]:
+    """Names of the spaces :func:`layernorm_to_rmsnorm` centres: the streams its
+    LayerNorms read (every writer of them is projected onto the zero-mean subspace)."""
+    analysis = _analysis(module)
+    scales = {scale for scale, _, _ in _norm_readers(analysis, "layer")}
+    return tuple(s.name for s in analysis.spec if any(u.param in scales for u in s.uses))
+
+
 def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Params]:
     """Rewrite a LayerNorm transformer as an RMSNorm one with the same outputs.
 
@@ -199,10 +238,9 @@ def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Pa
     shared = _shared(analysis)
     for scale, shift, readers in norms:
         gain, bias = work.pop(scale).double(), work.pop(shift).double()
-        for reader in (_untie(r, params, work, shared) for r in readers):
+        for reader, bias_key in _reader_keys(readers, params, work, shared):
             weight = work[reader.weight]
             w64 = weight.double().movedim(reader.axis, -1)  # (..., in)
-            bias_key = reader.bias or reader.weight.removesuffix("weight") + "bias"
             old = work.get(bias_key)
             b64 = torch.zeros(w64.shape[:-1], dtype=torch.float64) if old is None else old.double()
             work[bias_key] = (b64 + w64 @ bias).to(weight.dtype)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from lmckit.bounded import FileLimitError, regular_file
 from lmckit.params import Params, check_finite
+from lmckit.read_once import ReadOnce
 
 __all__ = [
     "SAFETENSORS_FLOATS",
@@ -129,9 +130,14 @@ def load_params_file(path: str | os.PathLike[str], *, require_finite: bool = Tru
         )
     try:
         regular_file(p, what="weights file")
-        # Reading a byte first separates "cannot read" from "corrupt" below.
-        with open(p, "rb") as fh:
-            fh.read(1)
+        if suffix == ".safetensors":
+            # the header (read once per process) separates "cannot read" and a bad
+            # header from a corrupt body below
+            safetensors_header(p)
+        else:
+            # reading a byte first separates "cannot read" from "corrupt" below
+            with open(p, "rb") as fh:
+                fh.read(1)
     except FileNotFoundError:
         raise CheckpointError(f"{p} does not exist") from None
     except FileLimitError as err:
@@ -155,11 +161,16 @@ def load_params_file(path: str | os.PathLike[str], *, require_finite: bool = Tru
 
 
 def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """``{name: (dtype, shape)}`` from a safetensors header, reading nothing else.
+    """``{name: (dtype, shape)}`` from a safetensors header, reading nothing else (once
+    per process while the file is unchanged, :mod:`lmckit.read_once`).
 
     The format: an unsigned little-endian 64-bit header length, then that many bytes
     of JSON mapping each tensor's name to its dtype, shape and byte offsets.
     """
+    return _HEADERS(path)
+
+
+def _read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     try:
         size = regular_file(path, what="weights file").stat().st_size
         with open(path, "rb") as fh:
@@ -189,3 +200,7 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
             raise CheckpointError(f"{path} is corrupt or truncated: bad entry {name!r}")
         out[name] = (entry["dtype"], tuple(entry["shape"]))
     return out
+
+
+#: Each file's header read once.
+_HEADERS = ReadOnce(_read_header)

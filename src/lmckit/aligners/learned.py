@@ -147,6 +147,7 @@ class LearnedMatchingConfig:
     config=LearnedMatchingConfig,
     needs_model=True,
     needs_data=True,
+    options=("steps", "lr", "batch_size", "max_seconds"),
 )
 def learned_matching(
     spec: SymmetrySpec,

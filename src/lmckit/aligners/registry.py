@@ -27,6 +27,7 @@ method has more to say); ``result.apply(params_b)`` is the aligned model.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from collections.abc import Callable
@@ -35,8 +36,9 @@ from typing import Any, TypeVar, cast
 
 from lmckit.aligners.result import AlignmentResult
 from lmckit.aligners.run import AlignRun
+from lmckit.parameter_error import Param, ParameterError
 from lmckit.params import as_params
-from lmckit.registry import Registry, summary
+from lmckit.registry import Registry, check_needs, summary
 from lmckit.symmetry import as_spec
 
 __all__ = [
@@ -89,6 +91,9 @@ class AlignerInfo:
         config: its config dataclass, or ``None`` if it takes none.
         needs_model: it runs the network (``model=`` is required).
         needs_data: it reads data (``data=`` is required).
+        options: the fields of ``config`` a user sets for one run (the command line
+            offers them as options of this method, and refuses them for another).
+        forms: the forms (:data:`lmckit.forms.FORMS`) it aligns in; ``None``: every one.
     """
 
     name: str
@@ -97,6 +102,27 @@ class AlignerInfo:
     config: type | None
     needs_model: bool
     needs_data: bool
+    options: tuple[str, ...] = ()
+    forms: tuple[str, ...] | None = None
+
+    def configured(self, config: Any = None, **options: Any) -> Any:
+        """The method's config: ``config`` (``None``: its defaults) with the user
+        ``options`` set; ``None`` for a method that takes no config.
+
+        Raises:
+            ParameterError: an option this method does not declare (naming the ones it
+                does).
+        """
+        unknown = sorted(set(options) - set(self.options))
+        if unknown:
+            offered = ", ".join(self.options) or "none"
+            raise ParameterError(
+                f"{self.name} has no option {unknown[0]!r} (its options: {offered})"
+            )
+        if self.config is None:
+            return config
+        base = config if config is not None else self.config()
+        return dataclasses.replace(base, **options) if options else base
 
     @property
     def summary(self) -> str:
@@ -123,10 +149,8 @@ class AlignerInfo:
             ValueError: the method needs a model or data that ``run`` does not hold.
         """
         run = run or AlignRun()
-        if self.needs_model and run.model is None:
-            raise ValueError(f"{self.name} runs the network: give the run a model")
-        if self.needs_data and run.data is None:
-            raise ValueError(f"{self.name} needs data")
+        check_needs(Param(self.name), self, data=run.data is not None,
+                    model=run.model is not None, names=("run.data", "run.model"))  # fmt: skip
         return self.fn(spec, params_a, params_b, config, **run.keywords(), **options)
 
 
@@ -146,8 +170,11 @@ def register_aligner(
     config: type | None = None,
     needs_model: bool = False,
     needs_data: bool = False,
+    options: tuple[str, ...] = (),
+    forms: tuple[str, ...] | None = None,
 ) -> Callable[[F], F]:
-    """Decorator adding an aligner under ``name``; ``paper`` cites the method.
+    """Decorator adding an aligner under ``name``; ``paper`` cites the method, and the
+    other arguments declare what it needs and takes (:class:`AlignerInfo`).
 
     The registered function checks its common arguments before it runs: ``spec`` must
     be a :class:`~lmckit.symmetry.SymmetrySpec` and ``params_a``, ``params_b`` state
@@ -167,7 +194,12 @@ def register_aligner(
             return fn(*args, **kwargs)
 
         aligner = cast(F, checked)
-        _ALIGNERS.add(name, AlignerInfo(name, aligner, paper, config, needs_model, needs_data))
+        fields = {f.name for f in dataclasses.fields(config)} if config is not None else set()
+        if set(options) - fields:
+            raise TypeError(f"aligner {name!r} declares options {sorted(set(options) - fields)} "
+                            "its config does not have")  # fmt: skip
+        info = AlignerInfo(name, aligner, paper, config, needs_model, needs_data, options, forms)
+        _ALIGNERS.add(name, info)
         return aligner
 
     return deco

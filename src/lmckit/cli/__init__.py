@@ -33,6 +33,8 @@ from typing import Any
 import click
 
 from lmckit.allocator import keep_large_blocks_mapped
+from lmckit.cli.flags import flag_spelling
+from lmckit.parameter_error import ParameterError
 
 __all__ = ["COMMANDS", "EXIT_INTERRUPTED", "SPLIT_COMMANDS", "LmckitGroup", "main"]
 
@@ -141,6 +143,10 @@ class LmckitGroup(click.Group):
             return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.Abort):
             raise
+        except ParameterError as err:  # the library's words, in this command's flags
+            name = ctx.invoked_subcommand
+            command = self.get_command(ctx, name) if name else None
+            raise click.ClickException(err.render(flag_spelling(command))) from None
         except _USER_ERRORS as err:
             raise click.ClickException(_message(err)) from None
         except OSError as err:

@@ -21,14 +21,13 @@ import torch
 from lmckit.atomic import write_json
 from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.data.spec import check_data_spec, data_spec_paths
-from lmckit.io import LoadedModel, check_same_architecture, load_model
+from lmckit.io import LoadedModel, load
 from lmckit.outputs import (
     OutputKind,
     check_distinct_outputs,
     check_output_dir,
     check_output_file,
 )
-from lmckit.params import IncompatibleModelsError
 
 __all__ = [
     "SEED",
@@ -173,35 +172,16 @@ def load_models(
     ``forms``: when a model records the form ``lmckit align`` wrote it in, the others
     may be in their own form (the path is measured after putting them in that form,
     :func:`lmckit.workflow.path_form`, which checks the architectures then).
-    ``dtype``, ``check_values``: as :func:`lmckit.io.load_model` (``None``: as stored).
+    ``dtype``, ``check_values``: as :func:`lmckit.io.load` (``None``: as stored).
     """
     if forms:
         from lmckit.workflow import recorded_form
 
         if any(recorded_form(p) is not None for p in paths):
-            return [load_model(p, dtype=dtype, check_values=check_values) for p in paths]
-    first = load_model(paths[0], dtype=dtype, check_values=check_values)
-    return [
-        first,
-        *(load_like(first, p, dtype=dtype, check_values=check_values) for p in paths[1:]),
-    ]
-
-
-def load_like(
-    first: LoadedModel,
-    path: str,
-    *,
-    dtype: torch.dtype | None = torch.float32,
-    check_values: bool = True,
-) -> LoadedModel:
-    """The model at ``path``, which must have ``first``'s architecture (a mismatch names
-    both paths); for commands that work on the first model before reading the others."""
-    other = load_model(path, dtype=dtype, check_values=check_values)
-    try:
-        check_same_architecture(first, other)
-    except IncompatibleModelsError as err:
-        raise fail(f"{first.path} and {path} are different architectures: {err}") from None
-    return other
+            return [load(p, dtype=dtype, check_values=check_values) for p in paths]
+    first = load(paths[0], dtype=dtype, check_values=check_values)
+    return [first, *(load(p, like=first, dtype=dtype, check_values=check_values)
+                     for p in paths[1:])]  # fmt: skip
 
 
 # --------------------------------------------------------------------------- data

@@ -23,6 +23,7 @@ from typing import Any
 from lmckit.bounded import FileLimitError, read_bytes, regular_file
 from lmckit.checkpoint import CheckpointError, load_params_file
 from lmckit.params import Params
+from lmckit.read_once import ReadOnce
 from lmckit.weightfile import safetensors_header
 
 __all__ = [
@@ -121,16 +122,7 @@ def read_json_file(path: str | os.PathLike[str], *, max_bytes: int, what: str) -
         raise HFError(f"{path} is not valid JSON: {err}") from None
 
 
-def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The ``config.json`` of the Hugging Face folder ``path``, as a dict.
-
-    Raises:
-        HFError: not a folder, no or a bad ``config.json``, or one without ``model_type``.
-    """
-    root = Path(path)
-    if not root.is_dir():
-        raise HFError(f"{root} is not a folder")
-    file = root / CONFIG_FILE
+def _read_config(file: Path) -> dict[str, Any]:
     config = read_json_file(file, max_bytes=MAX_CONFIG_BYTES, what="config")
     if not isinstance(config, dict):
         raise HFError(f"{file} must hold a JSON object")
@@ -138,6 +130,23 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not isinstance(model_type, str) or not model_type:
         raise HFError(f"{file} is not a Hugging Face config: it has no 'model_type'")
     return config
+
+
+#: Each folder's config read once (:mod:`lmckit.read_once`).
+_CONFIGS = ReadOnce(_read_config)
+
+
+def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``config.json`` of the Hugging Face folder ``path``, as a dict (read once per
+    process while the file is unchanged, :mod:`lmckit.read_once`).
+
+    Raises:
+        HFError: not a folder, no or a bad ``config.json``, or one without ``model_type``.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise HFError(f"{root} is not a folder")
+    return _CONFIGS(root / CONFIG_FILE)
 
 
 def is_hf_folder(path: str | os.PathLike[str]) -> bool:

@@ -11,23 +11,28 @@ from __future__ import annotations
 
 import inspect
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
 from lmckit.hf.build import build_module, keep_dtypes, make_config, model_class
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_header, read_hf_weights
+from lmckit.hf.layout import stored_layout
 from lmckit.hf.validate import check_config_fits, layout_of
-from lmckit.params import Params, first_nonfinite, module_params
+from lmckit.loaded import LoadedModel
+from lmckit.outputs import OutputKind
+from lmckit.parameter_error import ParameterError
+from lmckit.params import first_nonfinite, module_params
 
 __all__ = [
-    "HFModel",
+    "HFFormat",
     "config_differences",
     "example_inputs",
-    "from_hf",
+    "held_hf",
     "is_causal_lm",
     "load_hf",
 ]
@@ -62,28 +67,82 @@ NON_FUNCTIONAL_CONFIG = frozenset(
 )
 
 
-@dataclass(frozen=True, eq=False)
-class HFModel:
-    """A loaded Hugging Face folder.
+@dataclass(frozen=True)
+class HFFormat:
+    """The Hugging Face folder format (:class:`~lmckit.loaded.ModelFormat`).
+
+    A loaded folder is a :class:`~lmckit.loaded.LoadedModel` whose ``module`` is the
+    ``transformers`` model (eval mode, weights loaded, ``use_cache`` off) and whose
+    ``params`` are ``module.state_dict()`` (in-memory names) with each tied weight once,
+    under its first name (``transformer.wte.weight``, not ``lm_head.weight``), as
+    ``named_parameters()`` and ``torch.export`` list it: ``functional_call(module,
+    params, ...)`` then ties as the module does, and a transform of the embeddings
+    reaches the tied head.
 
     Attributes:
-        module: the ``transformers`` model (eval mode, weights loaded, ``use_cache`` off).
-        params: ``module.state_dict()`` (in-memory names) with each tied weight once, under
-            its first name (``transformer.wte.weight``, not ``lm_head.weight``), as
-            ``named_parameters()`` and ``torch.export`` list it; detached, sharing memory
-            with ``module``. ``functional_call(module, params, ...)`` then ties as the
-            module does, and a transform of the embeddings reaches the tied head.
         config: the folder's ``config.json`` as read (``use_cache`` as stored).
         class_name: the ``transformers`` class, e.g. ``"LlamaForCausalLM"``.
-        path: the folder; ``None`` for a module held in memory (``config`` is then
+        source: the folder; ``None`` for a module held in memory (``config`` is then
             ``module.config.to_dict()``).
     """
 
-    module: nn.Module
-    params: Params
     config: dict[str, Any]
     class_name: str
-    path: Path | None
+    source: Path | None
+    name: ClassVar[str] = "hf"
+    output_kind: ClassVar[OutputKind] = "hf"
+
+    def differences(
+        self, other: Any, modules: tuple[nn.Module, nn.Module], *, full: bool = True
+    ) -> list[str]:
+        """Config entries that change what the models compute (:func:`config_differences`),
+        then each weight's stored dtype (an output is stored as B is, weight by weight: two
+        storages would leave one unsaid). A recorded form never changes either."""
+        found = config_differences(self, other, modules)
+        if found:
+            return found
+        stored_a, stored_b = stored_layout(self.source), stored_layout(other.source)
+        for key in sorted(stored_a.dtypes.keys() & stored_b.dtypes.keys()):
+            da, db = stored_a.dtypes[key], stored_b.dtypes[key]
+            if da != db:
+                names = [str(d).removeprefix("torch.") for d in (da, db)]
+                return [f"stored dtype: {names[0]} vs {names[1]} ({key} first); save one in the "
+                        "other's dtypes first"]  # fmt: skip
+        return []
+
+    def save(
+        self,
+        path: str | os.PathLike[str],
+        model: Any,
+        params: Mapping[str, Tensor],
+        *,
+        metadata: Mapping[str, Any] | None,
+        overwrite: bool,
+        dtype: torch.dtype | None = None,
+        sources: Sequence[str | os.PathLike[str]] = (),
+        module: Any = None,
+        config_changes: Mapping[str, Any] | None = None,
+    ) -> Path:
+        """:func:`lmckit.hf.save_hf` of ``params`` as a folder of ``model``'s class."""
+        from lmckit.hf.files import is_hf_folder
+        from lmckit.hf.save import save_hf
+
+        if module is not None:
+            raise ParameterError("{module} is for lmckit checkpoints; a Hugging Face folder "
+                                 "keeps its class", module="module")  # fmt: skip
+        return save_hf(path, model, params, config_changes=config_changes, metadata=metadata,
+                       overwrite=overwrite, dtype=dtype,
+                       sources=[p for p in sources if is_hf_folder(p)])  # fmt: skip
+
+    def describe(self, module: nn.Module) -> str:
+        return f"a Hugging Face model ({type(module).__name__})"
+
+
+def held_hf(module: nn.Module) -> LoadedModel:
+    """A ``transformers`` model held in memory: its config is all a folder needs."""
+    params = module_params(module)
+    raw = module.config.to_dict()  # type: ignore[operator]
+    return LoadedModel(module, params, HFFormat(raw, type(module).__name__, None), None)
 
 
 def _no_cache(config: Any) -> None:
@@ -99,8 +158,9 @@ def load_hf(
     *,
     dtype: torch.dtype | None = torch.float32,
     check_values: bool = True,
-) -> HFModel:
-    """Load a local Hugging Face folder (``config.json``, weights) as a ``transformers`` module.
+) -> LoadedModel:
+    """Read a local Hugging Face folder (``config.json``, weights) as a ``transformers``
+    module (the Hugging Face format's reader: :func:`lmckit.load` reads every format).
 
     The class is ``architectures[0]`` of ``config.json`` (else ``AutoModel``'s), built
     from the local config alone (nothing is downloaded, custom code never runs); the
@@ -151,18 +211,7 @@ def load_hf(
             f"{root}: weight {overflow!r} overflows {params[overflow].dtype} (its stored values "
             "lie beyond that dtype's range); load it with dtype=torch.float64"
         )
-    return HFModel(module, params, raw, cls.__name__, root)
-
-
-def from_hf(
-    path: str | os.PathLike[str], *, dtype: torch.dtype | None = torch.float32
-) -> nn.Module:
-    """The ``transformers`` module of a local Hugging Face folder, eval mode, weights loaded.
-
-    ``from_hf(path)(x)`` gives the logits ``AutoModel*.from_pretrained(path)(x)`` gives.
-    See :func:`load_hf` (which also returns the params and config).
-    """
-    return load_hf(path, dtype=dtype).module
+    return LoadedModel(module, params, HFFormat(raw, cls.__name__, root), root)
 
 
 def _functional(config: Any) -> dict[str, Any]:
@@ -176,15 +225,16 @@ def _functional(config: Any) -> dict[str, Any]:
     }
 
 
-def config_differences(a: HFModel, b: HFModel) -> list[str]:
-    """The config entries (with defaults filled in) on which ``a`` and ``b`` compute
-    differently, as ``"key: A's value vs B's value"``; empty when they are one architecture.
+def config_differences(a: HFFormat, b: HFFormat, modules: tuple[nn.Module, nn.Module]) -> list[str]:
+    """The config entries (with defaults filled in, from the ``modules`` built from them)
+    on which two folders compute differently, as ``"key: A's value vs B's value"``;
+    empty when they are one architecture.
 
     Entries in :data:`NON_FUNCTIONAL_CONFIG` (and dropout rates) are not compared; the
     class is (``class: ...``).
     """
     out = [f"class: {a.class_name} vs {b.class_name}"] if a.class_name != b.class_name else []
-    ca, cb = _functional(a.module.config), _functional(b.module.config)
+    ca, cb = (_functional(m.config) for m in modules)
     for key in sorted(ca.keys() | cb.keys()):
         if ca.get(key) != cb.get(key):
             out.append(f"{key}: {ca.get(key)!r} vs {cb.get(key)!r}")
@@ -220,7 +270,7 @@ def _with_decoder_inputs(module: nn.Module, ids: Tensor) -> tuple[Tensor | None,
 
 
 def example_inputs(
-    model: HFModel | nn.Module, *, batch: int = 2, length: int = 8, seed: int = 0
+    model: LoadedModel | nn.Module, *, batch: int = 2, length: int = 8, seed: int = 0
 ) -> tuple[Tensor | None, ...]:
     """Small valid positional inputs of a Hugging Face model, from its config alone.
 
@@ -233,7 +283,7 @@ def example_inputs(
     Raises:
         HFError: a model whose main input is neither (audio, multimodal): pass your own.
     """
-    module = model.module if isinstance(model, HFModel) else model
+    module = model.module if isinstance(model, LoadedModel) else model
     config: Any = module.config  # a transformers PretrainedConfig
     gen = torch.Generator().manual_seed(seed)
     kind = getattr(module, "main_input_name", None)

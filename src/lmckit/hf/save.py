@@ -40,7 +40,7 @@ from lmckit.hf.card import model_card
 from lmckit.hf.direct import direct_plan, write_direct
 from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf.layout import reshard, stored_layout
-from lmckit.hf.model import HFModel
+from lmckit.loaded import LoadedModel
 from lmckit.outputs import HF_MARKER, check_output_dir
 from lmckit.params import LazyParams, Params, check_finite
 
@@ -113,7 +113,7 @@ def _check_entry(key: object, value: object, target: Path) -> None:
         raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
 
 
-def _check_readable_kinds(like: HFModel, params: Mapping[str, Tensor], target: Path) -> None:
+def _check_readable_kinds(like: LoadedModel, params: Mapping[str, Tensor], target: Path) -> None:
     """Refuse what :func:`~lmckit.hf.model.load_hf` would refuse in the folder written:
     a weight that is not floating point where the model computes in floating point."""
     reference = {**like.module.state_dict(), **like.params}
@@ -145,12 +145,16 @@ def _check_class_kept(cls: type, config: Any, changes: Mapping[str, Any], target
 
 
 def _check_ties_written(
-    cls: type, like: HFModel, tied: Mapping[str, str], params: Mapping[str, Tensor], target: Path
+    cls: type,
+    like: LoadedModel,
+    tied: Mapping[str, str],
+    params: Mapping[str, Tensor],
+    target: Path,
 ) -> None:
     """Refuse config changes that untie a weight ``params`` hold only once (under the name
     it is tied to): the folder would lack it, and :func:`~lmckit.hf.model.load_hf` would
     refuse it."""
-    before = tied_keys(cls, make_config(like.config, target))
+    before = tied_keys(cls, make_config(like.format.config, target))
     for name, source in sorted(before.items()):
         if name not in tied and name not in params and source in params:
             raise HFError(
@@ -268,7 +272,7 @@ def _config_for(
 
 def save_hf(
     path: str | os.PathLike[str],
-    like: HFModel,
+    like: LoadedModel,
     params: Mapping[str, Tensor],
     *,
     config_changes: Mapping[str, Any] | None = None,
@@ -316,7 +320,8 @@ def save_hf(
         OutputError: ``path`` may not be written (it is, contains or lies inside the
             source folder, is a folder lmckit did not write, ...).
     """
-    inputs = [like.path] if like.path is not None else []
+    source = like.format.source
+    inputs = [source] if source is not None else []
     target = check_output_dir(path, kind="hf", inputs=inputs, force=overwrite)
     changes = dict(config_changes or {})
     meta = dict(metadata or {})
@@ -326,7 +331,7 @@ def save_hf(
         raise HFError(
             f"cannot write {target}: config changes or metadata not JSON: {err}"
         ) from None
-    layout = stored_layout(like.path)
+    layout = stored_layout(source)
     # each weight keeps the dtype the source stores it in, unless dtype= names one for all
     per_tensor = dict(layout.dtypes) if dtype is None else {}
     dtype = dtype or layout.dtype
@@ -338,13 +343,13 @@ def save_hf(
         _check_readable_kinds(like, params, target)
     transformers = import_transformers()
     cls = type(like.module)
-    config, untied, tied = _config_for(cls, like.config, changes, params, target)
+    config, untied, tied = _config_for(cls, like.format.config, changes, params, target)
     _check_class_kept(cls, config, changes, target)
     if config_changes:  # (a meta module more: only when the caller changes the config)
         _check_ties_written(cls, like, tied, params, target)
     # the source's own tensors go straight into its layout, one at a time; anything else
     # is built as a module and saved by transformers
-    plan = direct_plan(like.path, layout, params, changes=changes, untied=untied, tied=tied)
+    plan = direct_plan(source, layout, params, changes=changes, untied=untied, tied=tied)
     per_tensor = _tensor_dtypes(per_tensor, untied)
     module: Any = None  # a transformers PreTrainedModel (save_pretrained)
     if plan is None:
@@ -359,12 +364,12 @@ def save_hf(
                 raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
         del built, state  # the module's tensors are written, then freed with it
 
-    copies, not_copied = _files_to_copy(like.path)
+    copies, not_copied = _files_to_copy(source)
     source_card = next((f for f in copies if f.name == CARD_FILE), None)
     copies = [f for f in copies if f.name != CARD_FILE]
     with atomic_dir(target) as tmp:
         if plan is not None:
-            write_direct(tmp, plan, params, {**like.config, **changes}, dtype, per_tensor,
+            write_direct(tmp, plan, params, {**like.format.config, **changes}, dtype, per_tensor,
                          sharded=layout.shards is not None, what=str(target))  # fmt: skip
         else:
             with quiet(transformers):
@@ -378,7 +383,7 @@ def save_hf(
         card = source_card.read_text(errors="replace") if source_card is not None else ""
         stored = _dtype_name(dtype, per_tensor)
         others = [(str(p), _card_of(Path(p))) for p in sources]
-        name = str(like.path) if like.path is not None else "the source"
+        name = str(source) if source is not None else "the source"
         text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card,
                           other_cards=others, source_name=name)  # fmt: skip
         (tmp / CARD_FILE).write_text(text)
@@ -390,7 +395,7 @@ def save_hf(
             "lmckit_version": _version(),
             "format": "hf",
             "class": cls.__name__,
-            "source": str(like.path) if like.path is not None else None,
+            "source": str(source) if source is not None else None,
             "config_changes": changes,
             "untied": untied,
             "not_copied": not_copied,

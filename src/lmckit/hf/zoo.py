@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +36,7 @@ from lmckit.hf.files import HFError, read_hf_config, read_hf_weights
 from lmckit.models import ZooModel, create_model
 from lmckit.params import Params
 
-__all__ = ["ZOO_CONVERSIONS", "zoo_from_hf", "zoo_model_kwargs"]
+__all__ = ["ZOO_CONVERSIONS", "hf_from_zoo", "zoo_from_hf", "zoo_from_state", "zoo_model_kwargs"]
 
 
 # --------------------------------------------------------------------------- GPT-2
@@ -72,16 +72,26 @@ def _gpt2_kwargs(config: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _gpt2_name(name: str, value: Tensor) -> str | None:
+    """The zoo's name of a GPT-2 weight (``None``: not a weight the zoo holds)."""
+    if name.endswith((".attn.masked_bias", ".attn.bias")) and value.ndim == 4:
+        return None  # causal-mask buffers of old checkpoints, not weights
+    if not name.startswith(("transformer.", "lm_head.")):
+        return f"transformer.{name}"  # OpenAI's original checkpoints lack the prefix
+    return name
+
+
+def _gpt2_transposed(zoo_name: str, value: Tensor) -> bool:
+    """Whether the zoo holds this weight transposed: Conv1D (in, out) -> Linear (out, in)."""
+    return zoo_name.startswith("transformer.h.") and value.ndim == 2
+
+
 def _gpt2_params(state: Mapping[str, Tensor], kwargs: Mapping[str, Any]) -> Params:
     out: Params = {}
     for name, value in state.items():
-        if name.endswith((".attn.masked_bias", ".attn.bias")) and value.ndim == 4:
-            continue  # causal-mask buffers of old checkpoints, not weights
-        if not name.startswith(("transformer.", "lm_head.")):
-            name = f"transformer.{name}"  # OpenAI's original checkpoints lack the prefix
-        if name.startswith("transformer.h.") and value.ndim == 2:
-            value = value.T  # Conv1D (in, out) -> Linear (out, in)
-        out[name] = value
+        zoo = _gpt2_name(name, value)
+        if zoo is not None:
+            out[zoo] = value.T if _gpt2_transposed(zoo, value) else value
     if kwargs["tie_embeddings"]:
         head = out.pop("lm_head.weight", None)
         wte = out.get("transformer.wte.weight")
@@ -132,14 +142,21 @@ _VIT_RENAMES = (
 )
 
 
+def _vit_name(name: str, value: Tensor) -> str | None:
+    """The zoo's (on-disk) name of a ViT weight (``None``: not one the zoo holds)."""
+    if name.startswith("vit.pooler."):
+        return None  # ViTModel's pooler: unused by the classifier
+    for pattern, repl in _VIT_RENAMES:
+        name = re.sub(pattern, repl, name)
+    return name
+
+
 def _vit_params(state: Mapping[str, Tensor], kwargs: Mapping[str, Any]) -> Params:
     out: Params = {}
     for name, value in state.items():
-        if name.startswith("vit.pooler."):
-            continue  # ViTModel's pooler: unused by the classifier
-        for pattern, repl in _VIT_RENAMES:
-            name = re.sub(pattern, repl, name)
-        out[name] = value
+        zoo = _vit_name(name, value)
+        if zoo is not None:
+            out[zoo] = value
     width = kwargs["width"]
     for i in range(kwargs["depth"]):
         for part in ("query", "key", "value"):
@@ -150,21 +167,36 @@ def _vit_params(state: Mapping[str, Tensor], kwargs: Mapping[str, Any]) -> Param
     return out
 
 
+def _never(_name: str, _value: Tensor) -> bool:
+    return False
+
+
 # --------------------------------------------------------------------------- dispatch
 
 
 @dataclass(frozen=True)
 class _Converter:
+    """How a ``model_type`` becomes a zoo model: its constructor arguments, its weights
+    (``params``, the whole state), and per weight the zoo's name (``name``: ``None``
+    for one the zoo does not hold) and whether the zoo holds it transposed (the two
+    parts :func:`hf_from_zoo` inverts)."""
+
     zoo_name: str
     hf_class: str
     kwargs: Callable[[Mapping[str, Any]], dict[str, Any]]
     params: Callable[[Mapping[str, Tensor], Mapping[str, Any]], Params]
+    name: Callable[[str, Tensor], str | None]
+    transposed: Callable[[str, Tensor], bool]
 
 
 #: ``model_type`` of ``config.json`` -> how to convert it into a zoo model.
 ZOO_CONVERSIONS: dict[str, _Converter] = {
-    "gpt2": _Converter("gpt2", "GPT2LMHeadModel", _gpt2_kwargs, _gpt2_params),
-    "vit": _Converter("vit", "ViTForImageClassification", _vit_kwargs, _vit_params),
+    "gpt2": _Converter(
+        "gpt2", "GPT2LMHeadModel", _gpt2_kwargs, _gpt2_params, _gpt2_name, _gpt2_transposed
+    ),
+    "vit": _Converter(
+        "vit", "ViTForImageClassification", _vit_kwargs, _vit_params, _vit_name, _never
+    ),
 }
 
 
@@ -203,16 +235,30 @@ def zoo_from_hf(
             match the configuration (names of missing and unexpected weights listed).
     """
     config = read_hf_config(path)
-    conv = _converter(config, path)
+    return zoo_from_state(config, read_hf_weights(path), dtype=dtype, where=path, **overrides)
+
+
+def zoo_from_state(
+    config: Mapping[str, Any],
+    state: Mapping[str, Tensor],
+    *,
+    dtype: torch.dtype = torch.float32,
+    where: str | os.PathLike[str] = "the model",
+    **overrides: Any,
+) -> tuple[ZooModel, Params]:
+    """:func:`zoo_from_hf` of a folder already read: its ``config.json`` and its weights
+    (on-disk names, or the in-memory names of the ``transformers`` module holding them:
+    a model loaded once is converted without reading the folder again)."""
+    conv = _converter(config, where)
     kwargs = {**conv.kwargs(config), **overrides}
-    params = conv.params(read_hf_weights(path), kwargs)
+    params = conv.params(state, kwargs)
     # create_model builds a module of the right shapes; its weights are replaced below
     module, template = create_model(conv.zoo_name, seed=0, **kwargs)
     missing = sorted(template.keys() - params.keys())
     unexpected = sorted(params.keys() - template.keys())
     if missing or unexpected:
         raise HFError(
-            f"{path}: weights do not match a {conv.zoo_name} of this config: "
+            f"{where}: weights do not match a {conv.zoo_name} of this config: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
@@ -221,7 +267,7 @@ def zoo_from_hf(
         value = params[name]
         if value.shape != ref.shape:
             raise HFError(
-                f"{path}: weight {name} has shape {tuple(value.shape)}, "
+                f"{where}: weight {name} has shape {tuple(value.shape)}, "
                 f"expected {tuple(ref.shape)} for this config"
             )
         value = value.to(dtype) if value.is_floating_point() else value.to(ref.dtype)
@@ -229,3 +275,41 @@ def zoo_from_hf(
     # A module of this dtype holding exactly ``out`` (its random initial weights are gone).
     module.to(dtype).load_state_dict(out, strict=True, assign=True)
     return module.eval(), out
+
+
+def hf_from_zoo(
+    config: Mapping[str, Any],
+    like: Mapping[str, Tensor],
+    zoo: Mapping[str, Tensor],
+    class_keys: Collection[str],
+) -> Params | str:
+    """The weights of a zoo model converted from a folder (:func:`zoo_from_state`), back
+    under the folder's names and layout: the conversion inverted.
+
+    Args:
+        config: the folder's ``config.json``.
+        like: the folder's own weights under the names to write (in-memory names).
+        zoo: the zoo model's weights (e.g. B aligned in the zoo's form).
+        class_keys: every weight name the folder's class holds (a tied weight under each
+            of its names): a zoo weight the folder does not store (an untied LM head) is
+            kept when the class has it.
+
+    Returns:
+        ``like`` with every weight the zoo holds replaced by the zoo's, or why the zoo's
+        weights cannot be written in the class (a weight it has no name for).
+    """
+    conv = _converter(config, "config")
+    names = {}
+    for key, value in like.items():
+        zoo_key = conv.name(key, value)
+        if zoo_key is not None:
+            names[zoo_key] = key
+    out: Params = dict(like)
+    for zoo_key, value in zoo.items():
+        key = names.get(zoo_key, zoo_key)
+        if key not in out and key not in class_keys:
+            if value.is_floating_point() and not bool(value.any()):
+                continue  # a zero the conversion added (ViT without query/key/value biases)
+            return f"the class has no weight {key!r} for the zoo's {zoo_key!r}"
+        out[key] = value.T if conv.transposed(zoo_key, value) else value
+    return out

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from lmckit.models.registry import ModelConfig, build_zoo_model
+from lmckit.parameter_error import ParameterError
 
 __all__ = [
     "ARCHITECTURES",
@@ -174,7 +175,8 @@ def _transformer_kwargs(
 ) -> dict[str, Any]:
     """GPT-2 (token data) or ViT (square images) arguments; the norm is layer or rms."""
     if opts.norm not in ("auto", "layer", "rms"):
-        raise ValueError(f"{name} takes --norm layer or rms (auto = layer), got {opts.norm}")
+        raise ParameterError(f"{name} takes {{norm}} layer or rms (auto = layer), got {opts.norm}",
+                             norm="norm")  # fmt: skip
     norm = "layer" if opts.norm == "auto" else opts.norm
     if name == "gpt2":
         if not tokens:
@@ -182,7 +184,10 @@ def _transformer_kwargs(
         block = shape[0]
         context = block if opts.context is None else opts.context
         if context < block:
-            raise ValueError(f"--context {context} is shorter than the data's blocks of {block}")
+            raise ParameterError(
+                f"{{context}} {context} is shorter than the data's blocks of {block}",
+                context="context",
+            )
         return {
             "vocab_size": num_classes,
             "n_layer": opts.n_layer,

@@ -29,7 +29,8 @@ from lmckit.spec.interpret import interpret
 from lmckit.spec.left_out import drop_failing
 from lmckit.spec.qk_basis import decide_candidates
 from lmckit.spec.qk_basis import first_choices as qk_first_choices
-from lmckit.spec.trace import SpecInferenceError, TracedGraph, trace
+from lmckit.spec.trace import SpecInferenceError, TracedGraph
+from lmckit.spec.traced_once import traced_once
 from lmckit.symmetry import Space, SymmetrySpec
 
 __all__ = ["SymmetryAnalysis", "analyze_symmetries", "infer_spec"]
@@ -114,7 +115,7 @@ def analyze_symmetries(
             deterministic, or spaces that keep the outputs alone but not together.
     """
     args, kw = split_inputs(example_inputs, kwargs, module=module)
-    traced = trace(module, args, kwargs=kw)
+    traced = traced_once(module, args, kwargs=kw)
     values = module_params(module) if params is None else params
     constant = frozenset(uniform)
     for key in sorted(constant):

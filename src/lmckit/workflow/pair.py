@@ -19,24 +19,27 @@ from lmckit.checkpoint import CheckpointError, load_metadata
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
-from lmckit.forms import FORMS, FormChoice
+from lmckit.forms import FORMS, FormChoice, check_heads_request
 from lmckit.hf.files import MAX_CONFIG_BYTES, read_json_file
 from lmckit.io import LoadedModel, check_same_config, model_format
 from lmckit.measure import (
+    MERGE_FIXES,
     MERGE_METHOD_OF_FIX,
     EvalSettings,
+    check_fix,
     measure_path,
     resolve_fix,
     train_inputs,
 )
-from lmckit.merge import has_batchnorm
-from lmckit.merge_methods import merge, merge_info, path_prepare
+from lmckit.merge_methods import check_t, merge, merge_info, path_prepare
 from lmckit.models import ZooModel
 from lmckit.outputs import HF_MARKER
+from lmckit.parameter_error import Param, ParameterError
 from lmckit.params import IncompatibleModelsError, Params, check_compatible, module_params
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
+from lmckit.plan.form import model_form
 from lmckit.recipe import aligned_form, spec_of, written_alike
-from lmckit.workflow.align import model_in_form
+from lmckit.registry import check_needs
 from lmckit.workflow.form_evidence import checked_form
 
 #: Config entries a recorded form may change: folding a norm scale into a tied head unties it.
@@ -45,6 +48,7 @@ UNTIED = frozenset({"tie_word_embeddings"})
 __all__ = [
     "MERGE_FIXES",
     "PathForm",
+    "check_simplex_request",
     "merge_pair",
     "pair_barrier",
     "path_form",
@@ -52,9 +56,6 @@ __all__ = [
     "recorded_metadata",
     "simplex_barrier",
 ]
-
-#: What :func:`merge_pair` does after interpolating.
-MERGE_FIXES = ("none", "reset_bn", "repair")
 
 
 def merge_pair(
@@ -73,15 +74,10 @@ def merge_pair(
         ValueError: ``t`` outside ``[0, 1]``, an unknown fix, a fix without data, or
             ``reset_bn`` for a network without BatchNorm.
     """
-    if not 0.0 <= t <= 1.0:
-        raise ValueError(f"--t must lie in [0, 1], got {t}")
-    if fix not in MERGE_FIXES:
-        raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
+    check_t(t)
+    check_fix(fix, MERGE_FIXES)
     info = merge_info(MERGE_METHOD_OF_FIX[fix])
-    if info.needs_data and data is None:
-        raise ValueError(f"{fix} needs data (--data)")
-    if fix == "reset_bn" and not has_batchnorm(model):
-        raise ValueError("--reset-bn: the model has no BatchNorm layers")
+    check_needs(Param("fix", fix), info, data=data is not None)
     if data is not None:
         check_data_fits(model, data)
     inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
@@ -170,8 +166,11 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
                 or choice.symmetry == "orthogonal"
                 or FORMS[choice.name].rms
             )
-            if changes and not FormChoice.from_dict(record.get("form_choice")):
-                form = model_in_form(_float32(model), choice)
+            # a model lmckit wrote in its own class ("stored_form": "class") is put in
+            # the form like one with no record
+            in_form = FormChoice.from_dict(record.get("form_choice")) is not None
+            if changes and not (in_form and record.get("stored_form") != "class"):
+                form = model_form(_float32(model), choice)
                 formed.append((form.module, dict(form.a)))
                 if form.form:
                     name = model.path.name if model.path is not None else "the model"
@@ -245,6 +244,35 @@ def _at_simplex_point(
     return on_path(theta, math.nan)
 
 
+def check_simplex_request(
+    models: int,
+    *,
+    align: str = "none",
+    head_bases: bool = False,
+    circuits: bool = False,
+    fix: str = "auto",
+) -> None:
+    """Refuse options :func:`simplex_barrier` cannot take together; cheap, so callers
+    check before loading anything.
+
+    Raises:
+        ParameterError: fewer than two models, an unknown ``align``, ``head_bases``
+            without ``align="weight"`` or with ``circuits``, or ``fix="repair"``.
+    """
+    if models < 2:
+        raise ParameterError(f"a simplex needs at least two {{checkpoints}}, got {models}",
+                             checkpoints="checkpoints")  # fmt: skip
+    if align not in ("none", "weight"):
+        raise ParameterError(f"{{align}} must be none or weight, got {align!r}", align="align")
+    if head_bases and align != "weight":
+        raise ParameterError("{head_bases} goes with {align}", align=Param("align", "weight"),
+                             head_bases=Param("head_bases", True))  # fmt: skip
+    check_heads_request(circuits, head_bases)
+    if fix == "repair":
+        raise ParameterError("{fix} is for two models; use reset_bn or none with a simplex",
+                             fix=Param("fix", "repair"))  # fmt: skip
+
+
 def simplex_barrier(
     checkpoints: Sequence[LoadedModel],
     data: Dataset,
@@ -274,16 +302,8 @@ def simplex_barrier(
     from lmckit.aligners import head_bases_matching, universe_matching
 
     settings = settings or EvalSettings()
-    if len(checkpoints) < 2:
-        raise ValueError("--simplex needs at least two models")
-    if align not in ("none", "weight"):
-        raise ValueError(f"align must be none or weight, got {align!r}")
-    if head_bases and align != "weight":
-        raise ValueError("--head-bases goes with --simplex --align weight")
-    if head_bases and circuits:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
-    if settings.fix == "repair":
-        raise ValueError("--fix repair is for two models; use reset_bn or none with --simplex")
+    check_simplex_request(len(checkpoints), align=align, head_bases=head_bases,
+                          circuits=circuits, fix=settings.fix)  # fmt: skip
     check_simplex_size(len(checkpoints), resolution)
     model = checkpoints[0].module
     models = [c.params for c in checkpoints]

@@ -1,6 +1,6 @@
 """What lmckit would align in a model: its spaces, groups, and what no symmetry moves.
 
-:func:`describe_symmetries` puts one loaded model in the form :func:`align_models` would
+:func:`describe_symmetries` puts one loaded model in the form ``align`` would
 align it in (the same ``symmetry`` and ``circuits`` choices, the same rewrites) and reports
 the spec found there, for people (:meth:`SymmetryReport.text`) and as JSON
 (:meth:`SymmetryReport.to_dict`). It is the first thing to run on your own model: a
@@ -17,9 +17,9 @@ from typing import Any
 from lmckit.groups import HeadPermutation, RotaryPlanes
 from lmckit.io import LoadedModel
 from lmckit.models import ZooModel
+from lmckit.plan.form import choose_model_form, model_form
 from lmckit.spec import analyze_symmetries
 from lmckit.symmetry import Space, SymmetrySpec
-from lmckit.workflow.align import choose_pair_form, pair_form
 
 __all__ = ["SpaceSummary", "SymmetryReport", "describe_symmetries"]
 
@@ -156,18 +156,17 @@ def _spaces(spec: SymmetrySpec) -> tuple[SpaceSummary, ...]:
 def describe_symmetries(
     model: LoadedModel, *, symmetry: str | None = None, circuits: bool = False
 ) -> SymmetryReport:
-    """The spec :func:`~lmckit.workflow.align_models` would align ``model`` under.
+    """The spec ``align`` would align ``model`` under (:func:`lmckit.plan.plan_alignment`).
 
     Args:
         model: a loaded model (:func:`lmckit.load_model`: a checkpoint or a Hugging Face
             folder).
-        symmetry, circuits: the form, as for ``align_models``
-            (:func:`lmckit.recipe.aligned_form`).
+        symmetry, circuits: the form, as for ``align`` (:func:`lmckit.recipe.aligned_form`).
 
     Raises:
         ValueError: a symmetry the architecture cannot have, saying why (as ``align``).
     """
-    form = pair_form(model, model, choose_pair_form(model, symmetry=symmetry, circuits=circuits))
+    form = model_form(model, choose_model_form(model, symmetry=symmetry, circuits=circuits))
     moved = {u.param for s in form.spec for u in s.uses} | form.folded
     names = form.module.space_names if isinstance(form.module, ZooModel) else None
     # checked, so that spaces the function refuses are listed with why they were left out

@@ -304,7 +304,9 @@ def _descend_with_restarts(
     return best, sweeps, converged, history
 
 
-@register_aligner("weight_matching", paper=GIT_REBASIN, config=WeightMatchingConfig)
+@register_aligner(
+    "weight_matching", paper=GIT_REBASIN, config=WeightMatchingConfig, options=("start", "max_iter")
+)
 def weight_matching(
     spec: SymmetrySpec,
     params_a: Params,
