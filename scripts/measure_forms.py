@@ -1,7 +1,7 @@
 """Which form and start give the lowest barrier: the measurements behind lmckit's defaults.
 
 For one pair of models (lmckit checkpoints or Hugging Face folders) and one dataset, runs
-``lmckit.workflow.align_models`` for every symmetry, form (``lmckit.forms.FORMS``) and
+``lmckit.plan.plan_alignment`` (run on B) for every symmetry, form (``lmckit.forms.FORMS``) and
 weight-matching start, with unseen-token masks, and measures the test-loss barrier of
 each result on both paths (heads interpolated as projections where the form allows, and
 as QK/OV circuits). ``lmckit.forms.PREFERRED_FORMS`` and the command line's ``--start``
@@ -29,7 +29,7 @@ from lmckit.measure import EvalSettings, measure_path
 from lmckit.models import ZooModel
 from lmckit.params import Params
 from lmckit.recipe import aligned_form
-from lmckit.workflow import align_models
+from lmckit.plan import AlignRequest, plan_alignment
 
 SYMMETRIES = ("permutation", "orthogonal", None)
 STARTS = ("anchored", "identity", "best")
@@ -69,10 +69,10 @@ def main() -> None:
             for start in args.starts.split(","):
                 begin = time.perf_counter()
                 try:
-                    aligned = align_models(
-                        a, b, symmetry=symmetry, circuits=form == "circuits", data=data,
-                        config=WeightMatchingConfig(start=start),
-                    )  # fmt: skip
+                    request = AlignRequest(symmetry=symmetry, circuits=form == "circuits",
+                                           config=WeightMatchingConfig(start=start),
+                                           has_data=True)  # fmt: skip
+                    aligned = plan_alignment(a, request).run(b, data)
                 except ValueError as err:
                     print(f"{sym_name} {form} {start}: {err}", flush=True)
                     break

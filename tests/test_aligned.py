@@ -103,7 +103,7 @@ def test_readme_example_on_two_hugging_face_folders(
     ns = _run_readme(tmp_path, monkeypatch, model_a=str(folder_a), model_b=str(folder_b),
                      x=None, data=data)  # fmt: skip
     aligned, path = ns["aligned"], ns["path"]
-    b = lmckit.from_hf(folder_b)
+    b = lmckit.load(folder_b).module
     ids = data.x_test[:2]
     with torch.no_grad():
         torch.testing.assert_close(aligned.module(ids).logits, b(ids).logits, rtol=0, atol=1e-4)
@@ -268,7 +268,7 @@ def test_mistakes_are_named_before_any_work(
     a, b = trained_modules
     with pytest.raises(ValueError, match="cannot make example inputs for a Sequential"):
         lmckit.align(a, b)
-    with pytest.raises(ValueError, match="activation_matching needs data"):
+    with pytest.raises(ValueError, match="method='activation' needs training data: give data"):
         lmckit.align(a, b, method="activation", example_inputs=digits.x_test[:4])
     other, _ = create_model("mlp", in_features=64, hidden=[48, 48], out_features=10)
     with pytest.raises(lmckit.params.IncompatibleModelsError, match="different architectures"):  # type: ignore[attr-defined]

@@ -193,9 +193,9 @@ def test_registered_methods_are_the_merges_they_name(bn_mlp_pair, digits) -> Non
 
 def test_merge_methods_say_what_they_need(mlp_pair) -> None:
     model, a, b, _ = mlp_pair
-    with pytest.raises(ValueError, match="'repair' needs model"):
+    with pytest.raises(ValueError, match="^repair runs the network: give model$"):
         get_merge_method("repair")(a, b, 0.5)
-    with pytest.raises(ValueError, match="'reset_bn' needs inputs"):
+    with pytest.raises(ValueError, match="^reset_bn needs training data: give inputs$"):
         get_merge_method("reset_bn")(a, b, 0.5, model=model)
-    with pytest.raises(ValueError, match="'reset_bn' needs a network with BatchNorm"):
+    with pytest.raises(ValueError, match="reset_bn needs a network with BatchNorm layers; .* has no BatchNorm"):
         path_prepare("reset_bn", model, a, b, lambda: [])

@@ -75,8 +75,6 @@ def _model(source: object, what: str) -> LoadedModel:
 def _other(a: LoadedModel, b: object, example_inputs: ExampleInputs | None) -> LoadedModel:
     """Model B, loaded or held, after refusing another architecture than A's (a module
     held in memory carries no config: the two are traced and compared)."""
-    if isinstance(b, (str, os.PathLike)) and Path(b).exists():
-        return load(b, like=a)
     mb = _model(b, "b")
     try:
         check_same_architecture(a, mb)
@@ -412,11 +410,15 @@ def align(
     request.checked()  # everything cheap is checked before anything is loaded or traced
     start = time.perf_counter()
     ma = _model(a, "a")
+    # a model held in memory is compared before any work; a saved one is read after A's
+    # form is worked out (the check's float64 copy of A never sits beside both)
+    held = not isinstance(b, (str, os.PathLike))
+    mb = _other(ma, b, example_inputs) if held else None
     dataset = _dataset(data) if data is not None else None
     loaded_a = time.perf_counter()
     plan = plan_alignment(ma, request)  # A's graph traced, its form worked out
     planned = time.perf_counter()
-    mb = _other(ma, b, example_inputs)
+    mb = mb if mb is not None else _other(ma, b, example_inputs)
     loaded = time.perf_counter()
     pair = plan.run(mb, dataset, device=device, progress=progress)
     timings = {"load": loaded_a - start + loaded - planned,

@@ -91,7 +91,7 @@ class CheckpointFormat:
     ) -> Path:
         """:func:`save` of ``params`` (``module``: another zoo architecture to write)."""
         if config_changes is not None:
-            raise ParameterError("{config_changes} is for Hugging Face folders; pass {module}",
+            raise ParameterError("{config_changes}= is for Hugging Face folders; pass {module}=",
                                  config_changes="config_changes", module="module")  # fmt: skip
         check_output_dtype(dtype, self.output_kind)
         check_output_dir(path, kind="checkpoint", inputs=model.inputs, force=overwrite)

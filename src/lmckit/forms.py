@@ -19,6 +19,7 @@ from torch import nn
 
 from lmckit.groups import HeadPermutation
 from lmckit.models import ZooModel
+from lmckit.outputs import OutputKind
 from lmckit.parameter_error import Param, ParameterError, Worded, worded
 from lmckit.recipe import SYMMETRIES, check_symmetry
 
@@ -29,7 +30,9 @@ __all__ = [
     "FormChoice",
     "check_heads_request",
     "choose_form",
+    "point_has_circuits",
     "possible_forms",
+    "written_kind",
 ]
 
 
@@ -185,6 +188,24 @@ def check_heads_request(circuits: bool | None, head_bases: bool) -> None:
             head_bases=Param("head_bases", True),
             circuits=Param("circuits", True),
         )
+
+
+def point_has_circuits(choice: FormChoice | None, circuits: bool | None = None) -> bool:
+    """Whether a point of a path between two models (a merged model) has its heads as
+    QK/OV circuits: the recorded form ``choice`` aligns them as circuits, or the path
+    interpolates them as circuits (``circuits``, else as ``choice`` records)."""
+    if circuits:
+        return True
+    return choice is not None and (choice.circuits or (circuits is None and choice.path_circuits))
+
+
+def written_kind(kind: OutputKind, *, circuit_heads: bool = False) -> OutputKind:
+    """The one decision of what a result is written as: a model of output kind ``kind``
+    stays that kind (B aligned in lmckit's form is lifted back into its class:
+    :mod:`lmckit.plan.lift`), unless its heads are QK/OV circuits between two models'
+    (a merged point, :func:`point_has_circuits`), which no class of projected heads
+    holds: an lmckit checkpoint."""
+    return "checkpoint" if circuit_heads else kind
 
 
 def _circuits_possible(module: nn.Module, convertible: bool) -> bool:

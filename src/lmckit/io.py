@@ -101,7 +101,7 @@ class ModuleFormat:
         name); an existing file is replaced if lmckit wrote it, or with ``overwrite``."""
         check_output_dtype(dtype, self.output_kind)
         if module is not None or config_changes is not None:
-            raise ParameterError("{module} and {config_changes} are for checkpoints and folders",
+            raise ParameterError("{module}= and {config_changes}= are for checkpoints and folders",
                                  module="module", config_changes="config_changes")  # fmt: skip
         target = check_output_file(path, inputs=model.inputs, suffixes=[MODULE_FILE_SUFFIX],
                                    force=overwrite, kind="weights")  # fmt: skip
@@ -309,15 +309,17 @@ def check_same_config(
 
 
 def _refuse(differences: list[str]) -> None:
-    if differences:
-        first = differences[0]
-        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
-        if first.startswith("stored dtype: "):
-            raise IncompatibleModelsError(
-                "their weights are stored in different dtypes ("
-                + first.removeprefix("stored dtype: ").replace(" vs ", " and ", 1)
-            )
-        raise IncompatibleModelsError(f"their configs differ in {first}{more}")
+    if not differences:
+        return
+    first = differences[0]
+    if first.startswith("stored dtype: "):
+        dtypes, key = first.removeprefix("stored dtype: ").rsplit(": ", 1)
+        raise IncompatibleModelsError(
+            f"their weights are stored in different dtypes ({dtypes.replace(' vs ', ' and ')}), "
+            f"{key} first; save one in the other's dtypes first"
+        )
+    more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+    raise IncompatibleModelsError(f"their configs differ in {first}{more}")
 
 
 def save_model(

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.outputs import OutputKind
-from lmckit.parameter_error import ParameterError
+from lmckit.parameter_error import Param, ParameterError
 from lmckit.params import Params
 
 __all__ = ["LoadedModel", "ModelFormat", "check_output_dtype"]
@@ -35,9 +35,10 @@ def check_output_dtype(dtype: torch.dtype | None, kind: OutputKind) -> None:
         ParameterError: ``dtype`` given for another kind of output.
     """
     if dtype is not None and kind != "hf":
+        name = str(dtype).removeprefix("torch.")
         raise ParameterError(
-            "{dtype} sets the dtype a Hugging Face folder stores; this output is not one",
-            dtype="dtype",
+            "{dtype} is for Hugging Face outputs; this one is not a Hugging Face folder",
+            dtype=Param("dtype", name),
         )
 
 

@@ -141,11 +141,12 @@ def path_prepare(
     """The ``prepare`` hook of method ``name`` for the path from A to B (``None`` for
     plain interpolation), after checking that the method has what it needs."""
     info = merge_info(name)
-    check_needs(Param("name", name), info, data=inputs is not None, model=model is not None,
+    check_needs(Param(name), info, data=inputs is not None, model=model is not None,
                 names=("inputs", "model"))  # fmt: skip
     if info.needs_batchnorm and model is not None and not has_batchnorm(model):
-        raise ParameterError(f"{{name}}: {type(model).__name__} has no BatchNorm layers",
-                             name=Param("name", name))  # fmt: skip
+        raise ParameterError(f"{{name}} needs a network with BatchNorm layers; "
+                             f"{type(model).__name__} has no BatchNorm layers",
+                             name=Param(name))  # fmt: skip
     return info.prepare(model, params_a, params_b, inputs)  # type: ignore[arg-type]
 
 

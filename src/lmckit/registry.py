@@ -95,9 +95,9 @@ def check_needs(
     Raises:
         ParameterError: naming the method and what it lacks.
     """
-    if info.needs_data and not data:
-        raise ParameterError("{chosen} needs training data: give {data}", chosen=chosen,
-                             data=names[0])  # fmt: skip
     if info.needs_model and not model:
         raise ParameterError("{chosen} runs the network: give {model}", chosen=chosen,
                              model=names[1])  # fmt: skip
+    if info.needs_data and not data:
+        raise ParameterError("{chosen} needs training data: give {data}", chosen=chosen,
+                             data=names[0])  # fmt: skip

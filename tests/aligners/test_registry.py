@@ -142,9 +142,9 @@ def test_a_run_context_without_what_the_method_needs_is_refused_in_one_line() ->
     spec = module.symmetry_spec()
     info = aligner_info("learned_matching")
     with pytest.raises(
-        ValueError, match="^learned_matching runs the network: give the run a model$"
+        ValueError, match="^learned_matching runs the network: give run.model$"
     ):
         info.run(spec, a, a)
-    with pytest.raises(ValueError, match="^learned_matching needs data$"):
+    with pytest.raises(ValueError, match="^learned_matching needs training data: give run.data$"):
         info.run(spec, a, a, None, AlignRun(model=module))
     assert info.takes("row_masks") and not aligner_info("naive").takes("row_masks")

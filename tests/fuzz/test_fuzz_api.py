@@ -38,7 +38,7 @@ def _inputs_unchanged():
 
 
 @pytest.fixture(scope="module")
-def ckpt(tmp_path_factory: pytest.TempPathFactory) -> lmckit.Checkpoint:
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> lmckit.LoadedModel:
     return lmckit.load(lmckit.save(tmp_path_factory.mktemp("api") / "a", MLP, PARAMS))
 
 
@@ -52,7 +52,7 @@ def _one_line(info: pytest.ExceptionInfo[BaseException], *fragments: str) -> Non
 def test_weight_matching(ckpt) -> None:
     with pytest.raises(TypeError) as info:
         weight_matching(SPEC, ckpt, ckpt)
-    _one_line(info, "params_a must be a dict of tensors", "got a Checkpoint: pass its .params")
+    _one_line(info, "params_a must be a dict of tensors", "got a LoadedModel: pass its .params")
     with pytest.raises(TypeError) as info:
         weight_matching(ckpt.module, PARAMS, OTHER)
     _one_line(info, "spec must be a SymmetrySpec", "got MLP")
@@ -64,8 +64,11 @@ def test_weight_matching(ckpt) -> None:
 
 
 def test_align(ckpt, tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    held = SimpleNamespace(module=ckpt.module)  # something that holds a model, not one
     with pytest.raises(TypeError) as info:
-        lmckit.align(ckpt, ckpt)
+        lmckit.align(held, held)
     _one_line(info, "a must be an nn.Module, a path to a saved model", "pass its .module")
     with pytest.raises(TypeError) as info:
         lmckit.align(MLP, MLP, example_inputs=3)  # type: ignore[arg-type]
@@ -130,7 +133,7 @@ def test_interpolate(ckpt) -> None:
     _one_line(info, "t must be a finite real number, got '0.5'")
     with pytest.raises(TypeError) as info:
         lmckit.interpolate(ckpt, OTHER, 0.5)
-    _one_line(info, "got a Checkpoint: pass its .params")
+    _one_line(info, "got a LoadedModel: pass its .params")
     mid = lmckit.interpolate(PARAMS, OTHER, 0.25)
     assert torch.allclose(mid["head.bias"], 0.75 * PARAMS["head.bias"] + 0.25 * OTHER["head.bias"])
 
@@ -155,7 +158,7 @@ def test_check_compatible(ckpt) -> None:
 def test_module_params(ckpt) -> None:
     with pytest.raises(TypeError) as info:
         lmckit.module_params(ckpt)
-    _one_line(info, "module must be an nn.Module, got a Checkpoint: pass its .module")
+    _one_line(info, "module must be an nn.Module, got a LoadedModel: pass its .module")
     assert lmckit.module_params(MLP).keys() == PARAMS.keys()
 
 
@@ -182,7 +185,7 @@ def test_evaluate_path(ckpt) -> None:
     _one_line(info, "which each point would use up")
     with pytest.raises(TypeError) as info:
         lmckit.evaluate_path(ckpt, PARAMS, OTHER, [(X, Y)])
-    _one_line(info, "model must be an nn.Module, got a Checkpoint: pass its .module")
+    _one_line(info, "model must be an nn.Module, got a LoadedModel: pass its .module")
     even = lmckit.evaluate_path(MLP, PARAMS, OTHER, [(X, Y)], points=4)
     assert not even.has_midpoint and even.to_dict()["midpoint_loss"] is None
 
@@ -244,8 +247,8 @@ def test_save(tmp_path: Path, ckpt) -> None:
 
 def test_save_model(tmp_path: Path, ckpt) -> None:
     with pytest.raises(TypeError) as info:
-        lmckit.save_model(tmp_path / "c", ckpt, PARAMS)
-    _one_line(info, "like must be the LoadedModel", "got Checkpoint")
+        lmckit.save_model(tmp_path / "c", ckpt.module, PARAMS)  # type: ignore[arg-type]
+    _one_line(info, "like must be the LoadedModel", "got MLP")
 
 
 def test_load(tmp_path: Path) -> None:
@@ -264,10 +267,12 @@ def test_load_model(ckpt, tmp_path: Path) -> None:
     )
 
 
-def test_from_hf(tmp_path: Path) -> None:
+def test_load_hf_refuses_a_checkpoint(tmp_path: Path) -> None:
+    from lmckit.hf import load_hf
+
     folder = lmckit.save(tmp_path / "a", MLP, PARAMS)
     with pytest.raises(lmckit.CheckpointError, match="is not a Hugging Face config"):
-        lmckit.from_hf(folder)
+        load_hf(folder)
 
 
 def test_classification_and_mse() -> None:

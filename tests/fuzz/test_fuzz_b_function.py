@@ -21,7 +21,7 @@ import lmckit
 from lmckit.cli import main
 from lmckit.io import held_model
 from lmckit.params import IncompatibleModelsError
-from lmckit.workflow import align_models
+from lmckit.plan import plan_alignment
 
 #: the largest relative change of B's outputs an aligned B may show
 LIMIT = 1e-4
@@ -111,12 +111,12 @@ def _x() -> torch.Tensor:
 
 
 def test_another_op_in_b_is_checked_on_b_by_the_workflow() -> None:
-    """``align_models`` (what the command line and ``lmckit.align`` run) on a pair whose
+    """The plan run on B (what the command line and ``lmckit.align`` run) on a pair whose
     B mixes the hidden units A permutes: the hidden space is left out, B's function kept."""
     with torch.random.fork_rng(devices=[]):
         a, b = _Block(mix=False, seed=0).eval(), _Block(mix=True, seed=1).eval()
     x = _x()
-    pair = align_models(held_model(a), held_model(b), example_inputs=(x,))
+    pair = plan_alignment(held_model(a), example_inputs=(x,)).run(held_model(b))
     moved = lmckit.apply(pair.result.transform.spec, b.state_dict(), pair.result.transform)
     with torch.no_grad():
         out = torch.func.functional_call(b, moved, (x,))

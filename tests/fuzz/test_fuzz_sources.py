@@ -65,7 +65,7 @@ def test_custom_tokenizer_code_alone_is_not_model_code(world, tmp_path) -> None:
         tmp_path / "tok_only",
         auto_map={"AutoTokenizer": ["tokenization_mine.MyTokenizer", None]},
     )
-    assert lmckit.load_model(folder).format == "hf"
+    assert lmckit.load_model(folder).format.name == "hf"
 
 
 # ------------------------------------------------------- item 7: unknown tokens

@@ -1,4 +1,4 @@
-"""load_hf / from_hf compute what transformers' own from_pretrained computes, for every family."""
+"""load_hf / lmckit.load compute what transformers' own from_pretrained computes, for every family."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from lmckit.hf import example_inputs, from_hf, load_hf, read_hf_weights
+import lmckit
+from lmckit.hf import example_inputs, load_hf, read_hf_weights
 
 
 def test_load_equals_transformers_from_pretrained(
@@ -40,11 +41,11 @@ def test_load_equals_transformers_from_pretrained(
     assert torch.equal(called, got)
 
 
-def test_from_hf_returns_the_loaded_module_in_eval_mode(
+def test_load_returns_the_loaded_module_in_eval_mode(
     hf_folder, load_with_transformers, logits
 ) -> None:
     folder = hf_folder("gpt2")
-    module = from_hf(folder)
+    module = lmckit.load(folder).module
     assert not module.training
     inputs = example_inputs(module)
     expected = logits(load_with_transformers("gpt2", folder), inputs)

@@ -26,7 +26,7 @@ from lmckit.cli.common import (
 )
 from lmckit.measure import FIXES, EvalSettings, path_table
 from lmckit.paths.simplex import check_simplex_size
-from lmckit.workflow import pair_barrier, simplex_barrier
+from lmckit.workflow import check_simplex_request, pair_barrier, simplex_barrier
 
 __all__ = ["command"]
 
@@ -123,14 +123,12 @@ def command(
     set_threads(threads)
     if not simplex and len(models) != 2:
         raise fail(f"give two models (or --simplex for several), got {len(models)}")
-    if not simplex and align_method != "none":
-        raise fail("--align is for --simplex; align a pair with `lmckit align` first")
-    if simplex and len(models) < 2:
-        raise fail("--simplex needs at least two models")
-    if head_bases and align_method != "weight":
-        raise fail("--head-bases goes with --simplex --align weight")
-    if head_bases and circuits:
-        raise fail("--head-bases aligns bases inside heads; --circuits leaves none")
+    if not simplex and (align_method != "none" or head_bases):
+        raise fail("--align and --head-bases are for --simplex; align a pair with "
+                   "`lmckit align` first")  # fmt: skip
+    if simplex:
+        check_simplex_request(len(models), align=align_method, head_bases=head_bases,
+                              circuits=bool(circuits), fix=fix)  # fmt: skip
     if simplex and plot_path and len(models) != 3:
         raise fail(f"--plot draws the simplex of 3 models, got {len(models)}")
     inputs = input_paths(*models, data_spec=data_spec)

@@ -2,7 +2,7 @@
 
 What the demo and the experiments tabulate (naive, weight and activation matching side by
 side); a user aligning two models calls :func:`lmckit.align` or
-:func:`lmckit.workflow.align_models` instead.
+:func:`lmckit.plan.plan_alignment` instead.
 """
 
 from __future__ import annotations

@@ -106,8 +106,7 @@ class HFFormat:
             da, db = stored_a.dtypes[key], stored_b.dtypes[key]
             if da != db:
                 names = [str(d).removeprefix("torch.") for d in (da, db)]
-                return [f"stored dtype: {names[0]} vs {names[1]} ({key} first); save one in the "
-                        "other's dtypes first"]  # fmt: skip
+                return [f"stored dtype: {names[0]} vs {names[1]}: {key}"]
         return []
 
     def save(
@@ -128,7 +127,7 @@ class HFFormat:
         from lmckit.hf.save import save_hf
 
         if module is not None:
-            raise ParameterError("{module} is for lmckit checkpoints; a Hugging Face folder "
+            raise ParameterError("{module}= is for lmckit checkpoints; a Hugging Face folder "
                                  "keeps its class", module="module")  # fmt: skip
         return save_hf(path, model, params, config_changes=config_changes, metadata=metadata,
                        overwrite=overwrite, dtype=dtype,

@@ -26,11 +26,13 @@ __all__ = ["choose_model_form", "convertible", "model_form", "pair_form"]
 
 
 def convertible(model: LoadedModel) -> bool:
-    """Whether ``model`` is a Hugging Face model lmckit converts into one of its own
-    (:data:`lmckit.hf.ZOO_CONVERSIONS`), whose rewrites (RMSNorm, circuits) it has."""
+    """Whether ``model`` is a Hugging Face folder lmckit converts into one of its own
+    models (:data:`lmckit.hf.ZOO_CONVERSIONS`), whose rewrites (RMSNorm, circuits) it
+    has. A module held in memory is aligned as it is (its class's own forms)."""
     config = model.config
     return (
-        model.format.name == "hf"
+        model.path is not None
+        and model.format.name == "hf"
         and isinstance(config, Mapping)
         and config.get("model_type") in ZOO_CONVERSIONS
     )

@@ -17,6 +17,7 @@ from lmckit.workflow.pair import (
     path_form,
     recorded_form,
     simplex_barrier,
+    written_point,
 )
 from lmckit.workflow.symmetries import SpaceSummary, SymmetryReport, describe_symmetries
 from lmckit.workflow.train import TrainedModel, train_model
@@ -35,4 +36,5 @@ __all__ = [
     "recorded_form",
     "simplex_barrier",
     "train_model",
+    "written_point",
 ]

@@ -6,16 +6,16 @@ from __future__ import annotations
 import copy
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
-from lmckit.checkpoint import CheckpointError, load_metadata
+from lmckit.checkpoint import CheckpointError, held_checkpoint, load_metadata
 from lmckit.data import Dataset, batches
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
@@ -38,7 +38,7 @@ from lmckit.parameter_error import Param, ParameterError
 from lmckit.params import IncompatibleModelsError, Params, check_compatible, module_params
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
 from lmckit.plan.form import model_form
-from lmckit.recipe import aligned_form, spec_of, written_alike
+from lmckit.recipe import AlignForm, aligned_form, spec_of, written_alike
 from lmckit.registry import check_needs
 from lmckit.workflow.form_evidence import checked_form
 
@@ -55,6 +55,7 @@ __all__ = [
     "recorded_form",
     "recorded_metadata",
     "simplex_barrier",
+    "written_point",
 ]
 
 
@@ -121,8 +122,11 @@ class PathForm:
         choice: the form recorded by ``lmckit align`` (``None``: none recorded).
         circuits: heads are interpolated as QK/OV circuits.
         same_as_a: ``module`` is the first model's own architecture (a merge is written
-            in its format); ``False``: lmckit's own model (a checkpoint).
+            in its format); ``False``: lmckit's own model of the form.
         note: what was done, for the user (empty when nothing was).
+        steps: the first model put in the recorded form (its named steps: a point of
+            the path is written back in the model's class through them, unless heads
+            are interpolated as circuits); ``None``: it was not put in a form.
     """
 
     module: nn.Module
@@ -132,6 +136,7 @@ class PathForm:
     circuits: bool
     same_as_a: bool
     note: str = ""
+    steps: AlignForm | None = None
 
 
 def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -> PathForm:
@@ -156,6 +161,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
             f"{a.path} and {b.path} are different architectures: {err}"
         ) from None
     module, pa, pb = a.module, a.params, b.params
+    steps: AlignForm | None = None
     notes = [evidence] if evidence else []
     if choice is not None:
         formed = []
@@ -171,13 +177,13 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
             in_form = FormChoice.from_dict(record.get("form_choice")) is not None
             if changes and not (in_form and record.get("stored_form") != "class"):
                 form = model_form(_float32(model), choice)
-                formed.append((form.module, dict(form.a)))
+                formed.append((form.module, dict(form.a), form))
                 if form.form:
                     name = model.path.name if model.path is not None else "the model"
                     notes.append(f"{name} put in {form.form}")
             else:
-                formed.append((model.module, model.params))
-        (module, pa), (module_b, pb) = formed
+                formed.append((model.module, model.params, None))
+        (module, pa, steps), (module_b, pb, _) = formed
         try:
             if module is not module_b and _config(module) != _config(module_b):
                 raise IncompatibleModelsError(f"{_config(module)} vs {_config(module_b)}")
@@ -194,7 +200,40 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
             notes.append("heads interpolated as circuits")
         module, pa, pb = form.module, dict(form.a), dict(form.b)
     same = written_alike(module, a.module)
-    return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
+    return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes), steps)
+
+
+def written_point(
+    a: LoadedModel, form: PathForm, point: Mapping[str, Tensor]
+) -> tuple[LoadedModel, Mapping[str, Tensor], str]:
+    """How a point of the path (a merged model) is written: ``(a model of the format
+    and class it is written as, its parameters, a note for the user)``.
+
+    In A's format when the path's form is A's own architecture; lifted back into A's
+    class when the form is lmckit's form of a Hugging Face folder and the heads are not
+    interpolated as circuits (:func:`lmckit.plan.lift.point_in_class`); otherwise as
+    lmckit's model of the form, an lmckit checkpoint (the note says so when A is not
+    one: a point between two circuit forms has circuits no head's projections hold).
+    """
+    from lmckit.plan.lift import point_in_class
+
+    if form.same_as_a:
+        return a, point, ""
+    why = "no form was recorded"
+    if form.steps is not None and not form.circuits:
+        own = point_in_class(form.steps, a, point)
+        if not isinstance(own, str):
+            return a, own, ""
+        why = own
+    elif form.circuits:
+        why = "heads interpolated as QK/OV circuits: no class of projected heads holds them"
+    module = form.module
+    assert isinstance(module, ZooModel)  # a form of lmckit's own model
+    note = "" if a.format.name == "lmckit" else (
+        f"the point cannot be written as {type(a.module).__name__} ({why}); wrote an lmckit "
+        "checkpoint instead"
+    )  # fmt: skip
+    return held_checkpoint(module), point, note
 
 
 def _float32(model: LoadedModel) -> LoadedModel:
