@@ -36,7 +36,9 @@ def file_identity(path: str | os.PathLike[str]) -> Hashable | None:
 
 
 class ReadOnce(Generic[T]):
-    """``read(path)``, answered from what an earlier call read from the same file.
+    """``read(path, *limits)``, answered from what an earlier call read from the same
+    file under the same limits (a size bound: a file read under a larger one is read
+    again, and refused, under a smaller one).
 
     Each call returns its own copy (a caller may change what it is given).
 
@@ -45,17 +47,18 @@ class ReadOnce(Generic[T]):
         kept: how many files' answers are kept (the oldest is forgotten first).
     """
 
-    def __init__(self, read: Callable[[Path], T], *, kept: int = 32) -> None:
+    def __init__(self, read: Callable[..., T], *, kept: int = 32) -> None:
         self._read = read
         self._kept = kept
         self._answers: OrderedDict[Hashable, T] = OrderedDict()
 
-    def __call__(self, path: str | os.PathLike[str]) -> T:
-        key = file_identity(path)
-        if key is None:
-            return self._read(Path(path))
+    def __call__(self, path: str | os.PathLike[str], *limits: Hashable) -> T:
+        identity = file_identity(path)
+        if identity is None:
+            return self._read(Path(path), *limits)
+        key = (identity, limits)
         if key not in self._answers:
-            self._answers[key] = self._read(Path(path))
+            self._answers[key] = self._read(Path(path), *limits)
             while len(self._answers) > self._kept:
                 self._answers.popitem(last=False)
         self._answers.move_to_end(key)

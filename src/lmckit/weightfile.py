@@ -167,16 +167,16 @@ def safetensors_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     The format: an unsigned little-endian 64-bit header length, then that many bytes
     of JSON mapping each tensor's name to its dtype, shape and byte offsets.
     """
-    return _HEADERS(path)
+    return _HEADERS(path, _MAX_HEADER_BYTES)
 
 
-def _read_header(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+def _read_header(path: Path, max_bytes: int) -> dict[str, tuple[str, tuple[int, ...]]]:
     try:
         size = regular_file(path, what="weights file").stat().st_size
         with open(path, "rb") as fh:
             head = fh.read(8)
             n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if n < 2 or n > min(size - 8, _MAX_HEADER_BYTES):
+            if n < 2 or n > min(size - 8, max_bytes):
                 raise CheckpointError(f"{path} is corrupt or truncated: bad header length")
             header = json.loads(fh.read(n))
     except FileLimitError as err:

@@ -30,6 +30,7 @@ from lmckit.hf import load_hf, zoo_from_hf
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.recipe import aligned_form
 from lmckit.symmetry import apply
+from lmckit.workflow.pair import recorded_metadata
 
 WORDS = "the quick brown fox jumps over a lazy dog and a cat sat on the mat".split()
 UNSEEN = 61 - len(set(WORDS))  # the tiny folders' vocabulary less the words of the text
@@ -105,9 +106,12 @@ def test_command_line_barrier_equals_the_library_call(pair, tmp_path, method, sy
     aligned = _invoke(*cmd)
     # weight matching with data chooses among the forms by midpoint training loss (and
     # says so); learned matching takes the first preferred form
-    meta = json.loads((out / "config.json").read_text())["metadata"]
+    # a Hugging Face folder in is a folder out (B in its class), the form recorded
+    meta = recorded_metadata(out)
+    assert meta["stored_form"] == "class" and (out / "lmckit.json").is_file()
     name = meta["form_choice"]["name"]
-    assert any(line.startswith(f"form: {name} (") for line in aligned.output.splitlines())
+    label = FORMS[name].label
+    assert any(line.startswith(f"form: {label} (") for line in aligned.output.splitlines())
     if method == "weight":
         losses = meta["form_midpoint_losses"]
         # circuits and heads aligned as projections, interpolated as circuits; for
@@ -137,9 +141,8 @@ def test_merge_reads_the_recorded_form(pair, tmp_path) -> None:
     midpoint = json.loads((tmp_path / "p.json").read_text())["loss"][1]
     result = _invoke("merge", a, out, "--data", spec, "--out", merged)
     assert "form (as `lmckit align` recorded)" in result.output
+    # a point between two circuit forms: no GPT-2 holds it, said in one line
+    assert "wrote an lmckit checkpoint instead" in result.output
     meta = json.loads((merged / "config.json").read_text())["metadata"]
-    assert (
-        meta["form_choice"]
-        == json.loads((out / "config.json").read_text())["metadata"]["form_choice"]
-    )
+    assert meta["form_choice"] == recorded_metadata(out)["form_choice"]
     assert meta["test_loss"] == pytest.approx(midpoint, abs=1e-6)

@@ -130,7 +130,7 @@ def test_pickle_with_code_is_refused_and_never_run(hf_folder, tmp_path: Path) ->
     _fails(folder, "refusing to load .*pytorch_model.bin: it is not a plain tensor state dict")
     assert not sentinel.exists()
     torch.save(state, folder / "pytorch_model.bin")  # a plain one loads
-    assert load_hf(folder).class_name == "LlamaForCausalLM"
+    assert load_hf(folder).format.class_name == "LlamaForCausalLM"
 
 
 def test_bad_shard_index(hf_folder, tmp_path: Path) -> None:

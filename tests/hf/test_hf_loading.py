@@ -20,7 +20,7 @@ def test_load_equals_transformers_from_pretrained(
 ) -> None:
     folder = hf_folder(family)
     model = load_hf(folder)
-    assert model.class_name == families[family].model == type(model.module).__name__
+    assert model.format.class_name == families[family].model == type(model.module).__name__
     assert model.path == folder and model.config == json.loads((folder / "config.json").read_text())
     # eval mode everywhere: the fixtures' configs have dropout (GPT-2 0.1, BERT 0.1)
     assert not any(m.training for m in model.module.modules())
@@ -128,7 +128,7 @@ def test_no_architectures_uses_the_bare_auto_model(hf_folder, tmp_path: Path) ->
         {k: v for k, v in state.items() if k != "lm_head.weight"}, folder / "model.safetensors"
     )
     model = load_hf(folder)
-    assert model.class_name == "LlamaModel"
+    assert model.format.class_name == "LlamaModel"
     inputs = example_inputs(model)
     with torch.no_grad():
         got = model.module(*inputs).last_hidden_state

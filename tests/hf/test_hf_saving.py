@@ -46,7 +46,7 @@ def test_permuted_ffn_round_trip(
     assert _max_diff(expected, logits(model.module, inputs)) < 1e-5  # a true symmetry
     out = save_hf(tmp_path / "out", model, permuted, metadata={"did": "permute"})
     loaded = load_with_transformers(family, out)
-    assert type(loaded).__name__ == model.class_name
+    assert type(loaded).__name__ == model.format.class_name
     assert _max_diff(logits(loaded, inputs), expected) < 1e-5
     # the permuted weights were written, not the originals
     state = loaded.state_dict()

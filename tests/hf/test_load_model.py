@@ -20,7 +20,7 @@ def test_lmckit_checkpoint_round_trip(tmp_path: Path) -> None:
     module, params = create_model("mlp", seed=0, in_features=6, hidden=[5], out_features=3)
     lmckit.save(tmp_path / "a", module, params)
     loaded = lmckit.load_model(tmp_path / "a")
-    assert loaded.format == "lmckit" and loaded.output_kind == "checkpoint"
+    assert loaded.format.name == "lmckit" and loaded.output_kind == "checkpoint"
     assert loaded.params.keys() == params.keys()
     assert all(torch.equal(loaded.params[k], params[k]) for k in params)
     assert not loaded.module.training
@@ -37,8 +37,8 @@ def test_lmckit_checkpoint_round_trip(tmp_path: Path) -> None:
 def test_hugging_face_folder_round_trip(hf_folder, load_with_transformers, tmp_path: Path) -> None:
     folder = hf_folder("mistral")
     loaded = lmckit.load_model(folder)
-    assert loaded.format == "hf" and loaded.output_kind == "hf" and loaded.path == folder
-    assert loaded.source.class_name == "MistralForCausalLM"
+    assert loaded.format.name == "hf" and loaded.output_kind == "hf" and loaded.path == folder
+    assert loaded.format.class_name == "MistralForCausalLM"
     inputs = example_inputs(loaded.module)
     moved = {k: v * 1.01 for k, v in loaded.params.items()}
     check_output_dir(tmp_path / "out", kind=loaded.output_kind, inputs=[folder])
@@ -58,7 +58,7 @@ def test_format_detection(hf_folder, tmp_path: Path) -> None:
     module, params = create_model("mlp", seed=0, in_features=6, hidden=[5], out_features=3)
     assert model_format(lmckit.save(tmp_path / "ckpt", module, params)) == "lmckit"
     weights = tmp_path / "ckpt" / "model.safetensors"
-    assert lmckit.load_model(weights).format == "lmckit"  # a weights file with its config
+    assert lmckit.load_model(weights).format.name == "lmckit"  # a weights file with its config
     neither = tmp_path / "neither"
     neither.mkdir()
     (neither / "config.json").write_text(json.dumps({"hidden_size": 8}))

@@ -122,8 +122,8 @@ def read_json_file(path: str | os.PathLike[str], *, max_bytes: int, what: str) -
         raise HFError(f"{path} is not valid JSON: {err}") from None
 
 
-def _read_config(file: Path) -> dict[str, Any]:
-    config = read_json_file(file, max_bytes=MAX_CONFIG_BYTES, what="config")
+def _read_config(file: Path, max_bytes: int) -> dict[str, Any]:
+    config = read_json_file(file, max_bytes=max_bytes, what="config")
     if not isinstance(config, dict):
         raise HFError(f"{file} must hold a JSON object")
     model_type = config.get("model_type")
@@ -146,7 +146,7 @@ def read_hf_config(path: str | os.PathLike[str]) -> dict[str, Any]:
     root = Path(path)
     if not root.is_dir():
         raise HFError(f"{root} is not a folder")
-    return _CONFIGS(root / CONFIG_FILE)
+    return _CONFIGS(root / CONFIG_FILE, MAX_CONFIG_BYTES)
 
 
 def is_hf_folder(path: str | os.PathLike[str]) -> bool:
