@@ -48,7 +48,7 @@ def flag_spelling(command: click.Command | None) -> Spelling:
     options = {k: v for k, v in options.items() if k is not None}
 
     def spell(param: Param) -> str:
-        option = _flag(param, options)  # type: ignore[arg-type]
+        option = _flag(param, options)
         return python_spelling(param) if option is None else _spelled(param, option)
 
     return spell

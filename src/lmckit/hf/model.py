@@ -140,7 +140,8 @@ class HFFormat:
 def held_hf(module: nn.Module) -> LoadedModel:
     """A ``transformers`` model held in memory: its config is all a folder needs."""
     params = module_params(module)
-    raw = module.config.to_dict()  # type: ignore[operator]
+    config: Any = module.config
+    raw = config.to_dict()
     return LoadedModel(module, params, HFFormat(raw, type(module).__name__, None), None)
 
 

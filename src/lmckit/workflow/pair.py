@@ -164,7 +164,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
     steps: AlignForm | None = None
     notes = [evidence] if evidence else []
     if choice is not None:
-        formed = []
+        formed: list[tuple[nn.Module, Params, AlignForm | None]] = []
         for model, record in zip((a, b), records, strict=True):
             changes = (
                 choice.to_zoo
