@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import save_file
 
 from lmckit.checkpoint import (
-    Checkpoint,
     CheckpointError,
+    CheckpointFormat,
     load,
     load_metadata,
     load_params_file,
@@ -57,7 +57,7 @@ def test_roundtrip_identical_tensors_and_outputs(tmp_path: Path, mlp) -> None:
     assert "lmckit_version" in doc and doc["metadata"] == {"epoch": 3, "note": "x"}
 
     ckpt = load(out)
-    assert isinstance(ckpt, Checkpoint)
+    assert isinstance(ckpt.format, CheckpointFormat) and ckpt.format.name == "lmckit"
     assert ckpt.config == ModelConfig("mlp", MLP_KWARGS)
     assert not ckpt.module.training
     _assert_same(ckpt.params, params)

@@ -205,8 +205,9 @@ def _report(aligned: Aligned, plan: AlignPlan, files: WrittenFiles) -> None:
     if files.note:
         click.echo(f"note: {files.note}")
     if files.reference is not None:
-        click.echo(f"wrote {files.reference} (MODEL_A as B is written: measure barriers "
-                   "against it)")  # fmt: skip
+        lifted = aligned.written.record.get("stored_form") == "class"
+        what = "as B is written, its norm scales folded" if lifted else f"in {aligned.form}"
+        click.echo(f"wrote {files.reference} (MODEL_A {what}: measure barriers against it)")
 
 
 def _given(method: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -235,6 +235,7 @@ def zoo_from_hf(
             match the configuration (names of missing and unexpected weights listed).
     """
     config = read_hf_config(path)
+    _converter(config, path)  # an unsupported folder is refused before its weights are read
     return zoo_from_state(config, read_hf_weights(path), dtype=dtype, where=path, **overrides)
 
 
