@@ -3,10 +3,11 @@ multi-model barrier over a simplex."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -69,14 +70,16 @@ def merge_pair(
             ``reset_bn`` for a network without BatchNorm.
     """
     if not 0.0 <= t <= 1.0:
-        raise ValueError(f"--t must lie in [0, 1], got {t}")
+        raise ValueError(f"t must lie in [0, 1], got {t}")
     if fix not in MERGE_FIXES:
         raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
     info = merge_info(MERGE_METHOD_OF_FIX[fix])
     if info.needs_data and data is None:
-        raise ValueError(f"{fix} needs data (--data)")
+        raise ValueError(f"fix={fix!r} needs data: pass data=")
     if fix == "reset_bn" and not has_batchnorm(model):
-        raise ValueError("--reset-bn: the model has no BatchNorm layers")
+        raise ValueError(
+            "fix='reset_bn' recomputes BatchNorm statistics; the model has no BatchNorm layers"
+        )
     if data is not None:
         check_data_fits(model, data)
     inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
@@ -135,9 +138,45 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
     the same form (exact: the same function), and the path interpolates heads as
     circuits when the form says so. ``circuits`` (``True`` / ``False``) overrides that.
     """
-    choice = recorded_form(b.path) or recorded_form(a.path)
+    records = [(m.path, c) for m in (b, a) if (c := recorded_form(m.path)) is not None]
+    recorded_in, choice = records[0] if records else (None, None)
+    with _as_recorded(recorded_in, choice, asked=False):
+        module, pa, pb, notes = _in_recorded_form(a, b, choice)
+    use_circuits = circuits if circuits is not None else bool(choice and choice.path_circuits)
+    if use_circuits:
+        with _as_recorded(recorded_in, choice, asked=circuits is not None):
+            form = aligned_form(module, pa, pb, circuits=True)
+        if form.module is not module:
+            notes.append("heads interpolated as circuits")
+        module, pa, pb = form.module, dict(form.a), dict(form.b)
+    same = written_alike(module, a.module)
+    return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
+
+
+@contextlib.contextmanager
+def _as_recorded(path: Path | None, choice: FormChoice | None, *, asked: bool) -> Iterator[None]:
+    """A form the user did not ask for, but a model's record names, that the pair cannot
+    take: said as the record's, not as an option the user never gave."""
+    try:
+        yield
+    except IncompatibleModelsError:
+        raise
+    except ValueError as err:
+        if choice is None or asked:
+            raise
+        raise ValueError(
+            f"{path} records that `lmckit align` wrote it in the form {choice.name!r}, which "
+            f"this pair cannot take ({err}); the record does not fit these models"
+        ) from None
+
+
+def _in_recorded_form(
+    a: LoadedModel, b: LoadedModel, choice: FormChoice | None
+) -> tuple[nn.Module, Params, Params, list[str]]:
+    """Both models in the recorded form ``choice`` (a model without a record is put in
+    it), after checking the pair is one architecture there."""
     module, pa, pb = a.module, a.params, b.params
-    notes = []
+    notes: list[str] = []
     if choice is not None:
         formed = []
         for model in (a, b):
@@ -165,14 +204,7 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
                 f"{a.path} and {b.path} are different architectures even in the form "
                 f"`lmckit align` recorded ({choice.name}): {err}"
             ) from None
-    use_circuits = circuits if circuits is not None else bool(choice and choice.path_circuits)
-    if use_circuits:
-        form = aligned_form(module, pa, pb, circuits=True)
-        if form.module is not module:
-            notes.append("heads interpolated as circuits")
-        module, pa, pb = form.module, dict(form.a), dict(form.b)
-    same = written_alike(module, a.module)
-    return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
+    return module, pa, pb, notes
 
 
 def _float32(model: LoadedModel) -> LoadedModel:
