@@ -15,6 +15,7 @@ run, and every later batch's ids are checked against its rows before the model s
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +85,7 @@ def probe_inputs(
     """Run ``model`` once on ``args`` and ``kwargs`` (its own weights, eval mode, no
     gradients); return the embedding that read the first input when it is token ids.
 
-    A model whose weights are on the meta device (shapes only) is not run. ``shown``
+    A model with a weight or buffer on the meta device (shapes only) is not run. ``shown``
     describes the inputs in messages (default: their kinds and shapes); ``precision``
     is the autocast dtype the inputs will be evaluated in (``"float32"``: none).
 
@@ -92,9 +93,9 @@ def probe_inputs(
         DataMismatchError: the model cannot run on the inputs, or token ids lie outside
             the embedding that reads them; ``what`` names the inputs, e.g. ``"batches"``.
     """
-    first_param = next(iter(model.parameters()), None)
-    if first_param is not None and first_param.is_meta:
+    if any(t.is_meta for t in itertools.chain(model.parameters(), model.buffers())):
         return None
+    first_param = next(iter(model.parameters()), None)
     device = first_param.device if first_param is not None else None
     args = [a.to(device) if isinstance(a, Tensor) and device else a for a in args]
     ids = args[0] if args and _integer(args[0]) else None
