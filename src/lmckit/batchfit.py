@@ -101,13 +101,19 @@ def probe_inputs(
     ids = args[0] if args and _integer(args[0]) else None
     found: list[TokenTable] = []
 
-    def reads_ids(module: nn.Module, inputs: tuple[Any, ...]) -> None:
-        if ids is not None and inputs and _same_values(inputs[0], ids) and not found:
-            found.append(TokenTable(names[module], module.num_embeddings))
-            found[0].check(ids, what)
+    def reads_ids(name: str, rows: int) -> Callable[[nn.Module, tuple[Any, ...]], None]:
+        def hook(_module: nn.Module, inputs: tuple[Any, ...]) -> None:
+            if ids is not None and inputs and _same_values(inputs[0], ids) and not found:
+                found.append(TokenTable(name, rows))
+                found[0].check(ids, what)
 
-    names = {m: n for n, m in model.named_modules() if isinstance(m, nn.Embedding)}
-    handles = [m.register_forward_pre_hook(reads_ids) for m in names]
+        return hook
+
+    handles = [
+        m.register_forward_pre_hook(reads_ids(n, m.num_embeddings))
+        for n, m in model.named_modules()
+        if isinstance(m, nn.Embedding)
+    ]
     was_training = model.training
     model.eval()
     kind = device.type if device is not None else "cpu"

@@ -129,6 +129,22 @@ def test_the_counted_peak_is_above_a_measured_one() -> None:
     assert 4 * got["copy"] < got["peak"] <= got["count"], got
 
 
+def test_the_count_holds_what_a_batch_keeps_for_backward() -> None:
+    # an MLP 64 -> 256 -> 10 keeps its hidden activations (256 floats an example, at least)
+    # for the backward pass, and everything it keeps grows with the batch
+    from lmckit.models.memory import training_memory
+
+    config = sized_config("mlp", input_shape=(64,), num_classes=10, tokens=False,
+                          options=ModelOptions(width=256, depth=1))  # fmt: skip
+    counts = [training_memory(config, input_shape=(64,), tokens=False, batch_size=n)
+              for n in (32, 64, 96)]  # fmt: skip
+    assert counts[0].activations >= 2 * 32 * 256 * 4
+    # linear in the batch (a few scalars, the loss, do not grow with it)
+    grow = [b.activations - a.activations for a, b in zip(counts, counts[1:], strict=False)]
+    assert grow[0] == grow[1] > 0
+    assert counts[0].parameters == (64 * 256 + 256 + 256 * 10 + 10) * 4
+
+
 def _token_data() -> Any:
     from lmckit.data import Dataset
 
