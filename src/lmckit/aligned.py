@@ -26,6 +26,14 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners.result import AlignmentResult
+from lmckit.api_checks import (
+    align_arguments,
+    check_float_dtype,
+    check_interpolation_t,
+    check_module,
+    check_points,
+    probe_example_inputs,
+)
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset, load_data
 from lmckit.datafit import check_data_fits
@@ -69,6 +77,7 @@ def _model(source: object, what: str) -> LoadedModel:
             raise FileNotFoundError(f"{what}: {os.fspath(source)} does not exist")
         return load_model(source)
     if isinstance(source, nn.Module):
+        check_module(source, what)
         return held_model(source)
     hint = ""
     for attr in ("module", "model"):
@@ -86,6 +95,8 @@ def _pair(
     """Both models, loaded or held, after refusing two different architectures (a
     module held in memory carries no config: the two are traced and compared)."""
     ma, mb = _model(a, "a"), _model(b, "b")
+    if example_inputs is not None:
+        probe_example_inputs(ma.module, example_inputs)  # one line, before any tracing
     try:
         check_same_architecture(ma, mb)
         if ma.path is None or mb.path is None:
@@ -226,6 +237,7 @@ class Aligned:
         Returns:
             ``path``.
         """
+        dtype = check_float_dtype(dtype)
         out = self._written(self.params)
         if dtype is not None and out.format != "hf":
             raise ValueError(f"dtype= is for Hugging Face folders; this is written as {out.format}")
@@ -300,6 +312,7 @@ class Aligned:
             ValueError: data that does not fit the model, or an option that does not
                 apply to the data given (named).
         """
+        check_points(points)
         meta = {"a": _name(self.a), "b": "aligned", "form": self.form}
         if isinstance(data, (Dataset, str)):
             if task is not None:
@@ -354,6 +367,7 @@ class Aligned:
             writes (both ends, ``t``, the fix, the form; a Hugging Face card carries
             both models' licenses).
         """
+        t = check_interpolation_t(t)
         dataset = _dataset(data) if data is not None else None
         merged = merge_pair(
             self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
@@ -411,7 +425,8 @@ def align(
             weight matching's ``start="best"``); checked to fit the model.
         example_inputs: inputs to trace the architecture with (a tensor, a tuple, a dict
             of keyword inputs); zoo and ``transformers`` models take theirs from config.
-        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``;
+        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``, or a
+            dict of its fields (``{"start": "best"}``, each checked against its type);
             ``None``: its defaults.
         circuits: ``None``: the form measured best for the method and symmetry
             (:func:`lmckit.forms.choose_form`, said in ``form``); ``True``: heads
@@ -432,7 +447,9 @@ def align(
         TypeError, FileNotFoundError, ValueError, CheckpointError: a user mistake, named
             in one line (a model or inputs of the wrong kind, a missing path, an unknown
             method, missing data, two architectures, a symmetry the architecture cannot
-            have, a module without example inputs, an unreadable file).
+            have, a module without example inputs, an unreadable file; a seed, device or
+            config of the wrong kind, modules on the meta device or with integer
+            parameters, example inputs the model cannot run on: :mod:`lmckit.api_checks`).
     """
     # everything cheap is checked before anything is loaded or traced
     check_align_request(
@@ -442,6 +459,7 @@ def align(
         head_bases=head_bases,
         has_data=data is not None,
     )
+    seed, config, device = align_arguments(method, seed=seed, config=config, device=device)
     if example_inputs is not None:
         split_inputs(example_inputs)
     start = time.perf_counter()

@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_path
 from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
 from lmckit.checkpoint import load as load_checkpoint
@@ -156,7 +157,9 @@ def load_model(
     Raises:
         CheckpointError: (or its subclass :class:`~lmckit.hf.HFError`) naming the file
             and the problem.
+        TypeError, ValueError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
+    check_float_dtype(dtype)
     if model_format(path) == "hf":
         hf = load_hf(path, dtype=dtype, check_values=check_values)
         return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
@@ -303,12 +306,15 @@ def save_model(
         CheckpointError / HFError: params that do not fit, or that cannot be written;
             nothing is written then.
     """
+    check_float_dtype(dtype)
     if not isinstance(like, LoadedModel):
         raise TypeError(
             f"like must be the LoadedModel the params belong to (lmckit.load_model(path)), "
             f"got {type(like).__name__}"
         )
     as_params(params)
+    if dtype is not None and like.format != "hf":
+        raise ValueError("dtype= is for Hugging Face folders")
     if like.format == "module":
         if module is not None or config_changes is not None:
             raise ValueError("module= and config_changes= are for checkpoints and folders")

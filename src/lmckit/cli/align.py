@@ -150,7 +150,8 @@ def command(
     With --data, weight matching also uses it: the start whose midpoint has the lower
     training loss, and masks of the tokens that never occur.
     """
-    from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig
+    from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig, aligner_info
+    from lmckit.workflow.align import ALIGN_METHODS
 
     writer = join_processes()  # under torchrun: process 0 reports and writes
     quiet = quiet or not writer
@@ -163,6 +164,8 @@ def command(
     if start == "best" and data_spec is None:
         raise click.ClickException("--start best compares the starts on training data: give --data")
     _refuse_unused_options(method)
+    if data_spec is None and aligner_info(ALIGN_METHODS[method]).needs_data:
+        raise click.ClickException(f"--method {method} reads data: give --data")
     validate_data_spec(data_spec)  # cheap: before any model is loaded
     config: LearnedMatchingConfig | WeightMatchingConfig | None = None
     if method == "learned":

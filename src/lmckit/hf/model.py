@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.hf.build import build_module, keep_dtypes, make_config, model_class
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_header, read_hf_weights
 from lmckit.hf.validate import check_config_fits, layout_of
@@ -124,8 +125,7 @@ def load_hf(
             too large for the memory, a weight that overflows ``dtype``, ...).
         ValueError: a ``dtype`` that is not floating point.
     """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
+    check_float_dtype(dtype)
     root = Path(path)
     raw = read_hf_config(root)
     where = root / CONFIG_FILE

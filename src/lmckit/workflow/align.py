@@ -214,7 +214,7 @@ def align_models(
     full = ALIGN_METHODS[method]
     info = aligner_info(full)
     if info.needs_data and data is None:
-        raise ValueError(f"{full} needs data (--data)")
+        raise ValueError(f"{full} needs data: pass data=")
     if data is not None:
         check_data_fits(a.module, data)
     choice = choose_pair_form(
@@ -375,8 +375,8 @@ def check_align_request(
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
     check_symmetry(symmetry)
     if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+        raise ValueError("head_bases=True aligns bases inside heads; circuits=True leaves none")
     info = aligner_info(ALIGN_METHODS[method])
     if info.needs_data and not has_data:
-        raise ValueError(f"{info.name} needs data (--data)")
+        raise ValueError(f"{info.name} needs data: pass data=")
     return info
