@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import torch
 from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, ExpertSite
@@ -78,14 +79,18 @@ def _parameter(an: Analysis, node: object) -> str | None:
     return an.traced.params.get(node.name) if isinstance(node, Node) else None
 
 
-def _topks_behind(node: Node, depth: int = 0) -> set[str]:
+def _behind(node: Node, depth: int = 16) -> list[Node]:
+    """``node`` and the nodes it is computed from, at most ``depth`` steps back."""
+    seen, frontier = {node}, [node]
+    for _ in range(depth):
+        frontier = [a for n in frontier for a in n.all_input_nodes if a not in seen]
+        seen.update(frontier)
+    return list(seen)
+
+
+def _topks_behind(node: Node) -> set[str]:
     """The top-k nodes ``node`` is computed from (a routing mask)."""
-    if depth > 16:
-        return set()
-    found = {node.name} if op_name(node) == "topk" else set()
-    for arg in node.all_input_nodes:
-        found |= _topks_behind(arg, depth + 1)
-    return found
+    return {n.name for n in _behind(node) if op_name(n) == "topk"}
 
 
 def _router(an: Analysis, topk: Node) -> _Router | None:
@@ -93,12 +98,15 @@ def _router(an: Analysis, topk: Node) -> _Router | None:
     arithmetic with constants, per-expert parameter vectors added to them, and masks
     that leave some experts out (group-limited routing); else None."""
     node = topk.args[0]
-    experts = int(topk.args[0].meta["val"].shape[-1]) if isinstance(node, Node) else 0
+    experts = int(node.meta["val"].shape[-1]) if isinstance(node, Node) else 0
     added: list[str] = []
     topks = [topk.name]
+    groups = 1
     while isinstance(node, Node) and op_name(node) in _SCORES | _ARITHMETIC | {"masked_fill"}:
         if op_name(node) == "masked_fill" and isinstance(node.args[0], Node):
-            topks += sorted(_topks_behind(node.args[1])) if isinstance(node.args[1], Node) else []
+            if isinstance(node.args[1], Node):
+                topks += sorted(_topks_behind(node.args[1]))
+                groups = max(groups, _groups(node.args[1], experts))
             node = node.args[0]
             continue
         varying = [
@@ -118,19 +126,24 @@ def _router(an: Analysis, topk: Node) -> _Router | None:
     bias = _parameter(an, node.args[2]) if len(node.args) > 2 else None
     if weight is None:
         return None
-    nodes = {n.name: n for n in topk.graph.nodes}
-    groups = max((_groups(nodes[t], experts) for t in topks[1:]), default=1)
     return _Router(weight, bias, tuple(added), tuple(dict.fromkeys(topks)), groups)
 
 
-def _groups(topk: Node, experts: int) -> int:
-    """The groups a top-k ranks when it runs over scores viewed ``(groups, experts /
-    groups)``, else 1."""
-    scores = topk.args[0]
-    shape = tuple(scores.meta["val"].shape) if isinstance(scores, Node) else ()
-    if len(shape) >= 2 and shape[-1] * shape[-2] == experts and shape[-2] > 1:
-        return int(shape[-2])
-    return 1
+#: ops that lay the experts' axis out as ``(groups, experts / groups)``
+_GROUPING = {"view", "reshape", "_unsafe_view", "expand", "unflatten"}
+
+
+def _groups(mask: Node, experts: int) -> int:
+    """The groups of consecutive experts a routing mask is made of: the most groups of a
+    view of scores (or of the mask) as ``(groups, experts / groups)`` behind it, else 1."""
+    found = 1
+    for node in _behind(mask):
+        value = node.meta.get("val")
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+        if op_name(node) in _GROUPING and len(shape) >= 2 and min(shape[-2:]) > 1:
+            if shape[-1] * shape[-2] == experts:
+                found = max(found, int(shape[-2]))
+    return found
 
 
 def _proposal(
@@ -179,7 +192,7 @@ def first_choices(an: Analysis, spaces: list[Space]) -> tuple[list[Space], list[
     """``spaces`` with every mixture's experts and the units of each (in place of the
     shared unit space), unchecked: what :func:`decide_experts` keeps when everything
     passes; and the routers' top-k nodes, understood if so."""
-    routers = []
+    routers: list[str] = []
     for i, sites in enumerate(_mixtures(an)):
         found = _proposal(an, sites, spaces, f"experts.{i}")
         if found is None:

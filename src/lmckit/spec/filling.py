@@ -98,14 +98,15 @@ def _destination(node: Node) -> tuple[Node, int | None, int, int] | None:
     if op_name(dst) != "slice" or not isinstance(dst.args[0], Node):
         return None
     base = dst.args[0]
-    given = list(dst.args[1:]) + [None] * (5 - len(dst.args))
-    dim, begin, _end, step = given[:4]
+    if any(a is not None and not isinstance(a, int) for a in dst.args[1:5]):
+        return None  # offsets that are not numbers
+    given = [a if isinstance(a, int) else None for a in dst.args[1:5]] + [None] * 4
+    dim, begin, step = given[0] or 0, given[1] or 0, given[3]
     if op_name(base) not in _NEW or step not in (None, 1):
         return None
     shape = tuple(base.meta["val"].shape)
-    dim = (dim or 0) % len(shape)
-    start = begin or 0
-    start = start + shape[dim] if start < 0 else start
+    dim %= len(shape)
+    start = begin + shape[dim] if begin < 0 else begin
     return base, dim, start, int(dst.meta["val"].shape[dim])
 
 

@@ -211,11 +211,11 @@ def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
         return Value(glued, const=all(p.const for p in parts))
     # along a feature axis: the direct sum of the parts' spaces (the class token beside
     # the mean of the patches: two copies of the stream, each block moved alike)
-    glued = an.lattice.join([p.axes[dim] for p in parts], f"cat {node.name!r}")
+    summed = an.lattice.join([p.axes[dim] for p in parts], f"cat {node.name!r}")
     axes: list[list[Var]] = []
     for i in range(len(shape)):
         if i == dim:
-            axes.append([glued or an.lattice.fresh(shape[i], Level.FREE, "concatenated")])
+            axes.append([summed or an.lattice.fresh(shape[i], Level.FREE, "concatenated")])
             continue
         full = [p for p in parts if axis_size(p, i) > 1]
         for p in full[1:]:
