@@ -382,3 +382,24 @@ def test_deepseek_with_its_norms_folded_rotates_its_stream_and_both_latents() ->
     for name in ("residual", "model.layers.0.self_attn.q_a_proj",
                  "model.layers.0.self_attn.kv_a_proj_with_mqa"):  # fmt: skip
         assert groups[name] == Orthogonal(), name
+
+
+def test_lmckit_symmetries_shows_experts_routed_by_groups_as_blocks(tmp_path: Path) -> None:
+    """DeepSeek-V3 routing to the best of two groups of two experts: only permutations
+    that map groups onto groups keep the choice, and the listing says so."""
+    module = _tiny(
+        "DeepseekV3Config", "DeepseekV3ForCausalLM",
+        vocab_size=61, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=4, intermediate_size=48, moe_intermediate_size=32,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=8,
+        qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=16,
+    )  # fmt: skip
+    module.save_pretrained(tmp_path / "m")
+    result = CliRunner().invoke(main, ["symmetries", str(tmp_path / "m")])
+    assert result.exit_code == 0, result.output
+    rows = {
+        line.split()[0]: line.split()[1:] for line in result.output.splitlines() if line.strip()
+    }
+    assert rows["experts.0"][:2] == ["Permutation(2", "blocks)"]
+    assert rows["heads.0"][0] == "Permutation" and "qk" in rows and "value" in rows
