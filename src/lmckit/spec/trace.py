@@ -28,6 +28,7 @@ from torch import nn
 from torch.fx import Graph, Node
 
 from lmckit.spec.inputs import bind_inputs, describe_inputs
+from lmckit.spec.trace_failure import describe_failure
 
 __all__ = ["SpecInferenceError", "TracedGraph", "module_path", "prediction", "trace"]
 
@@ -160,11 +161,10 @@ def trace(
                 module, tuple(example_inputs), dict(kwargs or {}), strict=False
             )
     except Exception as err:  # export raises many types; all mean "does not trace"
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         given = describe_inputs(example_inputs, kwargs or {})
-        raise SpecInferenceError(
-            f"cannot trace {name} on {given}: {type(err).__name__}: {first[:300]}"
-        ) from None
+        with _quiet():
+            why = describe_failure(err, module, example_inputs, kwargs or {})
+        raise SpecInferenceError(f"cannot trace {name} on {given}: {why}") from None
     finally:
         module.train(was_training)
     aliases = _aliases(module)
