@@ -22,17 +22,12 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 from click.testing import CliRunner
-from tests.hf.oracle import LAYOUTS, plant
-from tests.tiny_models import auto_load
+from tests.hf.oracle import LAYOUTS, Layout, fold, plant
+from tests.tiny_models import ALL_FAMILIES, auto_load
 
 from lmckit.cli import main
-from lmckit.hf import load_hf, save_hf
-from lmckit.recipe import aligned_form
-
-#: families whose stream admits rotations once norm scales are folded (docs/families.md)
-ROTATED = ("llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "phi3", "gpt_neox", "gptj",
-           "opt", "falcon")  # fmt: skip
 
 #: planted symmetries that ``lmckit align`` does not recover today, by family (or
 #: ``family/orthogonal`` for the rotated stream only), with the distance left (after /
@@ -41,10 +36,18 @@ ROTATED = ("llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "phi3", "gpt_
 KNOWN_MISSES: dict[str, str] = {}
 
 
+def _config(name: str) -> Any:
+    family = ALL_FAMILIES[name]
+    return getattr(transformers, family.config)(**family.kwargs)
+
+
 def _cases() -> list[Any]:
+    """Every family with a layout; again with a rotated stream where its layout folds
+    every norm on the stream (the stream then admits rotations)."""
     cases = []
     for name in sorted(LAYOUTS):
-        for symmetry in (None, "orthogonal") if name in ROTATED else (None,):
+        rotates = LAYOUTS[name](_config(name)).rotates
+        for symmetry in (None, "orthogonal") if rotates else (None,):
             key = name if symmetry is None else f"{name}/orthogonal"
             reason = KNOWN_MISSES.get(key) or KNOWN_MISSES.get(name)
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
@@ -88,13 +91,17 @@ def _distance(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return float(sum(((a[k].double() - b[k].double()) ** 2).sum() for k in a).sqrt())
 
 
-def _folded(name: str, path: Path, out: Path) -> Path:
-    """A's norm scales folded into their readers (the form a rotated stream is aligned
-    in), written by lmckit as the family's own class."""
-    model = load_hf(path)
-    form = aligned_form(model.module, model.params, model.params, symmetry="orthogonal")
-    save_hf(out, model, form.a)
-    return out
+def _folded(a: torch.nn.Module, layout: Layout, out: Path) -> torch.nn.Module:
+    """``a`` with its norm scales folded into the layers reading them (by the layout, not
+    by lmckit), its head untied (the head takes the final norm's scale), written to
+    ``out``: the form in which a rotated stream is a symmetry."""
+    config = copy.deepcopy(a.config)
+    if getattr(config, "tie_word_embeddings", False):
+        config.tie_word_embeddings = False
+    folded = type(a)(config).eval()
+    folded.load_state_dict(fold(a.state_dict(), layout))
+    folded.save_pretrained(out)
+    return folded
 
 
 @pytest.mark.parametrize(("name", "symmetry"), _cases())
@@ -102,15 +109,19 @@ def test_align_recovers_an_element_planted_from_the_architecture(
     name: str, symmetry: str | None, hf_folder, tmp_path: Path
 ) -> None:
     a_path = hf_folder(name)
+    a = auto_load(name, a_path)
+    layout = LAYOUTS[name](a.config)
+    x = family_inputs(a)
     rotate = symmetry == "orthogonal"
     if rotate:
-        a_path = _folded(name, a_path, tmp_path / "a")
-    a = auto_load(name, a_path)
+        want = _outputs(a, x)
+        a_path = tmp_path / "a"
+        a = _folded(a, layout, a_path)
+        assert _relative(_outputs(a, x), want) <= 1e-4  # folding keeps the function
     state = {k: v.clone() for k, v in a.state_dict().items()}
-    moved = plant(state, LAYOUTS[name](a.config), seed=7, rotate=rotate)
+    moved = plant(state, layout, seed=7, rotate=rotate)
     b = copy.deepcopy(a)
     b.load_state_dict(moved)
-    x = family_inputs(a)
     want = _outputs(b, x)
     assert _relative(want, _outputs(a, x)) <= 1e-4  # the plant keeps the function
     b.save_pretrained(tmp_path / "b")
@@ -119,12 +130,16 @@ def test_align_recovers_an_element_planted_from_the_architecture(
     extra = ["--symmetry", symmetry] if symmetry else []
     result = CliRunner().invoke(
         main,
-        ["align", str(a_path), str(tmp_path / "b"), "--method", "weight", *extra, "--no-circuits",
-         "--out", str(out), "--quiet"],
+        ["align", str(a_path), str(tmp_path / "b"), "--method", "weight", *extra,
+         "--no-circuits", "--out", str(out), "--quiet"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     aligned = auto_load(name, out)
+    # a form that moved A too (a LayerNorm's shift into its readers' biases) is written
+    # beside as A's reference: B aligned is compared with A in that form
+    reference = out / "reference"
+    target = auto_load(name, reference).state_dict() if reference.is_dir() else state
     before = _distance(moved, state)
-    after = _distance(aligned.state_dict(), state)
+    after = _distance(aligned.state_dict(), target)
     assert before > 0.5 and after / before < 1e-4, (before, after / before)
     assert _relative(_outputs(aligned, x), want) < 1e-4

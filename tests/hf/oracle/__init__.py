@@ -7,10 +7,11 @@ applies a random element of the symmetries it names. Nothing here imports lmckit
 
 from . import decoders as decoders
 from . import encoders as encoders
+from . import gpt_decoders as gpt_decoders
 from . import mixtures as mixtures
 from . import seq2seq as seq2seq
 from . import vision as vision
-from .engine import Layout, plant
+from .engine import Layout, fold, plant
 from .layouts import LAYOUTS
 
-__all__ = ["LAYOUTS", "Layout", "plant"]
+__all__ = ["LAYOUTS", "Layout", "fold", "plant"]

@@ -102,6 +102,18 @@ class Experts:
 
 
 @dataclass(frozen=True)
+class Norm:
+    """A norm on the stream whose output only layers read: its scale (``offset`` plus
+    the ``scale`` parameter; Gemma's ``1 + w`` has offset 1) folds into their columns
+    (``readers``: ``(parameter, axis)``), and its ``shift`` is divided by the scale."""
+
+    scale: str
+    readers: tuple[tuple[str, int], ...]
+    shift: str | None = None
+    offset: float = 0.0
+
+
+@dataclass(frozen=True)
 class Stream:
     """A residual stream: ``(pattern, axis)`` of every parameter that reads or writes it
     (patterns are full regular expressions over parameter names), or ``(pattern, axis,
@@ -113,6 +125,8 @@ class Stream:
     uses: tuple[Use, ...]
     scales: tuple[Use, ...] = ()
     centered: bool = False
+    #: every norm reading the stream, when the stream admits rotations once they are folded
+    norms: tuple[Norm, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,11 @@ class Layout:
     units: tuple[Units, ...] = ()
     experts: tuple[Experts, ...] = ()
     attention: tuple[Attention, ...] = ()
+
+    @property
+    def rotates(self) -> bool:
+        """Whether every stream admits rotations once its norms are folded."""
+        return bool(self.streams) and all(s.norms for s in self.streams)
 
     def maps(self, *, rotate: bool = False) -> list[str]:
         """The kinds of maps :func:`plant` draws for this layout (docs/families.md)."""
@@ -321,6 +340,23 @@ def plant(
     draws = _Draws(gen)
     for att in layout.attention:
         _plant_attention(out, att, draws)
+    return {k: out[k].to(state[k].dtype) for k in state}
+
+
+def fold(state: Mapping[str, Tensor], layout: Layout) -> dict[str, Tensor]:
+    """A copy of ``state`` with every stream norm's scale folded into the layers reading
+    it: the same function, the norms' scales now one (the form a rotated stream needs)."""
+    out = {k: v.detach().double().clone() for k, v in state.items()}
+    for stream in layout.streams:
+        for norm in stream.norms:
+            g = norm.offset + out[norm.scale]
+            for name, axis in norm.readers:
+                shape = [1] * out[name].dim()
+                shape[axis] = -1
+                out[name] = out[name] * g.view(shape)
+            out[norm.scale] = torch.full_like(g, 1 - norm.offset)
+            if norm.shift is not None:
+                out[norm.shift] = out[norm.shift] / g
     return {k: out[k].to(state[k].dtype) for k in state}
 
 

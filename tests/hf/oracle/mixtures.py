@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from .decoders import _L, _qk_norms, llama_stream
+from .decoders import _L, Decoder, Readers, _gated, decoder_stream, qk_norm_scales
 from .engine import QK, Attention, Block, Experts, Layout, Units
 from .layouts import attention, kv_index, layout, mlp, query_index, reader, rotary
 
@@ -48,13 +48,21 @@ _EXPERT_STREAM = (
 )
 
 
+def _routed(pre: str) -> Readers:
+    """What reads the norm before a mixture: the router and every expert."""
+    return ((pre + "mlp.gate.weight", 1), (pre + "mlp.experts.gate_up_proj", 2))
+
+
+_MIXTURE = Decoder(mlp_in=(), extra_uses=_EXPERT_STREAM, mlp_readers=_routed)
+
+
 def _mixture(
     cfg: Any, qk: QK, *, experts: int, bias: bool = False, qk_norm_per_head: bool = True
 ) -> Layout:
     layers = range(cfg.num_hidden_layers)
     inner = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     return Layout(
-        streams=(llama_stream(extra=_EXPERT_STREAM),),
+        streams=(decoder_stream(cfg, _MIXTURE),),
         experts=tuple(stacked_experts(f"model.layers.{i}.mlp.", experts, inner) for i in layers),
         attention=tuple(
             attention(
@@ -62,7 +70,7 @@ def _mixture(
                 cfg,
                 qk,
                 bias=bias,
-                **_qk_norms(cfg, i, qk_norm_per_head),
+                **qk_norm_scales(cfg, i, qk_norm_per_head),
             )
             for i in layers
         ),
@@ -90,14 +98,19 @@ def _qwen2_moe(cfg: Any) -> Layout:
     # routed experts beside a shared expert (a gated MLP) scaled by sigmoid(shared_expert_gate)
     base = _mixture(cfg, rotary(cfg), experts=cfg.num_experts, bias=True)
     shared = r"mlp\.shared_expert"
-    stream = llama_stream(
-        extra=(
-            *_EXPERT_STREAM,
-            (_L + shared + r"\.(gate|up)_proj\.weight", 1),
-            (_L + shared + r"\.down_proj\.weight", 0),
-            (_L + shared + r"_gate\.weight", 1),
-        )
+
+    def readers(pre: str) -> Readers:
+        expert = pre + "mlp.shared_expert"
+        return (*_routed(pre), (expert + ".gate_proj.weight", 1), (expert + ".up_proj.weight", 1),
+                (expert + "_gate.weight", 1))  # fmt: skip
+
+    extra = (
+        *_EXPERT_STREAM,
+        (_L + shared + r"\.(gate|up)_proj\.weight", 1),
+        (_L + shared + r"\.down_proj\.weight", 0),
+        (_L + shared + r"_gate\.weight", 1),
     )
+    stream = decoder_stream(cfg, Decoder(mlp_in=(), extra_uses=extra, mlp_readers=readers))
     units = tuple(
         mlp(
             [
@@ -116,7 +129,7 @@ def _qwen2_moe(cfg: Any) -> Layout:
 @layout("deepseek_v3")
 def _deepseek_v3(cfg: Any) -> Layout:
     return Layout(
-        streams=(_deepseek_stream(),),
+        streams=(_deepseek_stream(cfg),),
         units=tuple(u for i in range(cfg.num_hidden_layers) for u in _deepseek_units(cfg, i)),
         experts=tuple(
             stacked_experts(
@@ -135,15 +148,24 @@ def _deepseek_v3(cfg: Any) -> Layout:
     )
 
 
-def _deepseek_stream() -> Any:
-    return llama_stream(
-        extra=(
-            *_EXPERT_STREAM,
-            (_L + r"self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.weight", 1),
-            (_L + r"mlp\.shared_experts\.(gate|up)_proj\.weight", 1),
-            (_L + r"mlp\.shared_experts\.down_proj\.weight", 0),
-        ),
+def _deepseek_stream(cfg: Any) -> Any:
+    def attn(pre: str) -> Readers:
+        return ((pre + "self_attn.q_a_proj.weight", 1),
+                (pre + "self_attn.kv_a_proj_with_mqa.weight", 1))  # fmt: skip
+
+    def mlp_in(pre: str) -> Readers:
+        if int(pre.split(".")[2]) < cfg.first_k_dense_replace:
+            return _gated(pre)
+        shared = pre + "mlp.shared_experts."
+        return (*_routed(pre), (shared + "gate_proj.weight", 1), (shared + "up_proj.weight", 1))
+
+    extra = (
+        *_EXPERT_STREAM,
+        (_L + r"self_attn\.(q_a_proj|kv_a_proj_with_mqa)\.weight", 1),
+        (_L + r"mlp\.shared_experts\.(gate|up)_proj\.weight", 1),
+        (_L + r"mlp\.shared_experts\.down_proj\.weight", 0),
     )
+    return decoder_stream(cfg, Decoder(extra_uses=extra, attn_readers=attn, mlp_readers=mlp_in))
 
 
 def _deepseek_units(cfg: Any, i: int) -> list[Units]:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from .engine import QK, Attention, Block, Layout, Stream, Units
+from .engine import QK, Attention, Block, Layout, Norm, Stream, Units
 from .layouts import attention, layout, mlp
 
 
@@ -26,13 +27,14 @@ def _vit_like(
     names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
     attn: str = "attention",
     key_bias: bool = True,
+    rotates: bool = False,
 ) -> Layout:
     """A pre-LayerNorm ViT under ``base``: a patch convolution and ``tokens`` (class
     token, positions; their feature axis last) write the stream; the classifier reads
     it (``extra_uses`` for anything else); ``per_head``: a relative position table per
     layer, one column per head."""
     base_re, lay = re.escape(base), re.escape(f"{base}.{layer}.") + r"\d+\."
-    final = re.escape(final)
+    final_re = re.escape(final)
     q, k, v, o = names
     norm = rf"({'|'.join(norms)})"
     stream = Stream(
@@ -44,14 +46,24 @@ def _vit_like(
             (lay + r"mlp\.fc1\.weight", 1),
             (lay + r"mlp\.fc2\.(weight|bias)", 0),
             (lay + norm + r"\.bias", 0),
-            (rf"{base_re}\.{final}\.bias", 0),
+            (rf"{base_re}\.{final_re}\.bias", 0),
             (r"classifier\.weight", 1),
             *extra_uses,
         ),
-        ((lay + norm + r"\.weight", 0), (rf"{base_re}\.{final}\.weight", 0), *extra_scales),
+        ((lay + norm + r"\.weight", 0), (rf"{base_re}\.{final_re}\.weight", 0), *extra_scales),
         centered=True,
     )
     pre = f"{base}.{layer}.{{}}."
+    if rotates:  # each norm folds into the layers reading it, the last into the classifier
+        last = f"{base}.{final}"
+        found = [Norm(last + ".weight", (("classifier.weight", 1),), last + ".bias")]
+        for i in range(cfg.num_hidden_layers):
+            before, after = (pre.format(i) + n for n in norms)
+            readers = tuple((pre.format(i) + f"{attn}.{n}.weight", 1) for n in (q, k, v))
+            found.append(Norm(before + ".weight", readers, before + ".bias"))
+            fc1 = ((pre.format(i) + "mlp.fc1.weight", 1),)
+            found.append(Norm(after + ".weight", fc1, after + ".bias"))
+        stream = replace(stream, norms=tuple(found))
     atts = []
     for i in range(cfg.num_hidden_layers):
         table = pre.format(i) + per_head
@@ -84,12 +96,13 @@ def _vit_like(
 
 @layout("vit")
 def _vit(cfg: Any) -> Layout:  # the class token and learned positions write the stream
-    return _vit_like(cfg, "vit", tokens=("cls_token", "position_embeddings"))
+    return _vit_like(cfg, "vit", tokens=("cls_token", "position_embeddings"), rotates=True)
 
 
 @layout("deit")
 def _deit(cfg: Any) -> Layout:  # a distillation token beside the class token
-    return _vit_like(cfg, "deit", tokens=("cls_token", "distillation_token", "position_embeddings"))
+    tokens = ("cls_token", "distillation_token", "position_embeddings")
+    return _vit_like(cfg, "deit", tokens=tokens, rotates=True)
 
 
 @layout("beit")
@@ -140,6 +153,7 @@ def _siglip(cfg: Any) -> Layout:  # the classifier reads the mean of the tokens
         extra_uses=((r"vision_model\.embeddings\.position_embedding\.weight", 1),),
         names=("q_proj", "k_proj", "v_proj", "out_proj"),
         attn="self_attn",
+        rotates=True,
     )
 
 
