@@ -6,8 +6,8 @@ residual stream (or rotates it, with norm scales folded first), MLP units, exper
 key/value groups with their query heads, query heads within each group, and maps each
 key/value head's value features and query/key features (a rotation per rotary plane,
 any orthogonal map on pass-through dims or under absolute positions). A symmetry that
-inference misses is then still planted, and its recovery fails: such families are listed
-in :data:`KNOWN_MISSES` with the reason, and expected to fail until inference finds it.
+inference misses is then still planted, and its recovery fails: such cases are listed in
+``tests/hf/known_misses.py`` with the reason, and expected to fail until inference finds it.
 
 Each plant is first checked to keep the family's outputs (the oracle checks itself).
 Then ``lmckit align A B --method weight`` must write A's weights back (distance after /
@@ -17,6 +17,7 @@ before < 1e-4) in a folder that ``from_pretrained`` loads and that computes B's 
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +25,11 @@ import pytest
 import torch
 import transformers
 from click.testing import CliRunner
+from tests.hf.known_misses import known
 from tests.hf.oracle import LAYOUTS, Layout, fold, plant
 from tests.tiny_models import ALL_FAMILIES, auto_load
 
 from lmckit.cli import main
-
-#: planted symmetries that ``lmckit align`` does not recover today, by family (or
-#: ``family/orthogonal`` for the rotated stream only), with the distance left (after /
-#: before) measured and the reason: each case is expected to fail until inference
-#: finds the symmetry, and then the entry is removed.
-KNOWN_MISSES: dict[str, str] = {}
 
 
 def _config(name: str) -> Any:
@@ -49,9 +45,7 @@ def _cases() -> list[Any]:
         rotates = LAYOUTS[name](_config(name)).rotates
         for symmetry in (None, "orthogonal") if rotates else (None,):
             key = name if symmetry is None else f"{name}/orthogonal"
-            reason = KNOWN_MISSES.get(key) or KNOWN_MISSES.get(name)
-            marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            cases.append(pytest.param(name, symmetry, id=key, marks=marks))
+            cases.append(pytest.param(name, symmetry, id=key, marks=known(key)))
     return cases
 
 
@@ -143,3 +137,32 @@ def test_align_recovers_an_element_planted_from_the_architecture(
     after = _distance(aligned.state_dict(), target)
     assert before > 0.5 and after / before < 1e-4, (before, after / before)
     assert _relative(_outputs(aligned, x), want) < 1e-4
+
+
+def _not_a_symmetry(name: str, layout: Layout) -> Layout:
+    """``layout`` changed into a plausible layout that is wrong for the family."""
+    atts = layout.attention
+    if name == "gptj":  # half-split planes where GPT-J pairs dims 2i, 2i + 1
+        atts = tuple(replace(a, qk=replace(a.qk, kind="half")) for a in atts)
+    elif name == "qwen3":  # whole plane rotations under a per-head query/key norm
+        atts = tuple(replace(a, qk=replace(a.qk, kind="half")) for a in atts)
+    elif name == "bloom":  # ALiBi heads reordered
+        atts = tuple(replace(a, heads_move=True) for a in atts)
+    elif name == "llama":  # any orthogonal map of the query/key features under rotary
+        atts = tuple(replace(a, qk=replace(a.qk, kind="full")) for a in atts)
+    return replace(layout, attention=atts)
+
+
+@pytest.mark.parametrize("name", ["gptj", "qwen3", "bloom", "llama", "llama/unfolded"])
+def test_the_oracle_tells_a_symmetry_from_a_map_that_is_not_one(name: str, hf_folder) -> None:
+    # the check every plant above passes first (outputs kept to 1e-4) fails for maps
+    # that are not symmetries: the wrong rotary layout, rotations a query/key norm does
+    # not commute with, heads that ALiBi pins, a rotated stream with its norms unfolded
+    family, _, unfolded = name.partition("/")
+    a = auto_load(family, hf_folder(family))
+    layout = LAYOUTS[family](a.config)
+    wrong = layout if unfolded else _not_a_symmetry(family, layout)
+    b = copy.deepcopy(a)
+    b.load_state_dict(plant(a.state_dict(), wrong, seed=7, rotate=bool(unfolded)))
+    x = family_inputs(a)
+    assert _relative(_outputs(b, x), _outputs(a, x)) > 1e-2
