@@ -87,8 +87,10 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
 #: tied to the embedding untied to take the final norm's scale; the rest: post-LayerNorm,
 #: convolutions, the output is the stream)
 ORTHOGONAL = ("llama", "mistral", "mixtral", "qwen2", "gemma", "phi", "phi3", "gpt_neox", "gptj",
-              "opt", "falcon", "stablelm", "starcoder2", "granite", "smollm3", "qwen2_moe",
-              "deit")  # fmt: skip
+              "opt", "falcon")  # fmt: skip
+#: more families whose stream admits rotations, checked with ``-m slow`` (the independent
+#: planter rotates their streams too, tests/hf/test_families_oracle.py)
+ORTHOGONAL_SLOW = ("stablelm", "starcoder2", "granite", "smollm3", "qwen2_moe", "deit")
 #: the symmetry each family's whole planted group is drawn from: every inferred space
 #: (DeBERTa's written-out attention included, whose heads are compared by circuits).
 PLANTED = {name: None for name in ALL_FAMILIES}
@@ -144,11 +146,10 @@ def _distance(a: dict, b: dict) -> float:
 @pytest.mark.parametrize(
     ("name", "symmetry"),
     [
-        pytest.param(
-            name, symmetry, marks=known(f"{name}/inferred" + ("/" + symmetry if symmetry else ""))
-        )
+        pytest.param(name, symmetry, marks=known(f"{name}/inferred"))
         for name, symmetry in sorted(PLANTED.items()) + [(f, "orthogonal") for f in ORTHOGONAL]
-    ],
+    ]
+    + [pytest.param(f, "orthogonal", marks=pytest.mark.slow) for f in ORTHOGONAL_SLOW],
 )
 def test_align_undoes_a_planted_element_of_the_whole_group(
     name: str, symmetry: str | None, hf_folder, load_with_transformers, logits, tmp_path: Path
