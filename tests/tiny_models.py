@@ -321,7 +321,7 @@ MORE_FAMILIES: dict[str, Family] = {
     "siglip": _family(
         "SiglipConfig", "SiglipForImageClassification", "AutoModelForImageClassification",
         num_labels=3, text_config=dict(vocab_size=61, hidden_size=32, num_hidden_layers=1,
-        num_attention_heads=4, intermediate_size=37), vision_config=dict(
+        num_attention_heads=4, intermediate_size=37, **_IDS), vision_config=dict(
         image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2,
         num_attention_heads=4, intermediate_size=37, vision_use_head=False),
     ),

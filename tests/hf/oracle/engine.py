@@ -18,13 +18,15 @@ the family's modelling code (:mod:`tests.hf.oracle.layouts`), never from lmckit'
 
 Every map is orthogonal, so a writer's rows and a reader's columns take the same map
 along the axis (``W' = Q W`` and ``W' = W Q^T`` both read "apply ``Q`` along the axis").
+A rotated stream needs its norms' scales folded first: :func:`fold` does it from the
+layout's :class:`Norm` entries (each norm and the layers reading it).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -270,7 +272,9 @@ class _Draws:
     tied: dict[str, tuple[Tensor, Tensor]] = field(default_factory=dict)
 
 
-def _plant_stream(state: dict[str, Tensor], stream: Stream, rotate: bool, gen) -> None:
+def _plant_stream(
+    state: dict[str, Tensor], stream: Stream, rotate: bool, gen: torch.Generator
+) -> None:
     blocks = _stream_blocks(state, stream, rotate)
     n = int(blocks[0].index.shape[1])
     if rotate:
@@ -358,18 +362,3 @@ def fold(state: Mapping[str, Tensor], layout: Layout) -> dict[str, Tensor]:
             if norm.shift is not None:
                 out[norm.shift] = out[norm.shift] / g
     return {k: out[k].to(state[k].dtype) for k in state}
-
-
-def touched(layout: Layout, names: Iterable[str]) -> set[str]:
-    """The parameters among ``names`` that ``layout`` moves."""
-    names = list(names)
-    found = set()
-    for stream in layout.streams:
-        for pattern, *_ in stream.uses + stream.scales:
-            found |= {k for k in names if re.fullmatch(pattern, k)}
-    blocks: list[Block] = [b for u in layout.units for b in u.blocks]
-    for mixture in layout.experts:
-        blocks += [*mixture.blocks, *(b for u in mixture.units for b in u.blocks)]
-    for att in layout.attention:
-        blocks += [*att.q, *att.k, *att.v, *att.o, *att.per_head, *att.q_scales, *att.k_scales]
-    return found | {b.param for b in blocks}

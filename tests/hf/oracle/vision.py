@@ -3,106 +3,98 @@
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from .engine import QK, Attention, Block, Layout, Norm, Stream, Units
+from .engine import QK, Block, Layout, Norm, Stream, Units
 from .layouts import attention, layout, mlp
 
 
-def _vit_like(
-    cfg: Any,
-    base: str,
-    *,
-    tokens: tuple[str, ...],
-    layer: str = "layers",
-    per_head: str = "",
-    norms: tuple[str, str] = ("layernorm_before", "layernorm_after"),
-    final: str = "layernorm",
-    extra_uses: tuple[Any, ...] = (),
-    extra_scales: tuple[Any, ...] = (),
-    ffn: int | None = None,
-    names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj"),
-    attn: str = "attention",
-    key_bias: bool = True,
-    rotates: bool = False,
-) -> Layout:
-    """A pre-LayerNorm ViT under ``base``: a patch convolution and ``tokens`` (class
-    token, positions; their feature axis last) write the stream; the classifier reads
-    it (``extra_uses`` for anything else); ``per_head``: a relative position table per
-    layer, one column per head."""
-    base_re, lay = re.escape(base), re.escape(f"{base}.{layer}.") + r"\d+\."
-    final_re = re.escape(final)
-    q, k, v, o = names
-    norm = rf"({'|'.join(norms)})"
+@dataclass(frozen=True)
+class Vit:
+    """A pre-LayerNorm ViT's names under ``base``: a patch convolution and ``tokens``
+    (class token, positions; their feature axis last) write the stream, the classifier
+    reads it (``extra_uses``, ``extra_scales``: anything else); ``per_head``: a relative
+    position table per layer, one column per head; ``rotates``: every norm folds into the
+    layers reading it (the last into the classifier)."""
+
+    base: str
+    tokens: tuple[str, ...]
+    layer: str = "layers"
+    per_head: str = ""
+    norms: tuple[str, str] = ("layernorm_before", "layernorm_after")
+    final: str = "layernorm"
+    extra_uses: tuple[Any, ...] = ()
+    extra_scales: tuple[Any, ...] = ()
+    ffn: int | None = None
+    names: tuple[str, str, str, str] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    attn: str = "attention"
+    key_bias: bool = True
+    rotates: bool = False
+
+
+def _vit_stream(cfg: Any, how: Vit) -> Stream:
+    base, lay = re.escape(how.base), re.escape(f"{how.base}.{how.layer}.") + r"\d+\."
+    final = re.escape(how.final)
+    q, k, v, o = how.names
+    norm = rf"({'|'.join(how.norms)})"
     stream = Stream(
         (
-            (rf"{base_re}\.embeddings\.patch_embeddings?(\.projection)?\.(weight|bias)", 0),
-            *((rf"{base_re}\.embeddings\.{t}", -1) for t in tokens),
-            (lay + rf"{attn}\.({q}|{k}|{v})\.weight", 1),
-            (lay + rf"{attn}\.{o}\.(weight|bias)", 0),
+            (rf"{base}\.embeddings\.patch_embeddings?(\.projection)?\.(weight|bias)", 0),
+            *((rf"{base}\.embeddings\.{t}", -1) for t in how.tokens),
+            (lay + rf"{how.attn}\.({q}|{k}|{v})\.weight", 1),
+            (lay + rf"{how.attn}\.{o}\.(weight|bias)", 0),
             (lay + r"mlp\.fc1\.weight", 1),
             (lay + r"mlp\.fc2\.(weight|bias)", 0),
             (lay + norm + r"\.bias", 0),
-            (rf"{base_re}\.{final_re}\.bias", 0),
+            (rf"{base}\.{final}\.bias", 0),
             (r"classifier\.weight", 1),
-            *extra_uses,
+            *how.extra_uses,
         ),
-        ((lay + norm + r"\.weight", 0), (rf"{base_re}\.{final_re}\.weight", 0), *extra_scales),
+        ((lay + norm + r"\.weight", 0), (rf"{base}\.{final}\.weight", 0), *how.extra_scales),
         centered=True,
     )
-    pre = f"{base}.{layer}.{{}}."
-    if rotates:  # each norm folds into the layers reading it, the last into the classifier
-        last = f"{base}.{final}"
-        found = [Norm(last + ".weight", (("classifier.weight", 1),), last + ".bias")]
-        for i in range(cfg.num_hidden_layers):
-            before, after = (pre.format(i) + n for n in norms)
-            readers = tuple((pre.format(i) + f"{attn}.{n}.weight", 1) for n in (q, k, v))
-            found.append(Norm(before + ".weight", readers, before + ".bias"))
-            fc1 = ((pre.format(i) + "mlp.fc1.weight", 1),)
-            found.append(Norm(after + ".weight", fc1, after + ".bias"))
-        stream = replace(stream, norms=tuple(found))
-    atts = []
+    return replace(stream, norms=_vit_norms(cfg, how)) if how.rotates else stream
+
+
+def _vit_norms(cfg: Any, how: Vit) -> tuple[Norm, ...]:
+    pre, last = f"{how.base}.{how.layer}.{{}}.", f"{how.base}.{how.final}"
+    found = [Norm(last + ".weight", (("classifier.weight", 1),), last + ".bias")]
     for i in range(cfg.num_hidden_layers):
-        table = pre.format(i) + per_head
-        heads = torch.arange(cfg.num_attention_heads).view(-1, 1)
-        att = attention(
-            pre.format(i) + attn + ".",
-            cfg,
-            QK("full"),
-            bias=True,
-            names=names,
-            per_head=(Block(table, 1, heads),) if per_head else (),
-        )
-        if not key_bias:
-            att = Attention(**{**att.__dict__, "k": att.k[:1]})
-        atts.append(att)
-    return Layout(
-        streams=(stream,),
-        units=tuple(
-            mlp(
-                [pre.format(i) + "mlp.fc1"],
-                pre.format(i) + "mlp.fc2",
-                ffn or cfg.intermediate_size,
-                bias=True,
-            )
-            for i in range(cfg.num_hidden_layers)
-        ),
-        attention=tuple(atts),
-    )
+        before, after = (pre.format(i) + n for n in how.norms)
+        readers = tuple((pre.format(i) + f"{how.attn}.{n}.weight", 1) for n in how.names[:3])
+        found.append(Norm(before + ".weight", readers, before + ".bias"))
+        fc1 = ((pre.format(i) + "mlp.fc1.weight", 1),)
+        found.append(Norm(after + ".weight", fc1, after + ".bias"))
+    return tuple(found)
+
+
+def vit_like(cfg: Any, how: Vit) -> Layout:
+    """A pre-LayerNorm ViT's layout (see :class:`Vit`)."""
+    pre = f"{how.base}.{how.layer}.{{}}."
+    heads = torch.arange(cfg.num_attention_heads).view(-1, 1)
+    atts, units = [], []
+    for i in range(cfg.num_hidden_layers):
+        table = (Block(pre.format(i) + how.per_head, 1, heads),) if how.per_head else ()
+        att = attention(pre.format(i) + how.attn + ".", cfg, QK("full"), bias=True,
+                        names=how.names, per_head=table)  # fmt: skip
+        atts.append(att if how.key_bias else replace(att, k=att.k[:1]))
+        ffn = how.ffn or cfg.intermediate_size
+        units.append(mlp([pre.format(i) + "mlp.fc1"], pre.format(i) + "mlp.fc2", ffn, bias=True))
+    return Layout((_vit_stream(cfg, how),), tuple(units), (), tuple(atts))
 
 
 @layout("vit")
 def _vit(cfg: Any) -> Layout:  # the class token and learned positions write the stream
-    return _vit_like(cfg, "vit", tokens=("cls_token", "position_embeddings"), rotates=True)
+    return vit_like(cfg, Vit("vit", ("cls_token", "position_embeddings"), rotates=True))
 
 
 @layout("deit")
 def _deit(cfg: Any) -> Layout:  # a distillation token beside the class token
     tokens = ("cls_token", "distillation_token", "position_embeddings")
-    return _vit_like(cfg, "deit", tokens=tokens, rotates=True)
+    return vit_like(cfg, Vit("deit", tokens, rotates=True))
 
 
 @layout("beit")
@@ -110,14 +102,16 @@ def _beit(cfg: Any) -> Layout:
     # a relative position table per layer (a column per head); layer scales lambda_1,
     # lambda_2 on each block's output; no key bias; the mean of the patch tokens goes
     # through pooler.layernorm to the classifier
-    return _vit_like(
+    return vit_like(
         cfg,
-        "beit",
-        tokens=("cls_token",),
-        per_head="relative_position_bias.relative_position_bias_table",
-        extra_uses=((r"beit\.layers\.\d+\.lambda_[12]", 0),),
-        final="pooler.layernorm",
-        key_bias=False,
+        Vit(
+            "beit",
+            tokens=("cls_token",),
+            per_head="relative_position_bias.relative_position_bias_table",
+            extra_uses=((r"beit\.layers\.\d+\.lambda_[12]", 0),),
+            final="pooler.layernorm",
+            key_bias=False,
+        ),
     )
 
 
@@ -125,14 +119,16 @@ def _beit(cfg: Any) -> Layout:
 def _dinov2(cfg: Any) -> Layout:
     # layer scales on each block's output; the classifier reads the class token and the
     # mean of the patch tokens concatenated: two copies of the stream side by side
-    base = _vit_like(
+    base = vit_like(
         cfg,
-        "dinov2",
-        tokens=("cls_token", "mask_token", "position_embeddings"),
-        layer="encoder.layer",
-        norms=("norm1", "norm2"),
-        ffn=cfg.mlp_ratio * cfg.hidden_size,
-        extra_uses=((r"dinov2\.encoder\.layer\.\d+\.layer_scale[12]\.lambda1", 0),),
+        Vit(
+            "dinov2",
+            tokens=("cls_token", "mask_token", "position_embeddings"),
+            layer="encoder.layer",
+            norms=("norm1", "norm2"),
+            ffn=cfg.mlp_ratio * cfg.hidden_size,
+            extra_uses=((r"dinov2\.encoder\.layer\.\d+\.layer_scale[12]\.lambda1", 0),),
+        ),
     )
     (stream,) = base.streams
     uses = tuple(u for u in stream.uses if u[0] != r"classifier\.weight")
@@ -143,17 +139,19 @@ def _dinov2(cfg: Any) -> Layout:
 @layout("siglip")
 def _siglip(cfg: Any) -> Layout:  # the classifier reads the mean of the tokens
     vision = cfg.vision_config
-    return _vit_like(
+    return vit_like(
         vision,
-        "vision_model",
-        tokens=(),
-        layer="encoder.layers",
-        norms=("layer_norm1", "layer_norm2"),
-        final="post_layernorm",
-        extra_uses=((r"vision_model\.embeddings\.position_embedding\.weight", 1),),
-        names=("q_proj", "k_proj", "v_proj", "out_proj"),
-        attn="self_attn",
-        rotates=True,
+        Vit(
+            "vision_model",
+            tokens=(),
+            layer="encoder.layers",
+            norms=("layer_norm1", "layer_norm2"),
+            final="post_layernorm",
+            extra_uses=((r"vision_model\.embeddings\.position_embedding\.weight", 1),),
+            names=("q_proj", "k_proj", "v_proj", "out_proj"),
+            attn="self_attn",
+            rotates=True,
+        ),
     )
 
 
