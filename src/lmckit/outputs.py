@@ -142,10 +142,11 @@ def _own_curve(folder: Path) -> bool:
     if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
         return False
     try:
+        entries = list(folder.iterdir())  # read whole: a half-read listing stays open
         return all(
             (entry.name == CURVE_MARKER and _regular(entry))
             or (entry.name in listed and _own_reference(entry))
-            for entry in folder.iterdir()
+            for entry in entries
         )
     except OSError:  # an unreadable folder is not known to be ours
         return False

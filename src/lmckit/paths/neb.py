@@ -193,7 +193,9 @@ def _step_losses(
         if leaf.requires_grad:
             (grads[i],) = torch.autograd.grad(loss, leaf)
         losses[i] = loss.detach()
-    losses, grads = sum_over_ranks([losses, grads])
+    # gradients first: each row then lies where a lone process's would (a reduction over
+    # a row depends on its alignment in memory, and the band must not depend on W)
+    grads, losses = sum_over_ranks([grads, losses])
     return losses, grads
 
 
