@@ -212,14 +212,17 @@ def plot_planes(
         if res.curve:
             cx, cy = zip(*res.curve, strict=True)
             ax.plot(cx, cy, "-", color="orange", lw=1.6, label="curve")
+        middle = (min(res.x) + max(res.x)) / 2
         for model in res.models:
             x, y = model["xy"]
             ax.plot(x, y, "o", color="white", mec="black", ms=7)
+            right = x > middle  # names of models on the right run leftwards, inside the axes
             ax.annotate(
                 str(model["path"]),
                 (x, y),
-                xytext=(5, 5),
+                xytext=(-5 if right else 5, 5),
                 textcoords="offset points",
+                ha="right" if right else "left",
                 color="white",
                 fontsize=9,
                 fontweight="bold",
@@ -235,7 +238,7 @@ def plot_planes(
     ticks = [
         m * 10.0**e
         for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
-        for m in (1, 2, 5)
+        for m in (1, 1.5, 2, 3, 5, 7)
         if low <= m * 10.0**e <= high
     ]
     bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
