@@ -110,7 +110,7 @@ def _spring(value: str) -> float:
     type=float,
     default=None,
     help="Peak learning rate (cosine schedule). Default: 1e-3 (Adam) for bezier "
-    "and chain, 0.1 (SGD, momentum 0.9) for neb.",
+    "and chain, 0.02 (SGD, momentum 0.9) for neb.",
 )
 @choice_option("--optimizer", OPTIMIZERS, None, "Default: adam for bezier and chain, sgd for neb.")
 @click.option("--batch-size", type=POSITIVE, default=128, show_default=True)

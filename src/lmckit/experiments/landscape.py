@@ -85,7 +85,7 @@ FULL = LandscapeSetup(
     test_size=None,
     train=TrainConfig(epochs=5, batch_size=128, optimizer="adam", lr=1e-3),
     bezier=TrainConfig(epochs=10, batch_size=128, optimizer="adam", lr=1e-3),
-    band_train=TrainConfig(epochs=10, batch_size=128, optimizer="sgd", lr=0.1),
+    band_train=TrainConfig(epochs=10, batch_size=128, optimizer="sgd", lr=0.02),
     band=BandConfig(),
     resolution=21,
     margin=0.2,

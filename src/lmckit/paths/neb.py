@@ -290,7 +290,7 @@ def fit_band(
         data: training data; each step reads one mini-batch for all pivots.
         config: optimiser, learning rate and schedule, batch size; ``epochs`` passes
             over the training split in all, split evenly between the cycles (default
-            SGD with Nesterov momentum 0.9, lr 0.1, 10 epochs, batch 128, cosine).
+            SGD with Nesterov momentum 0.9, lr 0.02, 10 epochs, batch 128, cosine).
         band: pivots, cycles, insertion and spring (default :class:`BandConfig`).
         seed: data order; the global RNG is restored.
         max_seconds: stop after this much wall time (the band as it is then).
@@ -300,7 +300,7 @@ def fit_band(
     check_compatible(params_a, params_b)
     check_finite(params_a, what="start")
     check_finite(params_b, what="end")
-    config = config or TrainConfig(epochs=10, optimizer="sgd", lr=0.1)
+    config = config or TrainConfig(epochs=10, optimizer="sgd", lr=0.02)
     band = band or BandConfig()
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds must be positive or None, got {max_seconds}")
@@ -385,7 +385,9 @@ def _descend(
     """One step of every interior pivot along its nudged force; returns the nodes' losses."""
     losses, grads = _step_losses(model, state, xb, yb, task)
     if not bool(torch.isfinite(losses).all()):
-        raise FloatingPointError(f"band training diverged at step {step}")
+        raise FloatingPointError(
+            f"band training diverged at step {step} (a pivot's loss is not finite): lower lr"
+        )
     coords = state.coords
     with torch.no_grad():
         coords.grad = nudged_force(coords, losses, grads, spring)
