@@ -222,10 +222,9 @@ def _report(fitted: FittedCurve, kind: str) -> None:
     steps = f"{fitted.steps} of {fitted.planned_steps} steps"
     if fitted.steps < fitted.planned_steps:
         steps += " (stopped by --max-seconds)"
-    click.echo(
-        f"fitted {kind} in {fitted.seconds:.1f} s, {steps}, "
-        f"{len(fitted.curve.controls)} {'pivots' if kind == 'neb' else 'control points'}"
-    )
+    count = len(fitted.curve.controls)
+    noun = ("pivot" if kind == "neb" else "control point") + ("s" if count > 1 else "")
+    click.echo(f"fitted {kind} in {fitted.seconds:.1f} s, {steps}, {count} {noun}")
     click.echo(path_table({"linear": fitted.line, kind: fitted.path}))
 
 

@@ -105,7 +105,7 @@ def command(
     rows.append(
         {
             "model": f"{kind} soup",
-            "member": f"{len(result.members)} models",
+            "member": f"{len(result.members)} model{'s' if len(result.members) > 1 else ''}",
             "loss": result.soup.loss,
             "acc": result.soup.acc,
         }

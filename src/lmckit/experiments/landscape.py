@@ -18,7 +18,7 @@ as ``lmckit train --model mlp --width W --depth 2 --optimizer adam --lr 1e-3 --e
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -121,6 +121,13 @@ ENSEMBLE_COLUMNS = (
 )
 
 
+def _recorded(setup: LandscapeSetup) -> dict[str, Any]:
+    """``setup`` as JSON values (an infinite spring as ``"inf"``), for the runner's record."""
+    plain = asdict(setup)
+    plain["band"]["spring"] = str(setup.band.spring)
+    return plain
+
+
 def _mlp(setup: LandscapeSetup, seed: int) -> tuple[Any, Params]:
     return create_model(
         "mlp", seed=seed, in_features=784, hidden=list(setup.hidden), out_features=10
@@ -191,7 +198,7 @@ def _curve_stage(
 def landscape(ctx: ExperimentContext) -> ExperimentResult:
     """Three MNIST MLPs: planes unaligned vs aligned; line vs Bezier vs band; curve ensembles."""
     setup = QUICK if ctx.quick else FULL
-    run = Runner(ctx, setup)
+    run = Runner(ctx, _recorded(setup))
     data = mnist_subset(ctx, setup.train_size, setup.test_size)
     trained = [
         run.train(

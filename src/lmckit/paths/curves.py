@@ -208,7 +208,8 @@ def fit_curve(
         model: module of the architecture (not modified).
         params_a, params_b: the endpoints.
         data: training data.
-        config: optimiser, epochs, batch size (default Adam 1e-3, 10 epochs, batch 128).
+        config: optimiser, epochs (at most ``max_steps`` steps), batch size (default Adam
+            1e-3, 10 epochs, batch 128).
         kind: ``bezier`` or ``chain``.
         bends: control points (ignored when ``init`` is given).
         init: initial control points; default :func:`linear_init`.
@@ -232,6 +233,7 @@ def fit_curve(
     opt = make_optimizer(config, leaves)
     steps_per_epoch = math.ceil(len(data.x_train) / config.batch_size)
     total = config.epochs * steps_per_epoch
+    total = total if config.max_steps is None else min(total, config.max_steps)
     generator = torch.Generator().manual_seed(seed)
     t_generator = torch.Generator().manual_seed(seed + 1)
     history = []
@@ -259,10 +261,11 @@ def fit_curve(
                     count += len(yb)
                     step += 1
                     bar.update(1)
-                    if max_seconds is not None and any_rank(
-                        time.perf_counter() - began > max_seconds
+                    if step >= total or (
+                        max_seconds is not None
+                        and any_rank(time.perf_counter() - began > max_seconds)
                     ):
-                        out_of_time = True
+                        out_of_time = True  # or out of steps: no further epoch either
                         break
                 history.append(running / max(count, 1))
         finally:

@@ -72,7 +72,8 @@ class BandConfig:
         cycles: training cycles; pivots are inserted after every cycle but the last.
         insert: most pivots inserted after a cycle (one per segment, highest first).
         spring: spring constant ``k`` (loss units per squared weight-space distance);
-            ``math.inf``: pivots are moved back to even spacing after every step.
+            ``math.inf`` (the default, Draxler et al.'s): no spring, the pivots are moved
+            back to even spacing after every step.
         probes: points inside each segment whose loss decides where to insert.
         probe_examples: training examples (the first ones) the probes are measured on.
         threshold: a point's loss must lie above its segment's chord by more than
@@ -83,7 +84,7 @@ class BandConfig:
     pivots: int = 3
     cycles: int = 3
     insert: int = 2
-    spring: float = 1.0
+    spring: float = math.inf
     probes: int = 5
     probe_examples: int = 2000
     threshold: float = 0.1
@@ -289,7 +290,8 @@ def fit_band(
         params_a, params_b: the endpoints (fixed).
         data: training data; each step reads one mini-batch for all pivots.
         config: optimiser, learning rate and schedule, batch size; ``epochs`` passes
-            over the training split in all, split evenly between the cycles (default
+            over the training split in all (at most ``max_steps`` steps), split evenly
+            between the cycles (default
             SGD with Nesterov momentum 0.9, lr 0.02, 10 epochs, batch 128, cosine).
         band: pivots, cycles, insertion and spring (default :class:`BandConfig`).
         seed: data order; the global RNG is restored.
@@ -306,7 +308,8 @@ def fit_band(
         raise ValueError(f"max_seconds must be positive or None, got {max_seconds}")
     state = _initial_state(model, dict(params_a), dict(params_b), band.pivots)
     per_epoch = math.ceil(len(data.x_train) / config.batch_size)
-    total = config.max_steps or config.epochs * per_epoch
+    total = config.epochs * per_epoch
+    total = total if config.max_steps is None else min(total, config.max_steps)
     per_cycle = [total // band.cycles + (c < total % band.cycles) for c in range(band.cycles)]
     probe_x, probe_y = data.x_train[: band.probe_examples], data.y_train[: band.probe_examples]
 

@@ -1,14 +1,16 @@
-"""Whole tasks, one call each: train, align a pair, merge, a simplex.
+"""Whole tasks, one call each: train, align a pair, merge, a simplex, curves and planes.
 
 Each function takes loaded models and data and returns results; none reads or writes
-files. The command line is a thin layer over them (parse, validate, call one of these,
-write), and the experiments and library users get the same behaviour. One module per
-task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (the whole recipe on
-two loaded models), :mod:`~lmckit.workflow.pair` (a merged
-point, a pair's barrier, a simplex), :mod:`~lmckit.workflow.curves` (fit, write and read a
-curve), :mod:`~lmckit.workflow.landscape` (a plane through three models, a curve
-ensemble), :mod:`~lmckit.workflow.soup`, :mod:`~lmckit.workflow.symmetries` (what a model
-would be aligned under).
+files but the two that write and read a curve folder (:func:`save_curve`,
+:func:`load_curve`: its points are models in their own format). The command line is a
+thin layer over them (parse, validate, call one of these, write), and the experiments
+and library users get the same behaviour. One module per task:
+:mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.align` (the whole recipe on two
+loaded models), :mod:`~lmckit.workflow.pair` (a merged point, a pair's barrier, a
+simplex), :mod:`~lmckit.workflow.curves` (fit, write and read a curve),
+:mod:`~lmckit.workflow.landscape` (a plane through three models, a curve ensemble),
+:mod:`~lmckit.workflow.soup`, :mod:`~lmckit.workflow.symmetries` (what a model would be
+aligned under).
 """
 
 from lmckit.workflow.align import (

@@ -109,7 +109,8 @@ class CurveSettings:
     def planned_steps(self, data: Dataset) -> int:
         """Optimiser steps a run to the end takes."""
         config = self.config
-        return config.max_steps or config.epochs * -(-len(data.x_train) // config.batch_size)
+        total = config.epochs * -(-len(data.x_train) // config.batch_size)
+        return total if config.max_steps is None else min(total, config.max_steps)
 
 
 def point_prepare(
