@@ -19,6 +19,7 @@ from lmckit.evaluate import PathResult  # noqa: E402
 from lmckit.outputs import check_output_file  # noqa: E402
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
     from lmckit.paths.plane import PlaneResult
@@ -195,52 +196,53 @@ def plot_planes(
         constrained_layout=True,
         squeeze=False,
     )
-    image = None
+    norm = LogNorm(low, high)
     for ax, (name, res) in zip(axes[0], results.items(), strict=True):
-        grid = np.clip(grids[name], low, high)
         image = ax.contourf(
-            res.x,
-            res.y,
-            grid,
-            levels=bounds,
-            norm=LogNorm(low, high),
-            cmap="viridis",
-            extend="neither",
+            res.x, res.y, np.clip(grids[name], low, high), levels=bounds, norm=norm, cmap="viridis"
         )
-        (ax_, ay), (bx, by) = res.models[0]["xy"], res.models[1]["xy"]
-        ax.plot([ax_, bx], [ay, by], "--", color="white", lw=1.2, label="straight line")
-        if res.curve:
-            cx, cy = zip(*res.curve, strict=True)
-            ax.plot(cx, cy, "-", color="orange", lw=1.6, label="curve")
-        middle = (min(res.x) + max(res.x)) / 2
-        for model in res.models:
-            x, y = model["xy"]
-            ax.plot(x, y, "o", color="white", mec="black", ms=7)
-            right = x > middle  # names of models on the right run leftwards, inside the axes
-            ax.annotate(
-                str(model["path"]),
-                (x, y),
-                xytext=(-5 if right else 5, 5),
-                textcoords="offset points",
-                ha="right" if right else "left",
-                color="white",
-                fontsize=9,
-                fontweight="bold",
-            )
+        _draw_plane_paths(ax, res)
         ax.set_title(name, fontsize=10)
-        ax.set_aspect("equal")
-        ax.set_xlabel("distance along u (B - A)")
-        ax.set_ylabel("distance along v")
-        if res.curve:
-            ax.legend(fontsize=8, loc="lower right")
-    assert image is not None  # results is not empty
     bar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="loss (log scale)")
-    ticks = [
+    ticks = _log_ticks(low, high)
+    bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
+    bar.ax.minorticks_off()
+    return _save(fig, path, title)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """1, 1.5, 2, 3, 5, 7 times powers of ten between ``low`` and ``high``."""
+    return [
         m * 10.0**e
         for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
         for m in (1, 1.5, 2, 3, 5, 7)
         if low <= m * 10.0**e <= high
     ]
-    bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
-    bar.ax.minorticks_off()
-    return _save(fig, path, title)
+
+
+def _draw_plane_paths(ax: Axes, res: PlaneResult) -> None:
+    """The straight line (dashed), a curve's projection and the named models on a plane."""
+    (ax_, ay), (bx, by) = res.models[0]["xy"], res.models[1]["xy"]
+    ax.plot([ax_, bx], [ay, by], "--", color="white", lw=1.2, label="straight line")
+    if res.curve:
+        cx, cy = zip(*res.curve, strict=True)
+        ax.plot(cx, cy, "-", color="orange", lw=1.6, label="curve")
+        ax.legend(fontsize=8, loc="lower right")
+    middle = (min(res.x) + max(res.x)) / 2
+    for model in res.models:
+        x, y = model["xy"]
+        ax.plot(x, y, "o", color="white", mec="black", ms=7)
+        right = x > middle  # names of models on the right run leftwards, inside the axes
+        ax.annotate(
+            str(model["path"]),
+            (x, y),
+            xytext=(-5 if right else 5, 5),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+        )
+    ax.set_aspect("equal")
+    ax.set_xlabel("distance along u (B - A)")
+    ax.set_ylabel("distance along v")

@@ -13,6 +13,7 @@ from lmckit.evaluate import evaluate_path
 from lmckit.params import interpolate
 from lmckit.paths import Band, BandConfig, evaluate_curve, fit_band
 from lmckit.paths.band_forces import improved_tangent, nudged_force, redistribute_evenly
+from lmckit.task import CLASSIFICATION
 from lmckit.train import TrainConfig
 
 
@@ -111,3 +112,22 @@ def test_a_finite_spring_also_trains(mlp_pair) -> None:
     config = TrainConfig(epochs=1, batch_size=64, optimizer="sgd", lr=0.1, max_steps=20)
     band = fit_band(model, a, b, mlp_pair.data, config, BandConfig(spring=1.0, cycles=1))
     assert band.steps == 20 and len(band.history) == 1 and math.isfinite(band.history[0])
+
+
+def test_segment_scores_are_the_losses_above_each_segments_chord(mlp_pair) -> None:
+    from lmckit.paths.band_growth import BandState, segment_scores
+    from lmckit.paths.flat import FlatPacking
+
+    model, a, b = _pair(mlp_pair)
+    data = mlp_pair.data
+    names = [n for n, _ in model.named_parameters()]
+    packing = FlatPacking(names, a)
+    mid = interpolate(a, b, 0.5)
+    state = BandState(torch.stack([packing.pack(p) for p in (a, mid, b)]), [a, mid, b], packing)
+    test = lambda: batches(data.x_test, data.y_test, 500)  # noqa: E731
+    nodes, scores = segment_scores(model, state, test, 1, CLASSIFICATION)
+    # one probe per segment, at its middle: t = 1/4 and 3/4 of the straight line
+    line = evaluate_path(model, a, b, test, ts=[0.0, 0.25, 0.5, 0.75, 1.0]).loss
+    assert nodes.tolist() == pytest.approx([line[0], line[2], line[4]], rel=1e-6)
+    expected = [line[1] - (line[0] + line[2]) / 2, line[3] - (line[2] + line[4]) / 2]
+    assert scores[:, 0].tolist() == pytest.approx(expected, rel=1e-5)

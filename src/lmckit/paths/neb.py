@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -49,11 +49,11 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from lmckit.batched import point_sums
 from lmckit.data import batches
 from lmckit.distributed import any_rank, sum_over_ranks, world
 from lmckit.params import Params, check_compatible, check_finite, interpolate
 from lmckit.paths.band_forces import nudged_force, redistribute_evenly
+from lmckit.paths.band_growth import BandState, insert_pivots
 from lmckit.paths.flat import FlatPacking
 from lmckit.task import CLASSIFICATION, Task
 from lmckit.train import TrainConfig, TrainData, lr_factor, make_optimizer
@@ -166,17 +166,8 @@ class Band:
         return band_point(self.nodes, self.ts, t)
 
 
-@dataclass
-class _State:
-    """The band while it trains: node coordinates, the untrained rest of each node."""
-
-    coords: Tensor  # (nodes, D): row 0 is the start, the last row the end
-    bases: list[Params]
-    packing: FlatPacking
-
-
 def _step_losses(
-    model: nn.Module, state: _State, xb: Tensor, yb: Tensor, task: Task
+    model: nn.Module, state: BandState, xb: Tensor, yb: Tensor, task: Task
 ) -> tuple[Tensor, Tensor]:
     """Every node's loss on one batch and the interior nodes' gradients, each node on
     the process ``i mod W``, summed over the processes."""
@@ -200,49 +191,7 @@ def _step_losses(
     return losses, grads
 
 
-def _probe_scores(
-    model: nn.Module, state: _State, probe: Callable[[], Batches], probes: int, task: Task
-) -> tuple[Tensor, Tensor]:
-    """Loss of every node and, per segment, the loss of ``probes`` inner points above the
-    chord of its ends: ``(node_losses (n,), scores (n - 1, probes))``."""
-    n = state.coords.shape[0]
-    alphas = [(j + 1) / (probes + 1) for j in range(probes)]
-    where = [(i, 0.0) for i in range(n)] + [(i, a) for i in range(n - 1) for a in alphas]
-
-    def point(k: int) -> Params:
-        i, a = where[k]
-        row = state.coords[i] if a == 0.0 else (1 - a) * state.coords[i] + a * state.coords[i + 1]
-        base = state.bases[i] if a == 0.0 else interpolate(state.bases[i], state.bases[i + 1], a)
-        return state.packing.unpack(row, base)
-
-    sums, units = point_sums(model, len(where), point, probe, task=task)
-    values = sums[:, 0] / max(units, 1)
-    nodes = values[:n]
-    inner = values[n:].reshape(n - 1, probes)
-    a = torch.tensor(alphas, dtype=values.dtype)
-    chord = (1 - a) * nodes[:-1, None] + a * nodes[1:, None]
-    return nodes, inner - chord
-
-
-def _insert(
-    model: nn.Module, state: _State, probe: Callable[[], Batches], band: BandConfig, task: Task
-) -> int:
-    """Insert up to ``band.insert`` pivots where the band rises most above its chords."""
-    nodes, scores = _probe_scores(model, state, probe, band.probes, task)
-    spread = float(nodes.max() - nodes.min())
-    best, where = scores.max(dim=1)
-    order = [int(i) for i in torch.argsort(best, descending=True)[: band.insert]]
-    chosen = sorted(i for i in order if float(best[i]) > band.threshold * max(spread, 1e-12))
-    for offset, seg in enumerate(chosen):
-        i = seg + offset  # earlier insertions shift the later segments
-        a = (int(where[seg]) + 1) / (band.probes + 1)
-        row = (1 - a) * state.coords[i] + a * state.coords[i + 1]
-        state.coords = torch.cat([state.coords[: i + 1], row[None], state.coords[i + 1 :]])
-        state.bases.insert(i + 1, interpolate(state.bases[i], state.bases[i + 1], a))
-    return len(chosen)
-
-
-def _initial_state(model: nn.Module, a: Params, b: Params, pivots: int) -> _State:
+def _initial_state(model: nn.Module, a: Params, b: Params, pivots: int) -> BandState:
     names = [n for n, _ in model.named_parameters()]
     missing = [n for n in names if n not in a]
     if missing:
@@ -251,10 +200,10 @@ def _initial_state(model: nn.Module, a: Params, b: Params, pivots: int) -> _Stat
     bases = [interpolate(a, b, i / (pivots + 1)) for i in range(pivots + 2)]
     bases[0], bases[-1] = dict(a), dict(b)
     coords = torch.stack([packing.pack(p) for p in bases])
-    return _State(coords, bases, packing)
+    return BandState(coords, bases, packing)
 
 
-def _to_band(state: _State, history: list[float], inserted: list[int], steps: int) -> Band:
+def _to_band(state: BandState, history: list[float], inserted: list[int], steps: int) -> Band:
     nodes = [
         {k: v.detach().clone() for k, v in state.packing.unpack(row, base).items()}
         for row, base in zip(state.coords, state.bases, strict=True)
@@ -268,6 +217,13 @@ def _to_band(state: _State, history: list[float], inserted: list[int], steps: in
         tuple(inserted),
         steps,
     )
+
+
+def _cycle_steps(config: TrainConfig, examples: int, cycles: int) -> tuple[int, list[int]]:
+    """All the steps (``epochs`` passes, at most ``max_steps``) and each cycle's share."""
+    total = config.epochs * math.ceil(examples / config.batch_size)
+    total = total if config.max_steps is None else min(total, config.max_steps)
+    return total, [total // cycles + (c < total % cycles) for c in range(cycles)]
 
 
 def fit_band(
@@ -307,10 +263,7 @@ def fit_band(
     if max_seconds is not None and not max_seconds > 0:
         raise ValueError(f"max_seconds must be positive or None, got {max_seconds}")
     state = _initial_state(model, dict(params_a), dict(params_b), band.pivots)
-    per_epoch = math.ceil(len(data.x_train) / config.batch_size)
-    total = config.epochs * per_epoch
-    total = total if config.max_steps is None else min(total, config.max_steps)
-    per_cycle = [total // band.cycles + (c < total % band.cycles) for c in range(band.cycles)]
+    total, per_cycle = _cycle_steps(config, len(data.x_train), band.cycles)
     probe_x, probe_y = data.x_train[: band.probe_examples], data.y_train[: band.probe_examples]
 
     def probe() -> Batches:
@@ -334,7 +287,11 @@ def fit_band(
                 if out_of_time or cycle == band.cycles - 1:
                     break
                 if band.insert:
-                    inserted.append(_insert(model, state, probe, band, task))
+                    inserted.append(
+                        insert_pivots(
+                            model, state, probe, band.insert, band.probes, band.threshold, task
+                        )
+                    )
     finally:
         trainer.bar.close()
         model.train(was_training)
@@ -355,7 +312,7 @@ class _Trainer:
     bar: Any
     step: int = 0
 
-    def cycle(self, state: _State, steps: int) -> tuple[float, bool]:
+    def cycle(self, state: BandState, steps: int) -> tuple[float, bool]:
         """``steps`` optimiser steps (a fresh optimiser: the band may have grown); returns
         the mean interior loss and whether the time ran out."""
         opt = make_optimizer(self.config, [state.coords])
@@ -377,7 +334,7 @@ class _Trainer:
 
 def _descend(
     model: nn.Module,
-    state: _State,
+    state: BandState,
     opt: torch.optim.Optimizer,
     xb: Tensor,
     yb: Tensor,

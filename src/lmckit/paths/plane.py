@@ -260,6 +260,27 @@ class PlaneResult(JsonRecord):
         )
 
 
+def _model_entries(
+    frame: PlaneFrame,
+    labels: Sequence[str],
+    alone: Sequence[Sequence[float]],
+    on_plane: Sequence[Sequence[float]],
+) -> list[dict[str, Any]]:
+    """Each model's entry of a :class:`PlaneResult` from its ``[loss, metric]`` as itself
+    and at its coordinates."""
+    return [
+        {
+            "path": labels[k],
+            "xy": list(frame.models_xy[k]),
+            "loss": alone[k][0],
+            "acc": alone[k][1],
+            "plane_loss": on_plane[k][0],
+            "plane_acc": on_plane[k][1],
+        }
+        for k in range(3)
+    ]
+
+
 def evaluate_plane(
     model: nn.Module,
     models: Sequence[Mapping[str, Tensor]],
@@ -314,17 +335,7 @@ def evaluate_plane(
             at = f"plane point {where[i]}" if i < len(where) else labels[i - len(where)]
             raise FloatingPointError(f"loss is not finite at {at}")
     rows = [values[j * len(xs) : (j + 1) * len(xs)] for j in range(len(ys))]
-    entries = [
-        {
-            "path": labels[k],
-            "xy": list(frame.models_xy[k]),
-            "loss": values[len(where) + k][0],
-            "acc": values[len(where) + k][1],
-            "plane_loss": values[grid_points + k][0],
-            "plane_acc": values[grid_points + k][1],
-        }
-        for k in range(3)
-    ]
+    entries = _model_entries(frame, labels, values[len(where) :], values[grid_points:])
     projected = [list(frame.project(models, p)) for p in curve] if curve else None
     return PlaneResult(
         list(xs),
