@@ -192,7 +192,7 @@ def command(
         epochs=epochs or base.epochs,
         batch_size=batch_size,
         optimizer=optimizer or base.optimizer,
-        lr=lr or base.lr,
+        lr=base.lr if lr is None else lr,
     )
     band = BandConfig(pivots=pivots, cycles=cycles, insert=insert, spring=_spring(spring))
     settings = CurveSettings(kind, bends, train, band, seed, max_seconds)
