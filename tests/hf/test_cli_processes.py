@@ -164,7 +164,12 @@ def test_values_are_checked_by_the_process_that_reads_them(pair, ranks) -> None:
 @pytest.mark.parametrize(
     ("size", "command", "message"),
     [
-        ("2", "merge", "lmckit merge runs in one process; under torchrun only align and barrier"),
+        (
+            "2",
+            "merge",
+            "lmckit merge runs in one process; under torchrun only align, barrier, curve, "
+            "landscape and ensemble",
+        ),
         ("two", "align", "WORLD_SIZE must be a whole number of processes, got 'two'"),
     ],
 )
