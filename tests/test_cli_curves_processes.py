@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 from click.testing import CliRunner
-from tests.processes import free_port, set_rank_environment
+from tests.processes import rendezvous, set_rank_environment
 
 from lmckit.cli import main
 from lmckit.workflow import load_curve
@@ -64,8 +64,10 @@ def test_two_processes_fit_and_measure_what_one_does(models, tmp_path) -> None:
     two, one = tmp_path / "two", tmp_path / "one"
     two.mkdir()
     one.mkdir()
-    runs = [[str(free_port()), *args] for args in _commands(models, two)]
-    mp.spawn(_worker, args=(runs, str(two)), nprocs=PROCESSES, join=True)
+    commands = _commands(models, two)
+    with rendezvous(len(commands)) as ports:  # one process group per command line
+        runs = [[str(port), *args] for port, args in zip(ports, commands, strict=True)]
+        mp.spawn(_worker, args=(runs, str(two)), nprocs=PROCESSES, join=True)
     for i in range(len(runs)):
         assert (two / f"run{i}-rank0.err").read_text() == ""
         assert (two / f"run{i}-rank1.err").read_text() == ""
