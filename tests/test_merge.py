@@ -197,5 +197,5 @@ def test_merge_methods_say_what_they_need(mlp_pair) -> None:
         get_merge_method("repair")(a, b, 0.5)
     with pytest.raises(ValueError, match="^reset_bn needs training data: give inputs$"):
         get_merge_method("reset_bn")(a, b, 0.5, model=model)
-    with pytest.raises(ValueError, match="reset_bn needs a network with BatchNorm layers; .* has no BatchNorm"):
+    with pytest.raises(ValueError, match="reset_bn needs a network with BatchNorm layers; "):
         path_prepare("reset_bn", model, a, b, lambda: [])

@@ -26,12 +26,20 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners.result import AlignmentResult
+from lmckit.api_checks import (
+    align_arguments,
+    check_float_dtype,
+    check_module,
+    check_points,
+    probe_example_inputs,
+)
 from lmckit.checkpoint import held_checkpoint
 from lmckit.data import Dataset, load_data
 from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult, evaluate_path
 from lmckit.io import LoadedModel, check_same_architecture, held_model, load
 from lmckit.measure import EvalSettings, measure_path, resolve_fix
+from lmckit.merge_methods import check_t
 from lmckit.models import ZooModel
 from lmckit.params import IncompatibleModelsError, Params, stored_params
 from lmckit.plan import AlignedPair, AlignRequest, Written, plan_alignment
@@ -61,6 +69,7 @@ def _model(source: object, what: str) -> LoadedModel:
             raise FileNotFoundError(f"{what}: {os.fspath(source)} does not exist")
         return load(source)
     if isinstance(source, nn.Module):
+        check_module(source, what)
         return held_model(source)
     hint = ""
     for attr in ("module", "model"):
@@ -209,6 +218,7 @@ class Aligned:
         """
         from lmckit.plan.write import write_aligned
 
+        dtype = check_float_dtype(dtype)
         return write_aligned(self, path, overwrite=overwrite, dtype=dtype).model
 
     # ---------------------------------------------------------------------- measuring
@@ -250,6 +260,7 @@ class Aligned:
             ValueError: data that does not fit the model, or an option that does not
                 apply to the data given (named).
         """
+        check_points(points)
         meta = {"a": self.a.name, "b": "aligned", "form": self.form}
         if isinstance(data, (Dataset, str)):
             if task is not None:
@@ -304,6 +315,7 @@ class Aligned:
             writes (both ends, ``t``, the fix, the form; a Hugging Face card carries
             both models' licenses).
         """
+        t = check_t(t)
         dataset = _dataset(data) if data is not None else None
         merged = merge_pair(
             self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
@@ -380,7 +392,8 @@ def align(
             weight matching's ``start="best"``); checked to fit the model.
         example_inputs: inputs to trace the architecture with (a tensor, a tuple, a dict
             of keyword inputs); zoo and ``transformers`` models take theirs from config.
-        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``;
+        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``, or a
+            dict of its fields (``{"start": "best"}``, each checked against its type);
             ``None``: its defaults.
         circuits: ``None``: the form measured best for the method and symmetry
             (:func:`lmckit.forms.choose_form`, said in ``form``); ``True``: heads
@@ -401,8 +414,11 @@ def align(
         TypeError, FileNotFoundError, ValueError, CheckpointError: a user mistake, named
             in one line (a model or inputs of the wrong kind, a missing path, an unknown
             method, missing data, two architectures, a symmetry the architecture cannot
-            have, a module without example inputs, an unreadable file).
+            have, a module without example inputs, an unreadable file; a seed, device or
+            config of the wrong kind, modules on the meta device or with integer
+            parameters, example inputs the model cannot run on: :mod:`lmckit.api_checks`).
     """
+    seed, config, device = align_arguments(method, seed=seed, config=config, device=device)
     request = AlignRequest(method=method, symmetry=symmetry, circuits=circuits,
                            head_bases=head_bases, config=config, mask_unseen=mask_unseen,
                            seed=seed, has_data=data is not None,
@@ -410,6 +426,8 @@ def align(
     request.checked()  # everything cheap is checked before anything is loaded or traced
     start = time.perf_counter()
     ma = _model(a, "a")
+    if example_inputs is not None:
+        probe_example_inputs(ma.module, example_inputs)  # one line, before any tracing
     # a model held in memory is compared before any work; a saved one is read after A's
     # form is worked out (the check's float64 copy of A never sits beside both)
     held = not isinstance(b, (str, os.PathLike))

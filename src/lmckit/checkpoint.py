@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
 from lmckit.loaded import LoadedModel, check_output_dtype
@@ -271,8 +272,7 @@ def load(
     Raises:
         CheckpointError: naming the file and the first problem found.
     """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
+    check_float_dtype(dtype)
     weights_path, config_path = _locate(Path(path))
     config = _read_config(config_path)
     header, params = None, None

@@ -264,13 +264,14 @@ def choose_form(
     check_heads_request(circuits, head_bases)
     zoo = isinstance(module, ZooModel)
     if circuits and zoo and not _circuits_possible(module, convertible):
-        raise ParameterError(f"{{circuits}}: {type(module).__name__} has no attention heads",
-                             circuits=Param("circuits", True))  # fmt: skip
+        raise ValueError(
+            f"the circuit form rewrites attention heads as QK/OV circuits; "
+            f"{type(module).__name__} has no attention heads"
+        )
     if circuits and not _circuits_possible(module, convertible):
-        raise ParameterError(
-            "{circuits} rewrites lmckit's own transformers (and Hugging Face GPT-2 and ViT "
-            f"folders, converted first); {type(module).__name__} is not one",
-            circuits=Param("circuits", True),
+        raise ValueError(
+            f"the circuit form rewrites lmckit's own transformers (and Hugging Face GPT-2 and "
+            f"ViT folders, converted first); {type(module).__name__} is not one"
         )
     if circuits is None:
         name, chosen = possible_forms(module, method, symmetry, head_bases, convertible)[0], True

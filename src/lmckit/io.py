@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_path
 from lmckit.checkpoint import CONFIG_FILE, CheckpointError, CheckpointFormat, held_checkpoint
 from lmckit.checkpoint import load as read_checkpoint
@@ -189,7 +190,9 @@ def load(
             and the problem.
         IncompatibleModelsError: a model that is not ``like``'s architecture.
         ParameterError: a parameters file without ``like``.
+        TypeError, ValueError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
+    check_float_dtype(dtype)
     where = Path(path)
     if _parameters_file(where) and like is not None:
         return _load_parameters(where, like, dtype=dtype, check_values=check_values)
@@ -365,6 +368,7 @@ def save_model(
         CheckpointError / HFError: params that do not fit, or that cannot be written;
             nothing is written then.
     """
+    check_float_dtype(dtype)
     if not isinstance(like, LoadedModel):
         raise TypeError(
             f"like must be the LoadedModel the params belong to (lmckit.load(path)), "

@@ -17,6 +17,7 @@ itself is that hook applied to the interpolation (:func:`merge`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -150,14 +151,19 @@ def path_prepare(
     return info.prepare(model, params_a, params_b, inputs)  # type: ignore[arg-type]
 
 
-def check_t(t: float) -> None:
-    """Refuse a point ``t`` off the path from A (0) to B (1): the one check of ``t``.
+def check_t(t: object) -> float:
+    """``t`` as a float, the point ``(1 - t) A + t B`` of the path from A (0) to B (1):
+    the one check of ``t``.
 
     Raises:
-        ParameterError: ``t`` outside ``[0, 1]`` (or not a number).
+        TypeError: not a real number (a string, ``True``).
+        ParameterError: not finite, or outside ``[0, 1]``.
     """
-    if not 0.0 <= t <= 1.0:
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        raise TypeError(f"t must be a number in [0, 1], got {t!r}")
+    if not (math.isfinite(t) and 0.0 <= t <= 1.0):
         raise ParameterError(f"{{t}} must lie in [0, 1], got {t}", t="t")
+    return float(t)
 
 
 def merge(

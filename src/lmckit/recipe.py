@@ -35,7 +35,7 @@ from torch import Tensor, nn
 from lmckit.distributed import computed_once
 from lmckit.groups import CenteredOrthogonal, HeadPermutation, Orthogonal, Permutation
 from lmckit.models import ZooModel
-from lmckit.parameter_error import Param, ParameterError
+from lmckit.parameter_error import ParameterError
 from lmckit.params import Params, as_module, as_params
 from lmckit.spec import analyze_symmetries, infer_spec
 from lmckit.spec.fold import fold_norm_scales
@@ -271,7 +271,12 @@ def _rmsnorm(module: ZooModel, params: Mapping[str, Tensor]) -> _Formed:
     """lmckit's own transformer rewritten from LayerNorm to RMSNorm (a new architecture)."""
     from lmckit.rewrites import centred_streams, layernorm_to_rmsnorm
 
-    rms, ra = layernorm_to_rmsnorm(module, dict(params))
+    try:
+        rms, ra = layernorm_to_rmsnorm(module, dict(params))
+    except ValueError as err:
+        raise ValueError(
+            f"symmetry='orthogonal' needs the exact LayerNorm -> RMSNorm rewrite: {err}"
+        ) from None
     spec = rms.symmetry_spec()
     # the rewrite centres every writer of the streams its norms read: each stream stays
     # in the zero-mean subspace, whose rotations are the maps with Q 1 = 1 (the ones a
@@ -299,9 +304,9 @@ def _circuits(formed: _Formed) -> _Formed:
     """Attention heads rewritten as QK/OV circuits, keeping the groups chosen so far."""
     module = formed.module
     if not isinstance(module, ZooModel):
-        raise ParameterError(
-            f"{{circuits}} rewrites lmckit's own transformers; {type(module).__name__} is not one",
-            circuits=Param("circuits", True),
+        raise ValueError(
+            f"the circuit form rewrites lmckit's own transformers; {type(module).__name__} is "
+            "not one"
         )
     from lmckit.rewrites import heads_to_circuits
 
@@ -311,8 +316,10 @@ def _circuits(formed: _Formed) -> _Formed:
             # a zoo model's form is a plain state dict (only folding makes lazy ones)
             circuit, params = heads_to_circuits(module, dict(formed.params))
         except ValueError:
-            raise ParameterError(f"{{circuits}}: {module.config.name} has no attention heads",
-                                 circuits=Param("circuits", True)) from None  # fmt: skip
+            raise ValueError(
+                f"the circuit form rewrites attention heads as QK/OV circuits; "
+                f"{module.config.name} has no attention heads"
+            ) from None
         step = Rewrite("circuits", module, circuit,
                        lambda p: heads_to_circuits(module, dict(p))[1])  # fmt: skip
         steps = (*steps, step)

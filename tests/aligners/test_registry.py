@@ -141,9 +141,7 @@ def test_a_run_context_without_what_the_method_needs_is_refused_in_one_line() ->
     module, a = create_model("mlp", seed=0, in_features=64, hidden=[16], out_features=10)
     spec = module.symmetry_spec()
     info = aligner_info("learned_matching")
-    with pytest.raises(
-        ValueError, match="^learned_matching runs the network: give run.model$"
-    ):
+    with pytest.raises(ValueError, match="^learned_matching runs the network: give run.model$"):
         info.run(spec, a, a)
     with pytest.raises(ValueError, match="^learned_matching needs training data: give run.data$"):
         info.run(spec, a, a, None, AlignRun(model=module))

@@ -129,8 +129,9 @@ def test_a_planted_permutation_is_undone_in_the_class(
     b = tmp_path / "b"
     _planted(a, b, heads=2, seed=5)
     planted = _outputs(load_with_transformers, "gpt2", b)
-    torch.testing.assert_close(planted, _outputs(load_with_transformers, "gpt2", a),
-                               atol=ATOL, rtol=0)  # fmt: skip (the plant keeps the function)
+    torch.testing.assert_close(
+        planted, _outputs(load_with_transformers, "gpt2", a), atol=ATOL, rtol=0
+    )  # fmt: skip (the plant keeps the function)
     out = tmp_path / "out"
     extra = ["--symmetry", symmetry] if symmetry else []
     _invoke("align", a, b, "--out", out, *extra)

@@ -1,4 +1,4 @@
-"""load_hf / lmckit.load compute what transformers' own from_pretrained computes, for every family."""
+"""load_hf and lmckit.load compute what transformers' from_pretrained computes, for every family."""
 
 from __future__ import annotations
 

@@ -315,20 +315,11 @@ def set_threads(threads: int | None) -> None:
 
 def parse_device(name: str) -> torch.device:
     """A torch device from ``--device`` that can run a computation and hand its result
-    back (CUDA only where one is available; ``meta`` holds shapes, not numbers)."""
+    back (CUDA only where one is available; ``meta`` holds shapes, not numbers):
+    :func:`lmckit.api_checks.usable_device`, its messages naming ``--device``."""
+    from lmckit.api_checks import usable_device
+
     try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise fail(f"bad --device {name!r}: {err}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise fail("--device cuda: no CUDA device is available")
-    try:
-        # a tiny product and its copy back: what every command does on its device
-        probe = torch.ones(2, 2, device=device)
-        ok = bool(((probe @ probe).cpu() == 2).all())
-    except (RuntimeError, NotImplementedError, AssertionError) as err:
-        reason = (str(err).splitlines() or [type(err).__name__])[0].split(". ")[0]
-        raise fail(f"--device {name}: cannot compute there ({reason})") from None
-    if not ok:
-        raise fail(f"--device {name}: a test computation gave a wrong result")
-    return device
+        return usable_device(name, given=f"--device {name}")
+    except ValueError as err:
+        raise fail(str(err)) from None

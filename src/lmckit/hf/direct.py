@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_header
 from lmckit.hf.layout import StoredLayout, write_index, write_shards
-from lmckit.params import check_finite, layout
+from lmckit.params import layout, rounded_finite
 
 __all__ = ["direct_plan", "write_direct"]
 
@@ -107,12 +107,11 @@ def write_direct(
               for name in names}  # fmt: skip
 
     def read(name: str) -> Tensor:
-        value = params[name].detach().to(stored(name))
         try:
-            check_finite({name: value}, what=f"refusing to write {what}")
+            return rounded_finite(params[name].detach(), stored(name), name=name,
+                                  what=f"refusing to write {what}")  # fmt: skip
         except ValueError as err:
             raise HFError(str(err)) from None
-        return value
 
     weight_map, total = write_shards(folder, plan, shapes, read)
     if sharded:

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.hf.build import build_module, keep_dtypes, make_config, model_class
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_header, read_hf_weights
 from lmckit.hf.layout import stored_layout
@@ -184,8 +185,7 @@ def load_hf(
             too large for the memory, a weight that overflows ``dtype``, ...).
         ValueError: a ``dtype`` that is not floating point.
     """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
+    check_float_dtype(dtype)
     root = Path(path)
     raw = read_hf_config(root)
     where = root / CONFIG_FILE
@@ -256,17 +256,36 @@ def _pair(value: Any) -> tuple[int, int]:
     return int(value), int(value)
 
 
-def _with_decoder_inputs(module: nn.Module, ids: Tensor) -> tuple[Tensor | None, ...]:
-    """``(input_ids, None, ..., decoder_input_ids)`` positionally: an encoder-decoder
-    model (T5, BART) reads the same tokens, shifted right, on its decoder side."""
+def _with_decoder_inputs(
+    module: nn.Module, main: Tensor, ids: Tensor | None = None
+) -> tuple[Tensor | None, ...]:
+    """``(main, None, ..., decoder_input_ids)`` positionally: an encoder-decoder model
+    reads tokens on its decoder side, ``ids`` shifted right (T5, BART: the encoder's own
+    tokens; a speech model: tokens of their own)."""
     names = list(inspect.signature(module.forward).parameters)
     if "decoder_input_ids" not in names:
-        return (ids,)
+        return (main,)
+    tokens = main if ids is None else ids
     start = getattr(module.config, "decoder_start_token_id", None)
-    decoder = ids.roll(1, dims=1)
+    decoder = tokens.roll(1, dims=1)
     decoder[:, 0] = int(start) if isinstance(start, int) else 0
-    inputs: list[Tensor | None] = [ids] + [None] * (names.index("decoder_input_ids") - 1)
+    inputs: list[Tensor | None] = [main] + [None] * (names.index("decoder_input_ids") - 1)
     return (*inputs, decoder)
+
+
+def _token_ids(config: Any, batch: int, length: int, gen: torch.Generator) -> Tensor:
+    """Token ids ``(batch, length)`` of a text config, ``length`` capped by its positions."""
+    text = config.get_text_config()
+    limit = getattr(text, "max_position_embeddings", None)
+    limit = limit if isinstance(limit, int) and limit > 0 else None
+    if limit is None:  # a speech decoder's positions
+        limit = getattr(text, "max_target_positions", None)
+    t = min(length, int(limit)) if isinstance(limit, int) and limit > 0 else length
+    return torch.randint(0, int(text.vocab_size), (batch, t), generator=gen)
+
+
+def _float_dtype(module: nn.Module) -> torch.dtype:
+    return next((p.dtype for p in module.parameters() if p.is_floating_point()), torch.float32)
 
 
 def example_inputs(
@@ -277,30 +296,38 @@ def example_inputs(
     Text models (main input ``input_ids``): token ids, shape ``(batch, length)``, uniform
     in ``[0, vocab_size)``; ``length`` is capped by the model's maximum positions. Vision
     models (``pixel_values``): standard normal images ``(batch, num_channels, H, W)`` of
-    the configured ``image_size``, in the module's dtype. For
+    the configured ``image_size`` (a ``vision_config``'s when there is one), in the
+    module's dtype. Speech models (``input_features`` with ``num_mel_bins`` mel bins):
+    ``(batch, num_mel_bins, 2 * max_source_positions)``, and decoder tokens for an
+    encoder-decoder. For
     ``torch.export.export(module, example_inputs(model), strict=False)``.
 
     Raises:
-        HFError: a model whose main input is neither (audio, multimodal): pass your own.
+        HFError: a model whose main input is none of these: pass your own.
     """
     module = model.module if isinstance(model, LoadedModel) else model
     config: Any = module.config  # a transformers PretrainedConfig
     gen = torch.Generator().manual_seed(seed)
     kind = getattr(module, "main_input_name", None)
     if kind == "input_ids":
-        text = config.get_text_config()
-        limit = getattr(text, "max_position_embeddings", None)
-        t = min(length, int(limit)) if isinstance(limit, int) and limit > 0 else length
-        ids = torch.randint(0, int(text.vocab_size), (batch, t), generator=gen)
+        ids = _token_ids(config, batch, length, gen)
         if getattr(config, "is_encoder_decoder", False):
             return _with_decoder_inputs(module, ids)
         return (ids,)
     if kind == "pixel_values":
-        height, width = _pair(getattr(config, "image_size", 224))
-        channels = int(getattr(config, "num_channels", 3))
-        dtype = next((p.dtype for p in module.parameters() if p.is_floating_point()), None)
+        # a model of several towers (SigLIP, CLIP) keeps its image's sizes in vision_config
+        vision = getattr(config, "vision_config", None) or config
+        height, width = _pair(getattr(vision, "image_size", 224))
+        channels = int(getattr(vision, "num_channels", 3))
         image = torch.randn(batch, channels, height, width, generator=gen)
-        return (image.to(dtype or torch.float32),)
+        return (image.to(_float_dtype(module)),)
+    mels, frames = getattr(config, "num_mel_bins", None), getattr(config, "max_source_positions", 0)
+    if kind == "input_features" and isinstance(mels, int) and isinstance(frames, int):
+        # log-mel frames: the encoder's convolutions halve the time axis to its positions
+        features = torch.randn(batch, mels, 2 * frames, generator=gen).to(_float_dtype(module))
+        if getattr(config, "is_encoder_decoder", False):
+            return _with_decoder_inputs(module, features, _token_ids(config, batch, length, gen))
+        return (features,)
     raise HFError(
         f"no example inputs for {type(module).__name__} (main input {kind!r}): pass your own"
     )

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.hf.build import (
     build_module,
@@ -42,7 +43,7 @@ from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf.layout import reshard, stored_layout
 from lmckit.loaded import LoadedModel
 from lmckit.outputs import HF_MARKER, check_output_dir
-from lmckit.params import LazyParams, Params, check_finite
+from lmckit.params import LazyParams, Params, check_finite, rounded_finite
 
 __all__ = ["CARD_FILE", "WEIGHT_SUFFIXES", "save_hf"]
 
@@ -173,19 +174,21 @@ def _checked_params(
     (``dtypes``), else ``dtype`` (``None``: as given), rounded as it is read (a lazily
     computed float32 tensor never waits beside the others)."""
     state: Params = {}
+    what = f"refusing to write {target}"
     for key, value in params.items():
         _check_entry(key, value, target)
         value = value.detach()
         want = (dtypes or {}).get(key, dtype)
-        if want is not None and value.is_floating_point():
-            value = value.to(want)
+        try:
+            if want is not None and value.is_floating_point():
+                value = rounded_finite(value, want, name=key, what=what)
+            else:
+                check_finite({key: value}, what=what)
+        except ValueError as err:
+            raise HFError(str(err)) from None
         # contiguous: save_pretrained views every tensor flat (aligned weights may be
         # permuted views of another tensor)
         state[key] = value.contiguous()
-    try:
-        check_finite(state, what=f"refusing to write {target}")
-    except ValueError as err:
-        raise HFError(str(err)) from None
     return state
 
 
@@ -320,6 +323,7 @@ def save_hf(
         OutputError: ``path`` may not be written (it is, contains or lies inside the
             source folder, is a folder lmckit did not write, ...).
     """
+    check_float_dtype(dtype)
     source = like.format.source
     inputs = [source] if source is not None else []
     target = check_output_dir(path, kind="hf", inputs=inputs, force=overwrite)

@@ -10,9 +10,10 @@ computes anything:
   output folder, whatever ``force`` says;
 * an output folder that exists must be empty or an lmckit output of the same kind
   (a checkpoint written by lmckit holding only the files lmckit writes, a Hugging Face
-  folder whose ``lmckit.json`` lists every entry, or an experiment folder carrying
-  lmckit's run marker); a subfolder such an output may hold (``reference/``) must itself
-  be lmckit's, and every listed entry must be the regular file it claims to be;
+  folder whose ``lmckit.json`` lists every entry, an experiment folder carrying
+  lmckit's run marker, or a curve folder whose marker lists every entry); a subfolder
+  such an output may hold (``reference/``, a curve's points) must itself be lmckit's,
+  and every listed entry must be the regular file it claims to be;
   anything else is refused unless ``force`` is given (``--force`` on the command line,
   ``overwrite=True`` in Python); an experiment folder, which is filled in place, may
   not be or hold a symbolic link (lmckit never writes through one);
@@ -32,6 +33,7 @@ write is allowed at all.
 from lmckit.outputs.files import MODEL_WEIGHT_FILES, check_output_file
 from lmckit.outputs.folders import (
     CHECKPOINT_FILES,
+    CURVE_MARKER,
     HF_MARKER,
     REFERENCE_DIR,
     RUN_MARKER,
@@ -48,6 +50,7 @@ from lmckit.outputs.places import (
 
 __all__ = [
     "CHECKPOINT_FILES",
+    "CURVE_MARKER",
     "HF_MARKER",
     "MODEL_WEIGHT_FILES",
     "RUN_MARKER",

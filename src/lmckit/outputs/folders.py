@@ -18,6 +18,7 @@ from lmckit.outputs.places import (
 
 __all__ = [
     "CHECKPOINT_FILES",
+    "CURVE_MARKER",
     "HF_MARKER",
     "REFERENCE_DIR",
     "RUN_MARKER",
@@ -27,7 +28,7 @@ __all__ = [
     "is_lmckit_output",
 ]
 
-OutputKind = Literal["checkpoint", "experiment", "hf"]
+OutputKind = Literal["checkpoint", "experiment", "hf", "curve"]
 
 #: Files of a checkpoint folder lmckit writes.
 CHECKPOINT_FILES = frozenset({"config.json", "model.safetensors"})
@@ -38,6 +39,9 @@ REFERENCE_DIR = "reference"
 RUN_MARKER = "lmckit-run.json"
 #: File a Hugging Face folder written by lmckit carries; its ``files`` lists what lmckit wrote.
 HF_MARKER = "lmckit.json"
+#: File a curve folder (``lmckit curve``) carries; its ``folders`` lists the points it holds,
+#: each an lmckit checkpoint or Hugging Face folder.
+CURVE_MARKER = "lmckit-curve.json"
 # Marker and config files are tiny; a larger one is not ours (and is not read whole).
 _MAX_MARKER_BYTES = 1 << 20
 
@@ -96,6 +100,24 @@ def _own_reference(folder: Path) -> bool:
     return any(_foreign_entries(folder, kind, nested=False) == [] for kind in ("checkpoint", "hf"))
 
 
+def _own_curve(folder: Path) -> bool:
+    """Whether ``folder`` holds only its curve marker and the point folders it lists, each
+    an lmckit checkpoint or Hugging Face folder (with no subfolder)."""
+    marker = _read_small_json(folder / CURVE_MARKER)
+    listed = marker.get("folders") if isinstance(marker, dict) else None
+    if not isinstance(listed, list) or not all(isinstance(f, str) for f in listed):
+        return False
+    try:
+        entries = list(folder.iterdir())  # read whole: a half-read listing stays open
+        return all(
+            (entry.name == CURVE_MARKER and _regular(entry))
+            or (entry.name in listed and _own_reference(entry))
+            for entry in entries
+        )
+    except OSError:  # an unreadable folder is not known to be ours
+        return False
+
+
 def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
     """Whether ``path`` is a folder lmckit wrote as an output of ``kind``.
 
@@ -103,7 +125,9 @@ def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
     the regular files lmckit writes (so replacing it cannot delete a user's file). A
     Hugging Face folder (``"hf"``): the marker :data:`HF_MARKER`, whose ``files`` list
     names every entry of the folder, each a regular file. An experiment folder: the run
-    marker :data:`RUN_MARKER`. A checkpoint or Hugging Face folder may also hold
+    marker :data:`RUN_MARKER`. A curve folder (``"curve"``): the marker
+    :data:`CURVE_MARKER` and the point folders its ``folders`` lists, each an lmckit
+    checkpoint or Hugging Face folder. A checkpoint or Hugging Face folder may also hold
     :data:`REFERENCE_DIR`, which must itself be such an output (with no subfolder of
     its own): a user's folder of that name is not lmckit's.
     """
@@ -113,6 +137,8 @@ def is_lmckit_output(path: str | os.PathLike[str], kind: OutputKind) -> bool:
     if kind == "experiment":
         marker = _read_small_json(folder / RUN_MARKER)
         return isinstance(marker, dict) and "experiment" in marker
+    if kind == "curve":
+        return _own_curve(folder)
     try:
         return _foreign_entries(folder, kind, nested=True) == []
     except OSError:  # an unreadable folder is not known to be ours
@@ -191,6 +217,7 @@ def check_output_dir(
                 "checkpoint": "an lmckit checkpoint",
                 "experiment": "an lmckit experiment folder",
                 "hf": "a Hugging Face folder lmckit wrote",
+                "curve": "a curve folder lmckit wrote",
             }[kind]
             try:
                 foreign = _foreign_entries(target, kind, nested=True)

@@ -143,9 +143,13 @@ def _einsum(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
 
 
 def _broadcast_unify(an: Analysis, small: Value, big: Value, what: str) -> None:
+    """``small`` added to ``big`` (a mask or bias added to attention scores): the axes
+    they share are unified, and a parameter's axis among them writes them (a relative
+    position table's heads)."""
     for i in range(1, min(small.ndim, big.ndim) + 1):
         if axis_size(small, -i) > 1 and axis_size(big, -i) > 1:
             an.unify(small.axes[-i], big.axes[-i], what)
+            an.mark(small, small.ndim - i, "write")
 
 
 def _grouped(an: Analysis, kv: Value, heads_q: int) -> Value:

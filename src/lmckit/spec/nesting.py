@@ -48,7 +48,8 @@ def batched_by(an: Analysis) -> dict[int, set[int]]:
                 # a table of constants (positions, masks) constrains a variable's level,
                 # which the lattice records; a check decides what else it allows
                 continue
-            leaves = {id(v) for axis in value.axes for v in an.lattice.leaves(axis)}
+            # a glued axis (a concatenation) holds the units of each of its pieces
+            leaves = {id(v) for axis in value.axes for v in an.lattice.atoms(axis)}
             for leaf in leaves:
                 if leaf in together:
                     together[leaf] &= leaves
@@ -68,7 +69,7 @@ def head_kinds(an: Analysis) -> dict[int, str]:
         value = an.values.get(node_name)
         if not isinstance(value, Value) or not value.axes:
             return
-        for var in an.lattice.leaves(value.axes[-1]):
+        for var in an.lattice.atoms(value.axes[-1]):
             key = id(var)
             kinds[key] = "basis" if kinds.get(key, kind) != kind else kind
 

@@ -1,14 +1,27 @@
-"""Whole tasks, one call each: train, align a pair, merge, a simplex.
+"""Whole tasks, one call each: train, align a pair, merge, a simplex, curves and planes.
 
 Each function takes loaded models and data and returns results; none reads or writes
-files. The command line is a thin layer over them (parse, validate, call one of these,
-write), and the experiments and library users get the same behaviour. One module per
-task: :mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.pair` (a merged point, a
-pair's barrier, a simplex), :mod:`~lmckit.workflow.symmetries` (what a model would be
+files but the two that write and read a curve folder (:func:`save_curve`,
+:func:`load_curve`: its points are models in their own format). The command line is a
+thin layer over them (parse, validate, call one of these, write), and the experiments
+and library users get the same behaviour. One module per task:
+:mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.pair` (a merged point, a pair's
+barrier, a simplex), :mod:`~lmckit.workflow.curves` (fit, write and read a curve),
+:mod:`~lmckit.workflow.landscape` (a plane through three models, a curve ensemble),
+:mod:`~lmckit.workflow.soup`, :mod:`~lmckit.workflow.symmetries` (what a model would be
 aligned under). Aligning a pair is :mod:`lmckit.plan` (plan, describe, run on B, write).
 """
 
 from lmckit.measure import MERGE_FIXES
+from lmckit.workflow.curves import (
+    CurveSettings,
+    FittedCurve,
+    LoadedCurve,
+    fit_pair_curve,
+    load_curve,
+    save_curve,
+)
+from lmckit.workflow.landscape import curve_ensemble, pair_landscape, plane_inputs
 from lmckit.workflow.pair import (
     PathForm,
     check_simplex_request,
@@ -19,21 +32,33 @@ from lmckit.workflow.pair import (
     simplex_barrier,
     written_point,
 )
+from lmckit.workflow.soup import SoupResult, make_soup
 from lmckit.workflow.symmetries import SpaceSummary, SymmetryReport, describe_symmetries
 from lmckit.workflow.train import TrainedModel, train_model
 
 __all__ = [
     "MERGE_FIXES",
+    "CurveSettings",
+    "FittedCurve",
+    "LoadedCurve",
     "PathForm",
+    "SoupResult",
     "SpaceSummary",
     "SymmetryReport",
     "TrainedModel",
     "check_simplex_request",
+    "curve_ensemble",
     "describe_symmetries",
+    "fit_pair_curve",
+    "load_curve",
+    "make_soup",
     "merge_pair",
     "pair_barrier",
+    "pair_landscape",
     "path_form",
+    "plane_inputs",
     "recorded_form",
+    "save_curve",
     "simplex_barrier",
     "train_model",
     "written_point",

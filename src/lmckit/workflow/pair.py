@@ -3,10 +3,11 @@ multi-model barrier over a simplex."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -148,9 +149,12 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
     circuits when the form says so. ``circuits`` (``True`` / ``False``) overrides that.
     """
     records = recorded_metadata(a.path), recorded_metadata(b.path)
-    choice = FormChoice.from_dict(records[1].get("form_choice")) or FormChoice.from_dict(
-        records[0].get("form_choice")
-    )
+    recorded = [
+        (m.path, c)
+        for m, r in ((b, records[1]), (a, records[0]))
+        if (c := FormChoice.from_dict(r.get("form_choice"))) is not None
+    ]
+    recorded_in, choice = recorded[0] if recorded else (None, None)
     try:
         # a recorded form changes the shapes, never the config or the storage (a folded
         # LM head is untied); and a fold no record names shows in the weights
@@ -160,42 +164,14 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
         raise IncompatibleModelsError(
             f"{a.path} and {b.path} are different architectures: {err}"
         ) from None
-    module, pa, pb = a.module, a.params, b.params
-    steps: AlignForm | None = None
-    notes = [evidence] if evidence else []
-    if choice is not None:
-        formed: list[tuple[nn.Module, Params, AlignForm | None]] = []
-        for model, record in zip((a, b), records, strict=True):
-            changes = (
-                choice.to_zoo
-                or choice.circuits
-                or choice.symmetry == "orthogonal"
-                or FORMS[choice.name].rms
-            )
-            # a model lmckit wrote in its own class ("stored_form": "class") is put in
-            # the form like one with no record
-            in_form = FormChoice.from_dict(record.get("form_choice")) is not None
-            if changes and not (in_form and record.get("stored_form") != "class"):
-                form = model_form(_float32(model), choice)
-                formed.append((form.module, dict(form.a), form))
-                if form.form:
-                    name = model.path.name if model.path is not None else "the model"
-                    notes.append(f"{name} put in {form.form}")
-            else:
-                formed.append((model.module, model.params, None))
-        (module, pa, steps), (module_b, pb, _) = formed
-        try:
-            if module is not module_b and _config(module) != _config(module_b):
-                raise IncompatibleModelsError(f"{_config(module)} vs {_config(module_b)}")
-            check_compatible(pa, pb)
-        except IncompatibleModelsError as err:
-            raise IncompatibleModelsError(
-                f"{a.path} and {b.path} are different architectures even in the form "
-                f"`lmckit align` recorded ({choice.name}): {err}"
-            ) from None
+    with _as_recorded(recorded_in, choice, asked=False):
+        module, pa, pb, notes, steps = _in_recorded_form(a, b, choice, records)
+    if evidence:
+        notes.insert(0, evidence)
     use_circuits = circuits if circuits is not None else bool(choice and choice.path_circuits)
     if use_circuits:
-        form = aligned_form(module, pa, pb, circuits=True)
+        with _as_recorded(recorded_in, choice, asked=circuits is not None):
+            form = aligned_form(module, pa, pb, circuits=True)
         if form.module is not module:
             notes.append("heads interpolated as circuits")
         module, pa, pb = form.module, dict(form.a), dict(form.b)
@@ -234,6 +210,68 @@ def written_point(
         "checkpoint instead"
     )  # fmt: skip
     return held_checkpoint(module), point, note
+
+
+@contextlib.contextmanager
+def _as_recorded(path: Path | None, choice: FormChoice | None, *, asked: bool) -> Iterator[None]:
+    """A form the user did not ask for, but a model's record names, that the pair cannot
+    take: said as the record's, not as an option the user never gave."""
+    try:
+        yield
+    except IncompatibleModelsError:
+        raise
+    except ValueError as err:
+        if choice is None or asked:
+            raise
+        raise ValueError(
+            f"{path} records that `lmckit align` wrote it in the form {choice.name!r}, which "
+            f"this pair cannot take ({err}); the record does not fit these models"
+        ) from None
+
+
+def _in_recorded_form(
+    a: LoadedModel,
+    b: LoadedModel,
+    choice: FormChoice | None,
+    records: tuple[dict[str, Any], dict[str, Any]],
+) -> tuple[nn.Module, Params, Params, list[str], AlignForm | None]:
+    """Both models in the form ``choice`` (a model whose record names no form, or says
+    it is stored in its own class, is put in it), after checking the pair is one
+    architecture there; and model A's steps into the form (``None``: A was in it)."""
+    module, pa, pb = a.module, a.params, b.params
+    notes: list[str] = []
+    if choice is None:
+        return module, pa, pb, notes, None
+    formed: list[tuple[nn.Module, Params, AlignForm | None]] = []
+    changes = (
+        choice.to_zoo
+        or choice.circuits
+        or choice.symmetry == "orthogonal"
+        or FORMS[choice.name].rms
+    )
+    for model, record in zip((a, b), records, strict=True):
+        in_form = FormChoice.from_dict(record.get("form_choice")) is not None
+        # a model lmckit wrote in its own class ("stored_form": "class") is put in the
+        # form like one with no record
+        if changes and not (in_form and record.get("stored_form") != "class"):
+            form = model_form(_float32(model), choice)
+            formed.append((form.module, dict(form.a), form))
+            if form.form:
+                name = model.path.name if model.path is not None else "the model"
+                notes.append(f"{name} put in {form.form}")
+        else:
+            formed.append((model.module, model.params, None))
+    (module, pa, steps), (module_b, pb, _) = formed
+    try:
+        if module is not module_b and _config(module) != _config(module_b):
+            raise IncompatibleModelsError(f"{_config(module)} vs {_config(module_b)}")
+        check_compatible(pa, pb)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(
+            f"{a.path} and {b.path} are different architectures even in the form "
+            f"`lmckit align` recorded ({choice.name}): {err}"
+        ) from None
+    return module, pa, pb, notes, steps
 
 
 def _float32(model: LoadedModel) -> LoadedModel:
