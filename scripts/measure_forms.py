@@ -28,8 +28,8 @@ from lmckit.io import LoadedModel, load_model, save_model
 from lmckit.measure import EvalSettings, measure_path
 from lmckit.models import ZooModel
 from lmckit.params import Params
-from lmckit.recipe import aligned_form
 from lmckit.plan import AlignRequest, plan_alignment
+from lmckit.recipe import aligned_form
 
 SYMMETRIES = ("permutation", "orthogonal", None)
 STARTS = ("anchored", "identity", "best")
