@@ -424,19 +424,33 @@ def align(
                            seed=seed, has_data=data is not None,
                            example_inputs=example_inputs)  # fmt: skip
     request.checked()  # everything cheap is checked before anything is loaded or traced
+    return _steps(request, a, b, data, device=device, progress=progress)
+
+
+def _steps(
+    request: AlignRequest,
+    a: ModelSource,
+    b: ModelSource,
+    data: Dataset | str | None,
+    *,
+    device: torch.device | None,
+    progress: bool,
+) -> Aligned:
+    """The steps of ``align`` after the request's checks: model A, the plan, model B,
+    the run; timed."""
     start = time.perf_counter()
     ma = _model(a, "a")
-    if example_inputs is not None:
-        probe_example_inputs(ma.module, example_inputs)  # one line, before any tracing
+    if request.example_inputs is not None:
+        probe_example_inputs(ma.module, request.example_inputs)  # one line, before tracing
     # a model held in memory is compared before any work; a saved one is read after A's
     # form is worked out (the check's float64 copy of A never sits beside both)
     held = not isinstance(b, (str, os.PathLike))
-    mb = _other(ma, b, example_inputs) if held else None
+    mb = _other(ma, b, request.example_inputs) if held else None
     dataset = _dataset(data) if data is not None else None
     loaded_a = time.perf_counter()
     plan = plan_alignment(ma, request)  # A's graph traced, its form worked out
     planned = time.perf_counter()
-    mb = mb if mb is not None else _other(ma, b, example_inputs)
+    mb = mb if mb is not None else _other(ma, b, request.example_inputs)
     loaded = time.perf_counter()
     pair = plan.run(mb, dataset, device=device, progress=progress)
     timings = {"load": loaded_a - start + loaded - planned,

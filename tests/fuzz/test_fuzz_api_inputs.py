@@ -198,7 +198,7 @@ INPUT_CASES: list[tuple[str, Callable[[], object], type[Exception], str]] = [
      "config: WeightMatchingConfig.max_iter must be an integer, got '5'"),
     ("config-dict-start-best-without-data",
      lambda: lmckit.align(A, B, example_inputs=X, config={"start": "best"}), ValueError,
-     "give model= and data="),
+     "start='best' compares the starts on training data: give data"),
     ("config-of-another-kind", lambda: lmckit.align(A, B, example_inputs=X, config="best"),
      TypeError, "config must be a WeightMatchingConfig (or a dict of its fields)"),
     ("seed-string", lambda: lmckit.align(A, B, example_inputs=X, seed="1"), TypeError,
