@@ -31,7 +31,7 @@ from lmckit.cli.common import (
 )
 from lmckit.cli.flags import flag_spelling
 from lmckit.distributed import is_distributed
-from lmckit.forms import FormChoice
+from lmckit.forms import FORMS, FormChoice
 from lmckit.io import load, output_kind_of
 from lmckit.plan import (
     ALIGN_METHODS,
@@ -185,7 +185,8 @@ def _report(aligned: Aligned, plan: AlignPlan, files: WrittenFiles) -> None:
     choice = FormChoice.from_dict(meta["form_choice"])
     assert choice is not None  # the plan always says which form it took
     if "form_midpoint_losses" in meta:  # the form was chosen on --data
-        losses = ", ".join(f"{k} {v:.4g}" for k, v in meta["form_midpoint_losses"].items())
+        midpoints = meta["form_midpoint_losses"].items()
+        losses = ", ".join(f"{FORMS[k].label} {v:.4g}" for k, v in midpoints)
         click.echo(f"form: {choice.form.label} (lower midpoint training loss: {losses})")
     elif plan.chosen_on_data:
         spelling = flag_spelling(click.get_current_context().command)
