@@ -30,7 +30,9 @@ def test_a_parameters_file_is_read_with_the_module_it_belongs_to(tmp_path: Path)
     x = torch.randn(5, 4)
     with torch.no_grad():
         torch.testing.assert_close(loaded.module(x), b(x), rtol=0, atol=0)
-    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), _module(0).parameters()))
+    assert all(
+        torch.equal(p, q) for p, q in zip(a.parameters(), _module(0).parameters(), strict=True)
+    )
     with pytest.raises(ParameterError, match="give the module these parameters belong to, like"):
         lmckit.load(file)
     other = nn.Sequential(nn.Linear(4, 7), nn.ReLU(), nn.Linear(7, 3))
