@@ -50,7 +50,7 @@ def test_the_plan_is_immutable_and_says_what_it_will_write(gpt2) -> None:
         plan.choice = plan.choice  # type: ignore[misc]
     lines = [str(line) for line in plan.describe()]
     assert lines[0].startswith("form: circuits (") and "circuits=False" in lines[0]
-    assert lines[1] == "writes: B aligned as an lmckit checkpoint of GPT2"
+    assert lines[1] == "writes: B aligned as an lmckit checkpoint of GPT2, A as written beside it"
     # chosen on data: the form is said after aligning, the output line stays
     learned = plan_alignment(gpt2, has_data=True)
     assert learned.chosen_on_data and [str(x) for x in learned.describe()] == [lines[1]]

@@ -21,6 +21,7 @@ from lmckit.aligners.result import AlignmentResult
 from lmckit.data import Dataset
 from lmckit.datafit import check_data_fits
 from lmckit.forms import FORMS, FormChoice, possible_forms
+from lmckit.groups import Orthogonal
 from lmckit.loaded import LoadedModel, check_output_dtype
 from lmckit.outputs import OutputKind
 from lmckit.parameter_error import Param, ParameterError, Worded, literal, worded
@@ -31,7 +32,7 @@ from lmckit.recipe import AlignForm, written_alike
 if TYPE_CHECKING:
     from lmckit.plan.run import AlignedPair
 
-__all__ = ["AlignPlan", "OutputPlan", "plan_alignment"]
+__all__ = ["AlignPlan", "OutputPlan", "plan_alignment", "writes_reference"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class OutputPlan:
         dtype: the floating dtype a Hugging Face output is stored in (``None``: B's).
         lift: B is aligned in lmckit's form and written back in its own class.
         class_name: the class B is written as.
+        reference: A is written beside B (``reference``), in the form B is written in,
+            because that differs from A as given (:func:`writes_reference`).
     """
 
     kind: OutputKind
@@ -51,13 +54,15 @@ class OutputPlan:
     dtype: torch.dtype | None
     lift: bool
     class_name: str
+    reference: bool = False
 
     def describe(self) -> str:
         """One line: what will be written."""
         what = {"hf": "a Hugging Face folder", "lmckit": "an lmckit checkpoint",
                 "module": "a safetensors file"}[self.format]  # fmt: skip
+        beside = ", A as written beside it" if self.reference else ""
         how = "; aligned in lmckit's form, the form recorded" if self.lift else ""
-        return f"writes: B aligned as {what} of {self.class_name}{how}"
+        return f"writes: B aligned as {what} of {self.class_name}{beside}{how}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -172,6 +177,18 @@ def _other_forms(
     )
 
 
+def writes_reference(form: AlignForm, a: LoadedModel, *, lift: bool) -> bool:
+    """Whether A as written beside B differs from A as given, so that it is written: the
+    one decision of it. A form of the models' own class with norm scales folded, or
+    lmckit's rewrite of them, does; B lifted back into its class does when the
+    transform is applied in the RMSNorm form (a dense map of its stream: its norm
+    scales are folded there, :mod:`lmckit.plan.lift`)."""
+    if lift:
+        dense = any(isinstance(space.group, Orthogonal) for space in form.spec)
+        return "rmsnorm" in form.names and dense
+    return form.rewritten or bool(form.folded) or not written_alike(form.module, a.module)
+
+
 def _output(a: LoadedModel, form: AlignForm, request: AlignRequest) -> OutputPlan:
     """What is written: B's format and class when the form keeps it or B is lifted back
     into it; lmckit's model of the form (a checkpoint) otherwise."""
@@ -181,7 +198,8 @@ def _output(a: LoadedModel, form: AlignForm, request: AlignRequest) -> OutputPla
     kind: OutputKind = a.output_kind if own else "checkpoint"
     name = a.format.name if own else "lmckit"
     check_output_dtype(request.dtype, kind)
-    return OutputPlan(kind, name, request.dtype, lift, type(module).__name__)
+    reference = writes_reference(form, a, lift=lift)
+    return OutputPlan(kind, name, request.dtype, lift, type(module).__name__, reference)
 
 
 def plan_alignment(a: LoadedModel, request: AlignRequest | None = None, **asked: Any) -> AlignPlan:

@@ -31,7 +31,7 @@ from lmckit.loaded import LoadedModel
 from lmckit.models import ZooModel
 from lmckit.plan.form import model_form
 from lmckit.plan.lift import lift_to_class
-from lmckit.plan.plan import AlignPlan
+from lmckit.plan.plan import AlignPlan, writes_reference
 from lmckit.recipe import AlignForm, aligned_form, written_alike
 from lmckit.symmetry import MovedParams, apply
 from lmckit.workflow.b_function import B_RTOL, BFunctionError, check_b_function, outputs_changed
@@ -191,7 +191,8 @@ def _written(plan: AlignPlan, b: LoadedModel, form: AlignForm, result: Alignment
     lifted = lift_to_class(form, result.transform, plan.a, b) if plan.output.lift else None
     if lifted is not None and not isinstance(lifted, str):
         record = {"stored_form": "class", "lifted_after": list(lifted.steps)}
-        return Written(b, lifted.b, lifted.a, record, reference_like=plan.a)
+        beside = lifted.a if writes_reference(form, plan.a, lift=True) else None
+        return Written(b, lifted.b, beside, record, reference_like=plan.a)
     assert isinstance(form.module, ZooModel)  # a rewrite's new form is a zoo configuration
     note = ""
     if b.format.name != "lmckit":
@@ -236,8 +237,8 @@ def run_plan(
         metadata["masked_rows"] = {k: int((~m).sum()) for k, m in masks.items()}
     if losses:
         metadata["form_midpoint_losses"] = losses
-    differs = form.rewritten or form.folded or not written_alike(form.module, plan.a.module)
-    reference = form.a if differs else None
+    # A in the form, the other end of the path in it (what Aligned.barrier measures from)
+    reference = form.a if writes_reference(form, plan.a, lift=False) else None
     written = _written(plan, b, form, result, aligned, reference)
     return AlignedPair(form.module, aligned, reference, result, form, choice, metadata,
                        checked.left_out, written)  # fmt: skip
