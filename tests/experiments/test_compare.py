@@ -62,7 +62,7 @@ def test_errors(mlp_pair) -> None:
         EvalSettings(fix="magic")
     with pytest.raises(ValueError, match="unknown aligner 'magic'"):
         align_pair("magic", pair.model, spec, pair.a, pair.b, pair.data)
-    with pytest.raises(ValueError, match="needs data"):
+    with pytest.raises(ValueError, match="activation_matching needs training data"):
         align_pair("activation_matching", pair.model, spec, pair.a, pair.b, None)
     assert align_pair("naive", pair.model, spec, pair.a, pair.b, None) is None
     with pytest.raises(ValueError, match="BatchNorm"):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -115,20 +115,31 @@ def _path_midpoint_loss(
     return midpoint_loss(module, pa, pb, data)
 
 
+class _Run(NamedTuple):
+    """One candidate form, run: the form (with B), the row masks and method options
+    given, the method's result."""
+
+    choice: FormChoice
+    form: AlignForm
+    masks: dict[str, Tensor]
+    options: dict[str, Any]
+    result: AlignmentResult
+
+
 def _aligned_in(plan: AlignPlan, choice: FormChoice, form: AlignForm, b: LoadedModel,
-                data: Dataset | None, device: Any, progress: bool) -> tuple[Any, ...]:  # fmt: skip
-    """One candidate form run: ``(choice, form with B, masks, options, result)``."""
+                data: Dataset | None, device: Any, progress: bool) -> _Run:  # fmt: skip
+    """One candidate form run."""
     form = form.with_b(b.params)
     masks = _row_masks(form, data) if plan.request.mask_unseen else {}
     options: dict[str, Any] = {"row_masks": masks} if masks and plan.info.takes("row_masks") else {}
     run = AlignRun(model=form.module, data=data, seed=plan.request.seed, progress=progress,
                    device=device)  # fmt: skip
     result = plan.info.run(form.spec, form.a, form.b, plan.config, run, **options)
-    return choice, form, masks, options, result
+    return _Run(choice, form, masks, options, result)
 
 
 def _best_run(plan: AlignPlan, b: LoadedModel, data: Dataset | None, device: Any,
-              progress: bool) -> tuple[tuple[Any, ...], dict[str, float]]:  # fmt: skip
+              progress: bool) -> tuple[_Run, dict[str, float]]:  # fmt: skip
     """The chosen form's run, or with several candidates the one whose midpoint has the
     lower training loss, and the losses."""
     runs = [_aligned_in(plan, plan.choice, plan.form, b, data, device, progress)]
@@ -138,8 +149,8 @@ def _best_run(plan: AlignPlan, b: LoadedModel, data: Dataset | None, device: Any
     if len(runs) == 1:
         return runs[0], {}
     assert data is not None
-    losses = {run[0].name: _path_midpoint_loss(run[1], run[0], run[4], data) for run in runs}
-    return min(runs, key=lambda run: losses[run[0].name]), losses
+    losses = {r.choice.name: _path_midpoint_loss(r.form, r.choice, r.result, data) for r in runs}
+    return min(runs, key=lambda r: losses[r.choice.name]), losses
 
 
 def _b_as_aligned(a: LoadedModel, b: LoadedModel, form: AlignForm) -> tuple[nn.Module, Any]:
@@ -224,7 +235,8 @@ def run_plan(
         BFunctionError: the transform changes B's outputs (nothing is returned).
     """
     plan.check_data(data)
-    (choice, form, masks, options, result), losses = _best_run(plan, b, data, device, progress)
+    best, losses = _best_run(plan, b, data, device, progress)
+    choice, form, masks, options, result = best
     result, checked = _checked(plan.a, b, form, result)
     aligned: Mapping[str, Tensor]
     if plan.request.head_bases:
