@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from lmckit.data import batches
 from lmckit.distributed import any_rank
 from lmckit.evaluate import PathResult, evaluate_along
+from lmckit.merge_methods import check_t
 from lmckit.params import Params, check_compatible, check_finite
 from lmckit.task import CLASSIFICATION, Task
 from lmckit.train import TrainConfig, TrainData, lr_factor, make_optimizer
@@ -93,8 +94,7 @@ def curve_point(
     Differentiable in the control points; integer tensors come from ``start``.
     """
     _check_kind(kind)
-    if not 0.0 <= t <= 1.0:
-        raise ValueError(f"t must lie in [0, 1], got {t}")
+    check_t(t)
     nodes = [start, *controls, end]
     return _combine(nodes, _node_weights(kind, len(nodes) - 1, t))
 

@@ -51,6 +51,7 @@ from tqdm.auto import tqdm
 
 from lmckit.data import batches
 from lmckit.distributed import any_rank, sum_over_ranks, world
+from lmckit.merge_methods import check_t
 from lmckit.params import Params, check_compatible, check_finite, interpolate
 from lmckit.paths.band_forces import nudged_force, redistribute_evenly
 from lmckit.paths.band_growth import BandState, insert_pivots
@@ -115,8 +116,7 @@ def _arc_positions(nodes: Sequence[Mapping[str, Tensor]], names: Sequence[str]) 
 
 def band_point(nodes: Sequence[Mapping[str, Tensor]], ts: Sequence[float], t: float) -> Params:
     """``theta(t)`` on the chain through ``nodes`` placed at ``ts`` (increasing, 0 to 1)."""
-    if not 0.0 <= t <= 1.0:
-        raise ValueError(f"t must lie in [0, 1], got {t}")
+    check_t(t)
     i = max(j for j in range(len(ts) - 1) if ts[j] <= t)
     u = (t - ts[i]) / (ts[i + 1] - ts[i])
     return interpolate(nodes[i], nodes[i + 1], u)
