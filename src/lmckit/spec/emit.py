@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lmckit.spec.analysis import Analysis
 from lmckit.spec.drafts import Inner, SpaceDraft, read_drafts, settle
@@ -83,12 +83,13 @@ def _group(unit: Var, uses: list[Use]) -> tuple[Group, int, list[Use]]:
     return Permutation(blocks=unit.blocks), unit.size, uses
 
 
-def _nested_uses(var: Var, places: list[Inner], units: int, unit: int) -> list[Use]:
-    """The uses of nested variable ``var`` inside unit ``unit`` of ``units``: per outer
-    block of each axis, the slice that unit holds, laid out ``(middle, var, after)``."""
+def _nested_uses(size: int, places: list[Inner], units: int, unit: int) -> list[Use]:
+    """The uses of a nested variable of ``size`` units inside unit ``unit`` of ``units``:
+    per outer block of each axis, the slice that unit holds, laid out
+    ``(middle, var, after)``."""
     uses = []
     for p in places:
-        span = p.unit_span or p.middle * var.size * p.after
+        span = p.unit_span or p.middle * size * p.after
         piece = () if p.piece is None else (Part(p.axis, p.piece.start, p.piece.length),)
         for block in range(p.outer):
             parts = (*p.pre, Part(p.axis, (block * units + unit) * span, span), *piece)
@@ -146,7 +147,7 @@ def _nested_spaces(
             kind, k = f"{base}{k}", k + 1
         taken.add(kind)
         for unit in range(units):
-            group, n, uses = _group(var, _nested_uses(var, places, units, unit))
+            group, n, uses = _group(var, _nested_uses(var.size, places, units, unit))
             out.append(
                 Space(
                     f"{parent.name}.{kind}.{unit}",
@@ -163,11 +164,50 @@ def _nested_spaces(
 def _candidates(an: Analysis, parent: Space, draft: SpaceDraft) -> list[Candidate]:
     units = draft.var.size
     out = []
-    for var, places in draft.pending.values():
-        cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) is var})
-        per_unit = tuple(tuple(_nested_uses(var, places, units, u)) for u in range(units))
-        out.append(Candidate(parent.name, "qk", per_unit, var.size, tuple(cuts)))
+    for k, (size, places, factors) in enumerate(_whole_bases(list(draft.pending.values()))):
+        cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) in factors})
+        per_unit = tuple(tuple(_nested_uses(size, places, units, u)) for u in range(units))
+        kind = "qk" if k == 0 else f"qk{k}"  # two bases in one head: each its own name
+        out.append(Candidate(parent.name, kind, per_unit, size, tuple(cuts)))
     return out
+
+
+def _whole_bases(
+    pending: list[tuple[Var, list[Inner]]],
+) -> list[tuple[int, list[Inner], list[Var]]]:
+    """The query/key bases to propose: ``(size, places, factors)``. Consecutive factors of
+    one head dimension (interleaved rotary embeddings view it as ``(planes, 2)``, which
+    splits its variable in two) are one basis: their product, laid out where they are."""
+    bases = [(var.size, list(places), [var]) for var, places in pending]
+    merged = True
+    while merged:
+        merged = False
+        for i, j in ((i, j) for i in range(len(bases)) for j in range(len(bases)) if i != j):
+            joined = _adjacent(bases[i], bases[j])
+            if joined is not None:
+                first, second = bases[i], bases[j]
+                bases = [b for b in bases if b is not first and b is not second] + [joined]
+                merged = True
+                break
+    return bases
+
+
+def _adjacent(
+    a: tuple[int, list[Inner], list[Var]], b: tuple[int, list[Inner], list[Var]]
+) -> tuple[int, list[Inner], list[Var]] | None:
+    """``a`` and ``b`` as one basis when ``b`` comes right after ``a`` on every axis they
+    live on (``a``'s ``after`` is ``b``'s extent), else None."""
+    size_a, places_a, vars_a = a
+    size_b, places_b, vars_b = b
+    if len(places_a) != len(places_b):
+        return None
+    joined = []
+    for pa, pb in zip(places_a, places_b, strict=True):
+        same = replace(pb, middle=pa.middle, after=pa.after)
+        if same != pa or pa.after != size_b * pb.after or pb.middle != pa.middle * size_a:
+            return None
+        joined.append(replace(pa, after=pb.after))
+    return size_a * size_b, joined, vars_a + vars_b
 
 
 def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted:
@@ -223,5 +263,7 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
         if parent is not None:
             cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) is lo.var})
             units = (tuple(lo.uses),)
-            candidates.append(Candidate(parent, "qk", units, lo.var.size, tuple(cuts), True))
+            k = sum(c.parent == parent and c.shared for c in candidates)
+            kind = "qk" if k == 0 else f"qk{k}"
+            candidates.append(Candidate(parent, kind, units, lo.var.size, tuple(cuts), True))
     return Emitted(spaces, candidates)

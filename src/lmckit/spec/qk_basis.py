@@ -15,12 +15,15 @@ per-dimension weights, an unknown positional scheme) is left out, and said so.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+
+from torch import Tensor
 
 from lmckit.groups import Group, RotaryPlanes
 from lmckit.spec.check import FunctionCheck
+from lmckit.spec.conflicts import admissible, first_problem
 from lmckit.spec.emit import Candidate
-from lmckit.symmetry import Nest, Space, SymmetrySpec
+from lmckit.symmetry import Nest, Space
 
 __all__ = ["candidate_groups", "decide_candidates", "first_choices"]
 
@@ -30,11 +33,22 @@ RTOL = 1e-5
 
 
 def candidate_groups(size: int, cuts: Iterable[int]) -> list[Group]:
-    """The groups to try for a query/key basis of ``size`` dims, most general first."""
+    """The groups to try for a query/key basis of ``size`` dims: the rotate-half and the
+    interleaved layout over the whole head, then over each prefix a slice cut off (the
+    likeliest first; :func:`_widest` then looks for a larger group that also passes)."""
     rotary = [size, *sorted({c for c in cuts if 0 < c < size and c % 2 == 0}, reverse=True)]
     if size % 2:
         rotary = rotary[1:]
     return [RotaryPlanes(r, interleaved) for r in rotary for interleaved in (False, True)]
+
+
+def _contains(big: Group, small: Group) -> bool:
+    """Whether every element of ``small`` is one of ``big`` (on the same dims): with
+    neighbouring dims paired, rotating the planes of fewer leading dims and any
+    orthogonal map of the rest includes rotating the planes of more of them."""
+    if not (isinstance(big, RotaryPlanes) and isinstance(small, RotaryPlanes)):
+        return False
+    return big.interleaved and small.interleaved and big.rotary < small.rotary
 
 
 def _spaces(candidate: Candidate, group: Group) -> list[Space]:
@@ -50,7 +64,7 @@ def _spaces(candidate: Candidate, group: Group) -> list[Space]:
     return out
 
 
-def _with(spaces: Sequence[Space], added: Sequence[Space]) -> SymmetrySpec:
+def _with(spaces: Sequence[Space], added: Sequence[Space]) -> list[Space]:
     """``spaces`` with ``added`` placed after their parents' other nested spaces."""
     order = list(spaces)
     for space in added:
@@ -58,24 +72,40 @@ def _with(spaces: Sequence[Space], added: Sequence[Space]) -> SymmetrySpec:
         family = [i for i, s in enumerate(order) if s.name == parent or (
             s.nest is not None and s.nest.parent == parent)]  # fmt: skip
         order.insert(family[-1] + 1, space)
-    return SymmetrySpec(tuple(order))
+    return order
 
 
-def first_choices(spaces: list[Space], candidates: Sequence[Candidate]) -> list[Space]:
-    """``spaces`` with every candidate in its first (most general) group, unchecked: what
-    :func:`decide_candidates` keeps when everything passes."""
-    added = []
+def first_choices(
+    spaces: list[Space], candidates: Sequence[Candidate], layout: Mapping[str, Tensor]
+) -> tuple[list[Space], list[str]]:
+    """``spaces`` with every candidate in its first group that can be added to them
+    (one that acts on every use, clashing with no space), unchecked: what
+    :func:`decide_candidates` keeps when everything passes; and a note per candidate
+    that no group can be added for."""
+    notes = []
     for candidate in candidates:
-        groups = candidate_groups(candidate.size, candidate.cuts)
-        if groups:
-            added += _spaces(candidate, groups[0])
-    return list(_with(spaces, added)) if added else spaces
+        problem = None
+        for group in candidate_groups(candidate.size, candidate.cuts):
+            trial = _with(spaces, _spaces(candidate, group))
+            found = first_problem(trial, layout)
+            if found is None:
+                spaces = trial
+                break
+            problem = problem or found
+        else:
+            notes.append(_cannot_add(candidate, problem))
+    return spaces, notes
+
+
+def _cannot_add(candidate: Candidate, problem: str | None) -> str:
+    return f"{candidate.parent}: the query/key basis inside its heads is left out ({problem})"
 
 
 def decide_candidates(
     spaces: list[Space], candidates: Sequence[Candidate], check: FunctionCheck, *, seed: int = 0
 ) -> tuple[list[Space], list[str]]:
-    """``spaces`` with every candidate whose first passing group was found added.
+    """``spaces`` with every candidate whose first passing group was found added (the
+    largest of the groups tried that passes, see :func:`_widest`).
 
     Candidates with the same choice of groups are decided together (one model, one
     layout), each layer alone only if that fails. Returns the spaces and one note per
@@ -83,26 +113,48 @@ def decide_candidates(
     """
     notes: list[str] = []
     tolerance = RTOL * check.scale
-    pending = list(candidates)
     by_shape: dict[tuple[int, tuple[int, ...]], list[Candidate]] = {}
-    for candidate in pending:
+    for candidate in candidates:
         by_shape.setdefault((candidate.size, candidate.cuts), []).append(candidate)
     for (size, cuts), group_of in by_shape.items():
         groups = candidate_groups(size, cuts)
         chosen = _first_passing(spaces, group_of, groups, check, tolerance, seed)
         if chosen is not None:
-            spaces = list(_with(spaces, [s for c in group_of for s in _spaces(c, chosen)]))
+            spaces = _with(spaces, [s for c in group_of for s in _spaces(c, chosen)])
             continue
         for candidate in group_of:  # layers may differ: each alone
             one = _first_passing(spaces, [candidate], groups, check, tolerance, seed)
-            if one is None:
+            if one is not None:
+                spaces = _with(spaces, _spaces(candidate, one))
+                continue
+            problems = [first_problem(_with(spaces, _spaces(candidate, g)), check.layout)
+                        for g in groups]  # fmt: skip
+            if all(problems):  # no group can even be added
+                notes.append(_cannot_add(candidate, problems[0]))
+            else:
                 notes.append(
                     f"{candidate.parent}: the query/key basis inside its heads is fixed "
                     "(no rotation of rotary planes keeps the function)"
                 )
-            else:
-                spaces = list(_with(spaces, _spaces(candidate, one)))
     return spaces, notes
+
+
+def _passes(
+    spaces: Sequence[Space],
+    candidates: Sequence[Candidate],
+    group: Group,
+    check: FunctionCheck,
+    tolerance: float,
+    seed: int,
+) -> bool:
+    """Whether ``candidates`` in ``group`` can be added to ``spaces`` and a random
+    element of theirs keeps the function."""
+    added = [s for c in candidates for s in _spaces(c, group)]
+    spec = admissible(_with(spaces, added), check.layout)
+    if spec is None:  # a group that cannot act on every use, or a clash
+        return False
+    error = check.random_error(spec, [s.name for s in added], seed, keep_within=tolerance)
+    return error <= tolerance
 
 
 def _first_passing(
@@ -114,11 +166,31 @@ def _first_passing(
     seed: int,
 ) -> Group | None:
     for group in groups:
-        added = [s for c in candidates for s in _spaces(c, group)]
-        spec = _with(spaces, added)
-        if (
-            check.random_error(spec, [s.name for s in added], seed, keep_within=tolerance)
-            <= tolerance
-        ):
-            return group
+        if _passes(spaces, candidates, group, check, tolerance, seed):
+            return _widest(spaces, candidates, group, groups, check, tolerance, seed)
     return None
+
+
+def _widest(
+    spaces: Sequence[Space],
+    candidates: Sequence[Candidate],
+    found: Group,
+    groups: Sequence[Group],
+    check: FunctionCheck,
+    tolerance: float,
+    seed: int,
+) -> Group:
+    """The largest of ``groups`` containing ``found`` that passes too (``found`` itself
+    if none): interleaved planes over the whole head pass where only a prefix rotates
+    (the pass-through dims paired into planes are a part of their orthogonal block),
+    and the prefix's group is the whole symmetry."""
+    wider = sorted((g for g in groups if _contains(g, found)), key=_size)
+    for group in wider:
+        if _passes(spaces, candidates, group, check, tolerance, seed):
+            return group
+    return found
+
+
+def _size(group: Group) -> int:
+    """Fewer rotary dims, a larger group (sort key: largest first)."""
+    return group.rotary if isinstance(group, RotaryPlanes) else 0
