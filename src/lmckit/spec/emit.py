@@ -60,6 +60,9 @@ class Candidate:
     cuts: tuple[int, ...]
     #: one space for all the parent's units (``units`` holds its uses), not nested
     shared: bool = False
+    #: the spaces nest in the parent (False: the parent is heads whose order is fixed,
+    #: and there is one space per head, nested in none)
+    nested: bool = True
 
 
 @dataclass(frozen=True)
@@ -131,16 +134,19 @@ def _hinted(draft: SpaceDraft, names: Mapping[str, str]) -> bool:
 
 
 def _nested_spaces(
-    parent: Space,
+    parent: str,
     draft: SpaceDraft,
     kinds: Mapping[int, str],
     circuits: HeadCircuits | None,
 ) -> list[Space]:
-    """One space per unit of ``parent`` for each variable nested in it."""
+    """One space per unit of ``parent`` for each variable nested in it (but heads whose
+    order is fixed: the query heads of a group, under ALiBi)."""
     units = draft.var.size
     out = []
     taken: set[str] = set()
     for var, places in draft.inner.values():
+        if var.fixed:
+            continue
         base = "query" if var.heads else kinds.get(id(var), "units")
         kind, k = base, 1
         while kind in taken:  # two variables of one kind in a unit (extra projections)
@@ -150,25 +156,41 @@ def _nested_spaces(
             group, n, uses = _group(var, _nested_uses(var.size, places, units, unit))
             out.append(
                 Space(
-                    f"{parent.name}.{kind}.{unit}",
+                    f"{parent}.{kind}.{unit}",
                     n,
                     group,
                     tuple(uses),
                     circuits=circuits if var.heads else None,
-                    nest=Nest(parent.name, unit, kind),
+                    nest=Nest(parent, unit, kind),
                 )
             )
     return out
 
 
-def _candidates(an: Analysis, parent: Space, draft: SpaceDraft) -> list[Candidate]:
+def _fixed_heads(
+    an: Analysis, name: str, draft: SpaceDraft, kinds: Mapping[int, str]
+) -> tuple[list[Space], list[Candidate]]:
+    """Heads whose order a constant fixes are no space, but the bases inside each head
+    still move head by head (they are batched by the heads): one space per head, nested
+    in none, and the query/key bases to propose likewise."""
+    an.note(
+        f"{name} ({draft.var.size} heads): their order is fixed by a constant that differs "
+        f"from head to head ({draft.var.fixed}); the bases inside each head are kept, one "
+        "space per head"
+    )
+    inner = [replace(s, nest=None) for s in _nested_spaces(name, draft, kinds, None)]
+    proposed = [replace(c, nested=False) for c in _candidates(an, name, draft)]
+    return inner, proposed
+
+
+def _candidates(an: Analysis, parent: str, draft: SpaceDraft) -> list[Candidate]:
     units = draft.var.size
     out = []
     for k, (size, places, factors) in enumerate(_whole_bases(list(draft.pending.values()))):
         cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) in factors})
         per_unit = tuple(tuple(_nested_uses(size, places, units, u)) for u in range(units))
         kind = "qk" if k == 0 else f"qk{k}"  # two bases in one head: each its own name
-        out.append(Candidate(parent.name, kind, per_unit, size, tuple(cuts)))
+        out.append(Candidate(parent, kind, per_unit, size, tuple(cuts)))
     return out
 
 
@@ -239,14 +261,19 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             if is_shared and len(shared) > 1 and name == "residual":
                 name = f"residual.{shared.index(draft)}"
         taken.add(name)
+        by_unit[id(draft.var)] = name
+        if draft.var.heads and draft.var.fixed:
+            inner, proposed = _fixed_heads(an, name, draft, kinds)
+            spaces += inner
+            candidates += proposed
+            continue
         head = None
         if draft.var.heads:
             head = next((circuits[u.param] for u in uses if u.param in circuits), None)
         space = Space(name, n, group, tuple(uses), tuple(probes(an, draft.var, n)), head)
         spaces.append(space)
-        by_unit[id(draft.var)] = name
-        spaces += _nested_spaces(space, draft, kinds, head)
-        candidates += _candidates(an, space, draft)
+        spaces += _nested_spaces(name, draft, kinds, head)
+        candidates += _candidates(an, name, draft)
     for draft in drafts:
         parent = by_unit.get(id(draft.shared_in)) if draft.shared_in is not None else None
         if parent is not None:
@@ -255,8 +282,9 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             while name in taken:  # two bases of one kind (extra projections)
                 name = f"{base}{len(taken)}"
             taken.add(name)
-            at = max(i for i, s in enumerate(spaces) if s.name == parent or (
-                s.nest is not None and s.nest.parent == parent))  # fmt: skip
+            family = [i for i, s in enumerate(spaces) if s.name == parent or (
+                s.nest is not None and s.nest.parent == parent)]  # fmt: skip
+            at = family[-1] if family else len(spaces) - 1
             spaces.insert(at + 1, Space(name, n, group, tuple(uses), within=parent))
     for lo in loose:
         parent = by_unit.get(id(lo.heads))

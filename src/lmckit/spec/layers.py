@@ -115,7 +115,12 @@ def _addmm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     bias, a, b = args[0], args[1], args[2]
     la, lb, lo = _matmul_letters(a.ndim, b.ndim)
     out = contract(an, node, [(a, la), (b, lb)], lo)
-    _add_bias(an, node, out, bias)
+    if isinstance(bias, Value) and (bias.const or not any(bias.src)):
+        # a table added to every product (BLOOM's ALiBi slopes added to the scores of
+        # each head): it meets the product on every axis it does not broadcast along
+        _broadcast_meet(an, bias, out, f"{node.target} (node {node.name!r})")
+    else:
+        _add_bias(an, node, out, bias)
     return out
 
 
@@ -142,10 +147,19 @@ def _einsum(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
 # --------------------------------------------------------------------------- attention
 
 
-def _broadcast_unify(an: Analysis, small: Value, big: Value, what: str) -> None:
+def _broadcast_meet(an: Analysis, small: Value, big: Value, what: str) -> None:
+    """``small`` added to ``big`` (broadcast from the right). A table of constants
+    constrains the axes it varies along (a mask, ALiBi's per-head slopes: see
+    :meth:`~lmckit.spec.lattice.Lattice.constrain`) without tying together the
+    activations that meet it (T5's cross-attention layers share one bias of zeros); any
+    other tensor is the same units as ``big`` (a learned position bias shared by every
+    layer ties their heads)."""
     for i in range(1, min(small.ndim, big.ndim) + 1):
         if axis_size(small, -i) > 1 and axis_size(big, -i) > 1:
-            an.unify(small.axes[-i], big.axes[-i], what)
+            if small.const and not big.const:
+                an.lattice.constrain(big.axes[-i], small.axes[-i], what)
+            else:
+                an.unify(small.axes[-i], big.axes[-i], what)
 
 
 def _grouped(an: Analysis, kv: Value, heads_q: int) -> Value:
@@ -171,7 +185,7 @@ def _sdpa(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -
     batch = _letters(q.ndim - 2)
     scores = contract(an, node, [(q, batch + "LE"), (k, batch + "SE")], batch + "LS")
     if isinstance(mask, Value):
-        _broadcast_unify(an, mask, scores, f"attention mask of {node.name!r}")
+        _broadcast_meet(an, mask, scores, f"attention mask of {node.name!r}")
     an.lower([scores], f"softmax of {node.name!r}")
     out = contract(an, node, [(scores, batch + "LS"), (v, batch + "SV")], batch + "LV")
     names = [a.name if isinstance(a, Node) else "" for a in node.args[:3]]

@@ -59,7 +59,7 @@ def _spaces(candidate: Candidate, group: Group) -> list[Space]:
     out = []
     for unit, uses in enumerate(candidate.units):
         name = f"{candidate.parent}.{candidate.kind}.{unit}"
-        nest = Nest(candidate.parent, unit, candidate.kind)
+        nest = Nest(candidate.parent, unit, candidate.kind) if candidate.nested else None
         out.append(Space(name, candidate.size, group, uses, nest=nest))
     return out
 
@@ -70,8 +70,9 @@ def _with(spaces: Sequence[Space], added: Sequence[Space]) -> list[Space]:
     for space in added:
         parent = space.nest.parent if space.nest else space.within
         family = [i for i, s in enumerate(order) if s.name == parent or (
-            s.nest is not None and s.nest.parent == parent)]  # fmt: skip
-        order.insert(family[-1] + 1, space)
+            s.nest is not None and s.nest.parent == parent) or (
+            s.name.startswith(f"{parent}."))]  # fmt: skip
+        order.insert(family[-1] + 1 if family else len(order), space)
     return order
 
 
