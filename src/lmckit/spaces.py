@@ -188,6 +188,10 @@ class Space:
     names a space that moves whole units (attention heads) in every unit of which this
     one acts alike (the value basis of the one key/value head every query head reads):
     not nested, it commutes with that space's permutation and shares its axes.
+    ``inside`` says where a space lives that is nested in no space: in unit
+    ``inside.unit`` of units whose order is fixed (no space of their own: the heads of
+    BLOOM, whose ALiBi slopes fix their order), ``inside.parent`` naming them; it acts
+    on its unit's slices alone, like any space with parts.
     """
 
     name: str
@@ -198,12 +202,14 @@ class Space:
     circuits: HeadCircuits | None = None
     nest: Nest | None = None
     within: str | None = None
+    inside: Nest | None = None
 
     @property
     def enclosed(self) -> bool:
         """Whether the space lives inside the units of another (nested in one unit, or
-        alike in all): a basis inside heads, not a stream or a set of units."""
-        return self.nest is not None or self.within is not None
+        alike in all, or in one of units whose order is fixed): a basis inside heads,
+        not a stream or a set of units."""
+        return self.nest is not None or self.within is not None or self.inside is not None
 
     @property
     def params(self) -> tuple[str, ...]:

@@ -158,7 +158,10 @@ class LooseBasis:
 
 
 def read_drafts(
-    an: Analysis, together: dict[int, set[int]], kinds: Mapping[int, str]
+    an: Analysis,
+    together: dict[int, set[int]],
+    kinds: Mapping[int, str],
+    proposed: dict[int, set[int]] | None = None,
 ) -> tuple[list[SpaceDraft], list[LooseBasis]]:
     """The drafts of every live variable of a parameter axis (in parameter order), and
     the pinned query/key bases that heads share, to be proposed like nested ones.
@@ -166,8 +169,11 @@ def read_drafts(
     ``together`` says which variables are batched by which
     (:func:`~lmckit.spec.nesting.batched_by`),
     ``kinds`` which are query/key or value features
-    (:func:`~lmckit.spec.nesting.head_kinds`).
+    (:func:`~lmckit.spec.nesting.head_kinds`), ``proposed`` the same as ``together``
+    but for a norm's weight (``but_scales``): which pinned query/key bases to propose
+    per unit (default ``together``).
     """
+    proposed = together if proposed is None else proposed
     drafts: dict[int, SpaceDraft] = {}
     loose: dict[int, LooseBasis] = {}
     traced = an.traced
@@ -201,7 +207,7 @@ def read_drafts(
                     nested = nests(an, unit, child, together)
                     if child in live and nested:
                         found = draft.inner
-                    elif kinds.get(id(child)) == "qk" and nested:
+                    elif kinds.get(id(child)) == "qk" and nests(an, unit, child, proposed):
                         found = draft.pending  # pinned by positions: check decides
                     elif unit.heads and piece is None and (child in live or id(child) in loose):
                         # every head holds it alike: a space of its own beside the heads

@@ -212,9 +212,10 @@ def _neg(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
     return Value([list(a) for a in x.axes], list(x.src), x.square, x.const)
 
 
-@register(aten.pow)
+@register(aten.pow, aten.square)
 def _pow(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    x, exponent = args[0], args[1]
+    x = args[0]
+    exponent = 2 if "square" in str(node.target) else args[1]
     if isinstance(x, Value) and exponent == 2 and not x.square:
         return Value([list(a) for a in x.axes], square=True, const=x.const)
     tensors = [a for a in args if isinstance(a, Value)]

@@ -178,7 +178,8 @@ def _fixed_heads(
         f"from head to head ({draft.var.fixed}); the bases inside each head are kept, one "
         "space per head"
     )
-    inner = [replace(s, nest=None) for s in _nested_spaces(name, draft, kinds, None)]
+    inner = _nested_spaces(name, draft, kinds, None)
+    inner = [replace(s, nest=None, inside=s.nest) for s in inner]
     proposed = [replace(c, nested=False) for c in _candidates(an, name, draft)]
     return inner, proposed
 
@@ -238,7 +239,7 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
     together = batched_by(an)
     settle(an, together)
     kinds = head_kinds(an)
-    drafts, loose = read_drafts(an, together, kinds)
+    drafts, loose = read_drafts(an, together, kinds, batched_by(an, but_scales=True))
     circuits = head_circuits(an)
     spaces: list[Space] = []
     candidates: list[Candidate] = []
@@ -246,6 +247,7 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
     shared = [d for d in drafts if d.var.residual and not d.var.heads]
     head_count = 0
     by_unit: dict[int, str] = {}
+    fixed: set[str] = set()  # heads whose order is fixed: no space of their own
     for draft in drafts:
         if draft.shared_in is not None:
             continue  # named after its head space, below
@@ -263,6 +265,7 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
         taken.add(name)
         by_unit[id(draft.var)] = name
         if draft.var.heads and draft.var.fixed:
+            fixed.add(name)
             inner, proposed = _fixed_heads(an, name, draft, kinds)
             spaces += inner
             candidates += proposed
@@ -278,14 +281,19 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
         parent = by_unit.get(id(draft.shared_in)) if draft.shared_in is not None else None
         if parent is not None:
             group, n, uses = _group(draft.var, draft.uses)
-            name = base = f"{parent}.{kinds.get(id(draft.var), 'units')}"
+            kind = kinds.get(id(draft.var), "units")
+            name = base = f"{parent}.{kind}"
             while name in taken:  # two bases of one kind (extra projections)
                 name = f"{base}{len(taken)}"
             taken.add(name)
             family = [i for i, s in enumerate(spaces) if s.name == parent or (
                 s.nest is not None and s.nest.parent == parent)]  # fmt: skip
             at = family[-1] if family else len(spaces) - 1
-            spaces.insert(at + 1, Space(name, n, group, tuple(uses), within=parent))
+            if parent in fixed:  # alike in every head, and no head space to commute with
+                alike = Space(name, n, group, tuple(uses), inside=Nest(parent, None, kind))
+            else:
+                alike = Space(name, n, group, tuple(uses), within=parent)
+            spaces.insert(at + 1, alike)
     for lo in loose:
         parent = by_unit.get(id(lo.heads))
         if parent is not None:
@@ -293,5 +301,8 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             units = (tuple(lo.uses),)
             k = sum(c.parent == parent and c.shared for c in candidates)
             kind = "qk" if k == 0 else f"qk{k}"
-            candidates.append(Candidate(parent, kind, units, lo.var.size, tuple(cuts), True))
+            nested = parent not in fixed
+            candidates.append(
+                Candidate(parent, kind, units, lo.var.size, tuple(cuts), True, nested)
+            )
     return Emitted(spaces, candidates)

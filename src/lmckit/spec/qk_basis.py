@@ -9,8 +9,16 @@ is written in the module's arithmetic (slices, strides, concatenations), not in 
 graph's shapes; so the candidates are proposed in order -- the rotate-half and the
 interleaved layout over the whole head, then over each prefix a slice of the graph cut
 off (partial rotary embeddings) -- and the first whose random elements leave the
-function unchanged is kept. A head basis that no candidate keeps (query/key norms with
-per-dimension weights, an unknown positional scheme) is left out, and said so.
+function unchanged is kept, or the largest group containing it that passes too (with
+neighbouring dims paired, the planes of a prefix and any orthogonal map of the rest).
+
+A norm of the queries and keys before the rotary embedding (``g * x / rms(x)``, over each
+head's features or the whole projection: "qk-norm") keeps only the maps that commute
+with its weight: of the planes' rotations, a half turn of each
+(:class:`~lmckit.groups.PlaneSigns`), proposed after the rotations (which a weight that
+is one value throughout keeps whole). A group that cannot act on a use (rotations on a
+norm's weight) is not tried. A head basis that no candidate keeps (a norm that also
+subtracts the mean, an unknown positional scheme) is left out, and said so.
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from torch import Tensor
 
-from lmckit.groups import Group, RotaryPlanes
+from lmckit.groups import Group, PlaneSigns, RotaryPlanes
 from lmckit.spec.check import FunctionCheck
 from lmckit.spec.conflicts import admissible, first_problem
 from lmckit.spec.emit import Candidate
@@ -39,28 +47,42 @@ def candidate_groups(size: int, cuts: Iterable[int]) -> list[Group]:
     rotary = [size, *sorted({c for c in cuts if 0 < c < size and c % 2 == 0}, reverse=True)]
     if size % 2:
         rotary = rotary[1:]
-    return [RotaryPlanes(r, interleaved) for r in rotary for interleaved in (False, True)]
+    layouts = [(r, interleaved) for r in rotary for interleaved in (False, True)]
+    # then what survives a norm with a weight before the rotary embedding: a half turn
+    # of each plane (PlaneSigns)
+    return [RotaryPlanes(*layout) for layout in layouts] + [PlaneSigns(*lo) for lo in layouts]
 
 
 def _contains(big: Group, small: Group) -> bool:
     """Whether every element of ``small`` is one of ``big`` (on the same dims): with
     neighbouring dims paired, rotating the planes of fewer leading dims and any
-    orthogonal map of the rest includes rotating the planes of more of them."""
-    if not (isinstance(big, RotaryPlanes) and isinstance(small, RotaryPlanes)):
+    orthogonal map of the rest includes rotating the planes of more of them (likewise
+    their signs)."""
+    if type(big) is not type(small) or not isinstance(big, RotaryPlanes | PlaneSigns):
         return False
+    assert isinstance(small, RotaryPlanes | PlaneSigns)
     return big.interleaved and small.interleaved and big.rotary < small.rotary
 
 
 def _spaces(candidate: Candidate, group: Group) -> list[Space]:
+    units = candidate.units
+    if group.keeps_scales:  # a norm's weight stays as it is: no use of the space
+        units = tuple(tuple(u for u in uses if u.role != "elementwise") for uses in units)
     if candidate.shared:
-        (uses,) = candidate.units
+        (uses,) = units
         name = f"{candidate.parent}.{candidate.kind}"
+        if not candidate.nested:  # alike in every head of heads whose order is fixed
+            alike = Nest(candidate.parent, None, candidate.kind)
+            return [Space(name, candidate.size, group, uses, inside=alike)]
         return [Space(name, candidate.size, group, uses, within=candidate.parent)]
     out = []
-    for unit, uses in enumerate(candidate.units):
+    for unit, uses in enumerate(units):
         name = f"{candidate.parent}.{candidate.kind}.{unit}"
-        nest = Nest(candidate.parent, unit, candidate.kind) if candidate.nested else None
-        out.append(Space(name, candidate.size, group, uses, nest=nest))
+        nest = Nest(candidate.parent, unit, candidate.kind)
+        if candidate.nested:
+            out.append(Space(name, candidate.size, group, uses, nest=nest))
+        else:  # heads whose order is fixed: a space per head, nested in none
+            out.append(Space(name, candidate.size, group, uses, inside=nest))
     return out
 
 
@@ -68,7 +90,8 @@ def _with(spaces: Sequence[Space], added: Sequence[Space]) -> list[Space]:
     """``spaces`` with ``added`` placed after their parents' other nested spaces."""
     order = list(spaces)
     for space in added:
-        parent = space.nest.parent if space.nest else space.within
+        where = space.nest or space.inside
+        parent = where.parent if where is not None else space.within
         family = [i for i, s in enumerate(order) if s.name == parent or (
             s.nest is not None and s.nest.parent == parent) or (
             s.name.startswith(f"{parent}."))]  # fmt: skip
@@ -135,7 +158,7 @@ def decide_candidates(
             else:
                 notes.append(
                     f"{candidate.parent}: the query/key basis inside its heads is fixed "
-                    "(no rotation of rotary planes keeps the function)"
+                    "(no rotation or sign of rotary planes keeps the function)"
                 )
     return spaces, notes
 
@@ -194,4 +217,4 @@ def _widest(
 
 def _size(group: Group) -> int:
     """Fewer rotary dims, a larger group (sort key: largest first)."""
-    return group.rotary if isinstance(group, RotaryPlanes) else 0
+    return group.rotary if isinstance(group, RotaryPlanes | PlaneSigns) else 0
