@@ -120,10 +120,8 @@ def _family_problems(spaces: Sequence[Space], out: set[int], reject: Reject) -> 
         if i not in out and space.nest is not None:
             families.setdefault((space.nest.parent, space.nest.kind), []).append(i)
     for (parent, kind), members in families.items():
-        units = sorted(
-            -1 if spaces[i].nest.unit is None else spaces[i].nest.unit  # type: ignore[union-attr]
-            for i in members
-        )
+        nests = [spaces[i].nest for i in members]
+        units = sorted(-1 if n is None or n.unit is None else n.unit for n in nests)
         if units == [-1]:
             continue  # one space spanning the parent's units
         owner = by_name[parent]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
-from lmckit.spec.analysis import Analysis
+from lmckit.spec.analysis import Analysis, Value
 from lmckit.spec.graph import TRANSPARENT, op_name
 from lmckit.symmetry import CircuitPart, HeadCircuits
 
@@ -64,7 +64,7 @@ def _scales(an: Analysis, arg: Node, node: Node) -> bool:
     if shape[-1] == 1 and out[-1] > 1:
         return True
     value = an.values.get(arg.name)
-    return len(shape) == 1 and getattr(value, "src", None) is not None and any(value.src)
+    return len(shape) == 1 and isinstance(value, Value) and any(value.src)
 
 
 def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> set[_Source]:
