@@ -175,3 +175,23 @@ def test_spaces_that_fail_only_together_are_kept_in_order() -> None:
     kept, lines = _kept_together(_Coupled(), SymmetrySpec(spaces), 0, 1e-5)  # type: ignore[arg-type]
     assert [s.name for s in kept] == ["a", "c"]
     assert len(lines) == 1 and lines[0].startswith("b (Permutation, n=6)")
+
+
+def test_an_op_whose_rule_fails_is_left_out_and_the_rest_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from lmckit.spec import analyze_symmetries
+    from lmckit.spec.rules import RULES
+
+    def broken(*_: object) -> None:
+        raise ValueError("a layout no rule foresaw")
+
+    monkeypatch.setitem(RULES, torch.ops.aten.relu, broken)
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(4, 6), nn.ReLU(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    analysis = analyze_symmetries(module.eval(), torch.randn(4, 4))
+    assert any(
+        "its rule failed (ValueError: a layout no rule foresaw)" in x for x in analysis.left_out
+    )
+    # the units the broken op touches are left out; the other hidden layer is kept
+    assert [s.n for s in analysis.spec] == [5]
