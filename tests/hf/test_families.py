@@ -49,7 +49,7 @@ EXPECTED: dict[str, tuple[set[str], float]] = {
     "t5": (_ATTENTION, 0.99),
     "bart": (_ATTENTION, 0.99),
     "vit": (_ATTENTION, 0.99),
-    "bloom": ({"residual", "units"}, 0.99),
+    "bloom": ({"residual", "value", "qk", "units"}, 0.99),  # heads fixed by ALiBi, not their bases
     "falcon": ({"residual", "heads", "qk", "value", "units"}, 0.99),
     "clip": ({"heads", "value", "qk", "units"}, 0.7),
     "convnext": ({"residual", "units"}, 0.99),
@@ -71,8 +71,8 @@ def components(spec: SymmetrySpec) -> set[str]:
     (``query``, ``value``, ``qk``, ``basis``, ``units`` of experts)."""
     found = set()
     for space in spec:
-        if space.nest is not None:
-            found.add(re.sub(r"\d+$", "", space.nest.kind))
+        if (where := space.nest or space.inside) is not None:  # inside: heads of fixed order
+            found.add(re.sub(r"\d+$", "", where.kind))
         elif shared := re.fullmatch(r"heads\.\d+\.([a-z]+)", space.name):
             found.add(shared.group(1))  # a basis every head shares (multi-query attention)
         elif space.name.startswith("residual"):

@@ -66,10 +66,14 @@ def admissible(
 
 
 def first_problem(
-    spaces: Sequence[Space], params: Mapping[str, Tensor] | None = None
+    spaces: Sequence[Space],
+    params: Mapping[str, Tensor] | None = None,
+    *,
+    added: Sequence[Space] | None = None,
 ) -> str | None:
-    """Why ``spaces`` cannot be a spec (fitting ``params``), or None if they can."""
+    """Why ``spaces`` cannot be a spec (fitting ``params``), or None if they can.
+    ``added``: only these of them are new, the rest fit already (checked for fit alone)."""
     problems = structural_problems(spaces)
     if not problems and params is not None:
-        problems = fit_problems(spaces, params)
+        problems = fit_problems(spaces if added is None else added, params)
     return problems[0][1] if problems else None

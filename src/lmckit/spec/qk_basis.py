@@ -110,8 +110,9 @@ def first_choices(
     for candidate in candidates:
         problem = None
         for group in candidate_groups(candidate.size, candidate.cuts):
-            trial = _with(spaces, _spaces(candidate, group))
-            found = first_problem(trial, layout)
+            added = _spaces(candidate, group)
+            trial = _with(spaces, added)
+            found = first_problem(trial, layout, added=added)
             if found is None:
                 spaces = trial
                 break
