@@ -176,7 +176,7 @@ def _overlap_problems(spaces: Sequence[Space], out: set[int], reject: Reject) ->
 
 def _related(by_name: Mapping[str, Space], a: Space, b: Space) -> bool:
     """Whether ``a`` and ``b`` may share a slice of a parameter axis: one is nested
-    (at any depth) in the other, or both are nested in the same parent unit."""
+    (at any depth) in the other, or both are nested in (or inside) the same unit."""
 
     def chain(space: Space) -> list[str]:
         out = [space.name]
@@ -187,10 +187,14 @@ def _related(by_name: Mapping[str, Space], a: Space, b: Space) -> bool:
 
     if a.name in chain(b) or b.name in chain(a):
         return True
+    # nested in one unit (or inside one unit of heads whose order is fixed): they act on
+    # different factors of what they share (the query heads of a group and the basis
+    # inside each of them), and commute
+    where_a, where_b = a.nest or a.inside, b.nest or b.inside
     return (
-        a.nest is not None
-        and b.nest is not None
-        and (a.nest.parent, a.nest.unit) == (b.nest.parent, b.nest.unit)
+        where_a is not None
+        and where_b is not None
+        and (where_a.parent, where_a.unit) == (where_b.parent, where_b.unit)
     )
 
 

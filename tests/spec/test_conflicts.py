@@ -195,3 +195,18 @@ def test_an_op_whose_rule_fails_is_left_out_and_the_rest_kept(
     )
     # the units the broken op touches are left out; the other hidden layer is kept
     assert [s.n for s in analysis.spec] == [5]
+
+
+def test_spaces_inside_one_unit_of_fixed_heads_may_share_its_slice() -> None:
+    """The query heads of a key/value group and the basis inside each of them, their
+    parent left out: they act on different factors of the group's rows, and commute."""
+    rows = (Part(0, 0, 6),)
+    query = Space("h.query.0", 6, Permutation(), (Use("up", 0, "write", parts=rows),),
+                  inside=Nest("h", 0, "query"))  # fmt: skip
+    basis = Space("h.qk.0", 3, Orthogonal(), (Use("up", 0, "write", 2, parts=rows),),
+                  inside=Nest("h", 0, "qk"))  # fmt: skip
+    assert resolve([query, basis], PARAMS) == ([query, basis], [])
+    elsewhere = Space("g.qk.0", 3, Orthogonal(), (Use("up", 0, "write", 2, parts=rows),),
+                      inside=Nest("g", 0, "qk"))  # fmt: skip
+    spaces, notes = resolve([query, elsewhere], PARAMS)
+    assert spaces == [query] and "used by both 'h.query.0' and 'g.qk.0'" in notes[0]
