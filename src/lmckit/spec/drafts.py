@@ -102,6 +102,9 @@ class SpaceDraft:
     inner: dict[int, tuple[Var, list[Inner]]] = field(default_factory=dict)
     #: pinned query/key variables batched by this space: nested spaces to propose
     pending: dict[int, tuple[Var, list[Inner]]] = field(default_factory=dict)
+    #: of those, the ones a norm's weight shared by all units scales (nested only once
+    #: that weight is not counted: see ``proposed`` in :func:`read_drafts`)
+    scaled: set[int] = field(default_factory=set)
     #: for a variable every unit of a head space holds alike: that space's unit variable
     shared_in: Var | None = None
 
@@ -209,6 +212,8 @@ def read_drafts(
                         found = draft.inner
                     elif kinds.get(id(child)) == "qk" and nests(an, unit, child, proposed):
                         found = draft.pending  # pinned by positions: check decides
+                        if not nested:
+                            draft.scaled.add(id(child))
                     elif unit.heads and piece is None and (child in live or id(child) in loose):
                         # every head holds it alike: a space of its own beside the heads
                         if child in live:

@@ -63,6 +63,9 @@ class Candidate:
     #: the spaces nest in the parent (False: the parent is heads whose order is fixed,
     #: and there is one space per head, nested in none)
     nested: bool = True
+    #: a norm's weight that every unit shares scales the basis, and is no use of it: only
+    #: groups that keep such scales as they are may be proposed
+    scaled: bool = False
 
 
 @dataclass(frozen=True)
@@ -191,7 +194,8 @@ def _candidates(an: Analysis, parent: str, draft: SpaceDraft) -> list[Candidate]
         cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) in factors})
         per_unit = tuple(tuple(_nested_uses(size, places, units, u)) for u in range(units))
         kind = "qk" if k == 0 else f"qk{k}"  # two bases in one head: each its own name
-        out.append(Candidate(parent, kind, per_unit, size, tuple(cuts)))
+        scaled = any(id(v) in draft.scaled for v in factors)
+        out.append(Candidate(parent, kind, per_unit, size, tuple(cuts), scaled=scaled))
     return out
 
 

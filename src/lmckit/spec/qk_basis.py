@@ -53,6 +53,14 @@ def candidate_groups(size: int, cuts: Iterable[int]) -> list[Group]:
     return [RotaryPlanes(*layout) for layout in layouts] + [PlaneSigns(*lo) for lo in layouts]
 
 
+def _groups(candidate: Candidate) -> list[Group]:
+    """:func:`candidate_groups` of ``candidate``; for a basis that a norm's weight shared
+    by every head scales (no use of the spaces), only the groups that keep such scales
+    as they are: a rotation that passes on a weight of ones moves a trained one."""
+    groups = candidate_groups(candidate.size, candidate.cuts)
+    return [g for g in groups if g.keeps_scales] if candidate.scaled else groups
+
+
 def _contains(big: Group, small: Group) -> bool:
     """Whether every element of ``small`` is one of ``big`` (on the same dims): with
     neighbouring dims paired, rotating the planes of fewer leading dims and any
@@ -109,7 +117,7 @@ def first_choices(
     notes = []
     for candidate in candidates:
         problem = None
-        for group in candidate_groups(candidate.size, candidate.cuts):
+        for group in _groups(candidate):
             added = _spaces(candidate, group)
             trial = _with(spaces, added)
             found = first_problem(trial, layout, added=added)
@@ -138,11 +146,12 @@ def decide_candidates(
     """
     notes: list[str] = []
     tolerance = RTOL * check.scale
-    by_shape: dict[tuple[int, tuple[int, ...]], list[Candidate]] = {}
+    by_shape: dict[tuple[int, tuple[int, ...], bool], list[Candidate]] = {}
     for candidate in candidates:
-        by_shape.setdefault((candidate.size, candidate.cuts), []).append(candidate)
-    for (size, cuts), group_of in by_shape.items():
-        groups = candidate_groups(size, cuts)
+        shape = (candidate.size, candidate.cuts, candidate.scaled)
+        by_shape.setdefault(shape, []).append(candidate)
+    for group_of in by_shape.values():
+        groups = _groups(group_of[0])
         chosen = _first_passing(spaces, group_of, groups, check, tolerance, seed)
         if chosen is not None:
             spaces = _with(spaces, [s for c in group_of for s in _spaces(c, chosen)])
