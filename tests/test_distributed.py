@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from tests.processes import free_port, set_rank_environment
+from tests.processes import rendezvous, set_rank_environment
 from tests.recorded import RecordedParams
 from tests.tiny_models import FOUR_HEADS
 
@@ -159,7 +159,8 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
 @pytest.fixture(scope="module")
 def results(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list[dict]]:
     out_dir = tmp_path_factory.mktemp("ranks")
-    mp.spawn(_worker, args=(free_port(), str(out_dir)), nprocs=PROCESSES, join=True)
+    with rendezvous() as (port,):
+        mp.spawn(_worker, args=(port, str(out_dir)), nprocs=PROCESSES, join=True)
     ranks = [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(PROCESSES)]
     return _compute(), ranks
 

@@ -51,9 +51,9 @@ def test_forced_forms_and_their_refusals(gpt2) -> None:
     forced = choose_form(module, circuits=False)
     assert forced.name == "projected" and not forced.chosen
     mlp = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 3))
-    with pytest.raises(ValueError, match="--circuits rewrites lmckit's own transformers"):
+    with pytest.raises(ValueError, match="the circuit form rewrites lmckit.s own transformers"):
         choose_form(mlp, circuits=True)
-    with pytest.raises(ValueError, match="--head-bases"):
+    with pytest.raises(ValueError, match="head_bases=True"):
         choose_form(module, circuits=True, head_bases=True)
     with pytest.raises(ValueError, match="symmetry must be one of"):
         choose_form(module, symmetry="rotations")

@@ -127,7 +127,10 @@ def test_output_files_inside_inputs_or_of_unknown_type_are_refused(tmp_path) -> 
     with pytest.raises(OutputError, match="it is a folder"):
         check_output_file(inp)
     (tmp_path / "old.json").write_text("{}")
-    check_output_file(tmp_path / "old.json", inputs=[inp])  # a named file may be replaced
+    # a file lmckit did not write is replaced only when asked (--force)
+    with pytest.raises(OutputError, match="a file lmckit did not write"):
+        check_output_file(tmp_path / "old.json", inputs=[inp])
+    check_output_file(tmp_path / "old.json", inputs=[inp], force=True)
 
 
 # --------------------------------------------------------------------------- command line

@@ -138,6 +138,9 @@ FAMILIES: dict[str, Family] = {
 _SMALL = dict(vocab_size=61, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
 _SMALL_GPT = dict(vocab_size=61, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
 _IMAGE = dict(num_labels=3, image_size=16)
+#: token ids inside the tiny vocabulary (several configs default to ids of their real one)
+_IDS = dict(pad_token_id=0, bos_token_id=0, eos_token_id=0)
+_EXPERTS = dict(num_experts=4, num_experts_per_tok=2)
 
 
 def _family(config: str, model: str, auto: str, **kwargs: Any) -> Family:
@@ -222,6 +225,120 @@ MORE_FAMILIES: dict[str, Family] = {
     "resnet": _family(
         "ResNetConfig", "ResNetForImageClassification", "AutoModelForImageClassification",
         **_IMAGE, hidden_sizes=[8, 16], depths=[1, 1], embedding_size=8,
+    ),
+    # --- 2025-2026 decoders: qk-norm, sandwich norms, partial and interleaved rotary, NoPE
+    "qwen3": _family(
+        "Qwen3Config", "Qwen3ForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS, head_dim=8
+    ),
+    "olmo2": _family("Olmo2Config", "Olmo2ForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS),
+    "gemma2": _family(
+        "Gemma2Config", "Gemma2ForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS, head_dim=8
+    ),
+    "gemma3": _family(
+        "Gemma3TextConfig", "Gemma3ForCausalLM", "AutoModelForCausalLM",
+        **_DECODER, **_IDS, head_dim=8,
+    ),
+    "cohere": _family(
+        "CohereConfig", "CohereForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS
+    ),
+    "stablelm": _family(
+        "StableLmConfig", "StableLmForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS
+    ),
+    "starcoder2": _family(
+        "Starcoder2Config", "Starcoder2ForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS
+    ),
+    # Granite's multipliers away from 1, so that they matter
+    "granite": _family(
+        "GraniteConfig", "GraniteForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS,
+        embedding_multiplier=2.0, residual_multiplier=0.5, attention_multiplier=0.3,
+        logits_scaling=2.0,
+    ),
+    "nemotron": _family(
+        "NemotronConfig", "NemotronForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS
+    ),
+    # a NoPE layer every second layer: layer 1 has no rotary positions
+    "smollm3": _family(
+        "SmolLM3Config", "SmolLM3ForCausalLM", "AutoModelForCausalLM", **_DECODER, **_IDS,
+        no_rope_layer_interval=2,
+    ),
+    # ALiBi, a fused Wqkv, LayerNorms without bias
+    "mpt": _family(
+        "MptConfig", "MptForCausalLM", "AutoModelForCausalLM",
+        vocab_size=61, d_model=32, n_layers=2, n_heads=4, expansion_ratio=2, max_seq_len=16,
+        **_IDS,
+    ),
+    # --- mixtures of experts
+    "qwen3_moe": _family(
+        "Qwen3MoeConfig", "Qwen3MoeForCausalLM", "AutoModelForCausalLM",
+        **_DECODER, **_IDS, **_EXPERTS, head_dim=8, moe_intermediate_size=48,
+    ),
+    "qwen2_moe": _family(
+        "Qwen2MoeConfig", "Qwen2MoeForCausalLM", "AutoModelForCausalLM",
+        **_DECODER, **_IDS, **_EXPERTS, moe_intermediate_size=48,
+        shared_expert_intermediate_size=48,
+    ),
+    "olmoe": _family(
+        "OlmoeConfig", "OlmoeForCausalLM", "AutoModelForCausalLM",
+        **(_DECODER | dict(intermediate_size=48)), **_IDS, **_EXPERTS,
+    ),
+    # multi-head latent attention; layer 0 a dense MLP, layer 1 routed and shared experts
+    "deepseek_v3": _family(
+        "DeepseekV3Config", "DeepseekV3ForCausalLM", "AutoModelForCausalLM",
+        **(_DECODER | dict(intermediate_size=48, num_key_value_heads=4)), **_IDS,
+        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, n_group=1,
+        topk_group=1, first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16,
+        qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+    ),
+    # --- encoders
+    "modernbert": _family(
+        "ModernBertConfig", "ModernBertForMaskedLM", "AutoModelForMaskedLM",
+        **_SMALL, intermediate_size=37, max_position_embeddings=16, pad_token_id=0,
+        bos_token_id=0, eos_token_id=0, cls_token_id=0, sep_token_id=0,
+    ),
+    "xlm-roberta": _family(
+        "XLMRobertaConfig", "XLMRobertaForMaskedLM", "AutoModelForMaskedLM",
+        **_TEXT, num_attention_heads=4, max_position_embeddings=20, pad_token_id=1,
+    ),
+    # one layer's weights shared by both layers; embeddings of width 16 mapped to 32
+    "albert": _family(
+        "AlbertConfig", "AlbertForMaskedLM", "AutoModelForMaskedLM",
+        **_TEXT, num_attention_heads=4, max_position_embeddings=16, embedding_size=16,
+    ),
+    # --- an encoder-decoder for speech
+    "whisper": _family(
+        "WhisperConfig", "WhisperForConditionalGeneration", "AutoModelForSpeechSeq2Seq",
+        vocab_size=61, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=37,
+        decoder_ffn_dim=37, num_mel_bins=8, max_source_positions=8, max_target_positions=16,
+        pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=0,
+    ),
+    # --- vision
+    "dinov2": _family(
+        "Dinov2Config", "Dinov2ForImageClassification", "AutoModelForImageClassification",
+        **_IMAGE, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        mlp_ratio=2,
+    ),
+    "siglip": _family(
+        "SiglipConfig", "SiglipForImageClassification", "AutoModelForImageClassification",
+        num_labels=3, text_config=dict(vocab_size=61, hidden_size=32, num_hidden_layers=1,
+        num_attention_heads=4, intermediate_size=37, **_IDS), vision_config=dict(
+        image_size=16, patch_size=4, hidden_size=32, num_hidden_layers=2,
+        num_attention_heads=4, intermediate_size=37, vision_use_head=False),
+    ),
+    "deit": _family(
+        "DeiTConfig", "DeiTForImageClassification", "AutoModelForImageClassification",
+        **_IMAGE, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37,
+    ),
+    "beit": _family(
+        "BeitConfig", "BeitForImageClassification", "AutoModelForImageClassification",
+        **_IMAGE, patch_size=4, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=37, use_relative_position_bias=True,
+    ),
+    # windowed attention with relative position tables; patch merging between stages
+    "swin": _family(
+        "SwinConfig", "SwinForImageClassification", "AutoModelForImageClassification",
+        **_IMAGE, patch_size=2, embed_dim=16, depths=[1, 1], num_heads=[2, 4], window_size=4,
     ),
 }  # fmt: skip
 ALL_FAMILIES = FAMILIES | MORE_FAMILIES

@@ -17,7 +17,7 @@ import copy
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,14 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners.result import AlignmentResult
+from lmckit.api_checks import (
+    align_arguments,
+    check_float_dtype,
+    check_interpolation_t,
+    check_module,
+    check_points,
+    probe_example_inputs,
+)
 from lmckit.checkpoint import Checkpoint
 from lmckit.data import Dataset, load_data
 from lmckit.datafit import check_data_fits
@@ -42,11 +50,13 @@ from lmckit.measure import EvalSettings, measure_path, resolve_fix
 from lmckit.models import ZooModel
 from lmckit.outputs import REFERENCE_DIR, check_output_dir, check_output_file
 from lmckit.params import IncompatibleModelsError, Params, stored_params
+from lmckit.recipe import default_inputs
 from lmckit.spec.inputs import ExampleInputs, split_inputs
 from lmckit.symmetry import SymmetrySpec, Transform
 from lmckit.task import CLASSIFICATION, Task
 from lmckit.workflow.align import AlignedPair, align_models, check_align_request
 from lmckit.workflow.pair import merge_pair
+from lmckit.workflow.same_graph import check_same_graph
 
 __all__ = ["Aligned", "ModelSource", "align"]
 
@@ -67,6 +77,7 @@ def _model(source: object, what: str) -> LoadedModel:
             raise FileNotFoundError(f"{what}: {os.fspath(source)} does not exist")
         return load_model(source)
     if isinstance(source, nn.Module):
+        check_module(source, what)
         return held_model(source)
     hint = ""
     for attr in ("module", "model"):
@@ -78,11 +89,24 @@ def _model(source: object, what: str) -> LoadedModel:
     )
 
 
-def _pair(a: object, b: object) -> tuple[LoadedModel, LoadedModel]:
-    """Both models, loaded or held, after refusing two different architectures."""
+def _pair(
+    a: object, b: object, example_inputs: ExampleInputs | None = None
+) -> tuple[LoadedModel, LoadedModel]:
+    """Both models, loaded or held, after refusing two different architectures (a
+    module held in memory carries no config: the two are traced and compared)."""
     ma, mb = _model(a, "a"), _model(b, "b")
+    if example_inputs is not None:
+        probe_example_inputs(ma.module, example_inputs)  # one line, before any tracing
     try:
         check_same_architecture(ma, mb)
+        if ma.path is None or mb.path is None:
+            # a config (zoo, transformers) says which code runs; a plain module is traced
+            plain = ma.format == "module"
+            inputs = example_inputs
+            if plain and inputs is None:
+                inputs = default_inputs(ma.module)  # refuses, naming example_inputs
+            check_same_graph(ma.module, mb.module, () if inputs is None else inputs,
+                             traced=plain)  # fmt: skip
     except IncompatibleModelsError as err:
         raise IncompatibleModelsError(
             f"{_name(ma)} and {_name(mb)} are different architectures: {err}"
@@ -135,6 +159,9 @@ class Aligned:
             architecture (written as an lmckit checkpoint).
         reference_differs: A in the form differs from A as given; :meth:`save` then
             writes it beside B (measure barriers against it).
+        left_out: one line per space whose element changed B's own outputs and was
+            reset to the identity (the spec is inferred on A; the transform is checked
+            on B before anything is returned or written).
     """
 
     params: Params = field(repr=False)
@@ -149,6 +176,7 @@ class Aligned:
     architecture: nn.Module = field(repr=False)
     same_architecture: bool = True
     reference_differs: bool = False
+    left_out: tuple[str, ...] = ()
 
     @property
     def transform(self) -> Transform:
@@ -163,12 +191,15 @@ class Aligned:
     @cached_property
     def module(self) -> nn.Module:
         """B aligned, as a module of the form's class (B's class unless the form rewrote
-        the architecture), eval mode; built on first use."""
-        return _holding(self.architecture, self.params)
+        the architecture), eval mode; built on first use: a copy of B's own module when
+        the form is the models' own (B's buffers outside its state dict, not A's)."""
+        own = self.architecture is self.a.module
+        return _holding(self.b.module if own else self.architecture, self.params)
 
     def __str__(self) -> str:
         form = f" ({self.form})" if self.form else ""
-        return f"{self.metadata.get('method', 'aligned')}{form}: {self.result.summary()}"
+        text = f"{self.metadata.get('method', 'aligned')}{form}: {self.result.summary()}"
+        return "\n".join([text, *(f"left out: {line}" for line in self.left_out)])
 
     # ------------------------------------------------------------------------ writing
 
@@ -198,22 +229,19 @@ class Aligned:
         form differs from A as given, it is written too: ``path/reference`` (a file:
         ``NAME.reference.safetensors``), the model to measure barriers against.
         ``path`` follows lmckit's output policy (:mod:`lmckit.outputs`): never one of
-        the inputs, nor a folder lmckit did not write unless ``overwrite``. A Hugging
-        Face folder is stored as B's was: its floating dtype (or ``dtype``) and its
-        shards, with a model card.
+        the inputs, nor a folder or file lmckit did not write unless ``overwrite``; a
+        reference file's name is checked by the same rule, before anything is written.
+        A Hugging Face folder is stored as B's was: its floating dtype (or ``dtype``)
+        and its shards, with a model card.
 
         Returns:
             ``path``.
         """
+        dtype = check_float_dtype(dtype)
         out = self._written(self.params)
         if dtype is not None and out.format != "hf":
             raise ValueError(f"dtype= is for Hugging Face folders; this is written as {out.format}")
         inputs = [*self.a.inputs, *self.b.inputs]
-        if out.format == "module":
-            check_output_file(path, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX])
-        else:
-            check_output_dir(path, kind=out.output_kind, inputs=inputs, force=overwrite)
-        metadata = {"aligned_to": _name(self.a), "source": _name(self.b), **self.metadata}
         reference = None
         if self.reference_differs:
             where = Path(path)
@@ -222,6 +250,15 @@ class Aligned:
                 if out.format == "module"
                 else where / REFERENCE_DIR
             )
+        if out.format == "module":
+            # both files are checked before either is written
+            for name in (path, reference) if reference is not None else (path,):
+                check_output_file(name, inputs=inputs, suffixes=[MODULE_FILE_SUFFIX],
+                                  force=overwrite, kind="weights")  # fmt: skip
+        else:
+            check_output_dir(path, kind=out.output_kind, inputs=inputs, force=overwrite)
+        metadata = {"aligned_to": _name(self.a), "source": _name(self.b), **self.metadata}
+        if reference is not None:
             metadata["reference"] = str(reference)
         target = save_model(
             path, out, self.params, metadata=metadata, overwrite=overwrite, dtype=dtype
@@ -230,9 +267,10 @@ class Aligned:
             meta = {"rewritten_from": _name(self.a), "form": self.form}
             if "form_choice" in self.metadata:
                 meta["form_choice"] = self.metadata["form_choice"]
-            # inside (or beside) what was just written, so new: nothing to force
+            # a folder's reference is inside what was just written, so new; a file's
+            # name was checked above, with the same overwrite
             save_model(reference, self._written(self.reference), self.reference, metadata=meta,
-                       dtype=dtype)  # fmt: skip
+                       dtype=dtype, overwrite=overwrite)  # fmt: skip
         return target
 
     # ---------------------------------------------------------------------- measuring
@@ -274,6 +312,7 @@ class Aligned:
             ValueError: data that does not fit the model, or an option that does not
                 apply to the data given (named).
         """
+        check_points(points)
         meta = {"a": _name(self.a), "b": "aligned", "form": self.form}
         if isinstance(data, (Dataset, str)):
             if task is not None:
@@ -324,13 +363,35 @@ class Aligned:
         Returns:
             a :class:`~lmckit.io.LoadedModel`: ``module`` (a new module of the form's
             class holding the merged weights), ``params``, and ``save(path)`` writing it
-            in the format :meth:`save` writes B in.
+            in the format :meth:`save` writes B in, with the record ``lmckit merge``
+            writes (both ends, ``t``, the fix, the form; a Hugging Face card carries
+            both models' licenses).
         """
+        t = check_interpolation_t(t)
         dataset = _dataset(data) if data is not None else None
         merged = merge_pair(
             self.architecture, self.reference, self.params, t=t, fix=fix, data=dataset
         )
-        return self._written(merged, _holding(self.architecture, merged))
+        out = self._written(merged, _holding(self.architecture, merged))
+        return replace(
+            out, record=self._merge_record(t, fix, data), derived_from=tuple(self.a.inputs)
+        )
+
+    def _merge_record(self, t: float, fix: str, data: Dataset | str | None) -> dict[str, Any]:
+        """What a merged point records, as ``lmckit merge`` does (B aligned here, in memory)."""
+        record: dict[str, Any] = {
+            "a": _name(self.a),
+            "b": _name(self.b),
+            "t": t,
+            "reset_bn": fix == "reset_bn",
+            "repair": fix == "repair",
+            "data": data if isinstance(data, str) or data is None else data.name,
+            "circuits": bool(self.metadata.get("circuits")),
+            "alignment": {k: self.metadata.get(k) for k in ("method", "symmetry", "seed", "form")},
+        }
+        if "form_choice" in self.metadata:
+            record["form_choice"] = self.metadata["form_choice"]
+        return record
 
 
 def align(
@@ -364,7 +425,8 @@ def align(
             weight matching's ``start="best"``); checked to fit the model.
         example_inputs: inputs to trace the architecture with (a tensor, a tuple, a dict
             of keyword inputs); zoo and ``transformers`` models take theirs from config.
-        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``;
+        config: the method's config, e.g. ``WeightMatchingConfig(start="best")``, or a
+            dict of its fields (``{"start": "best"}``, each checked against its type);
             ``None``: its defaults.
         circuits: ``None``: the form measured best for the method and symmetry
             (:func:`lmckit.forms.choose_form`, said in ``form``); ``True``: heads
@@ -385,7 +447,9 @@ def align(
         TypeError, FileNotFoundError, ValueError, CheckpointError: a user mistake, named
             in one line (a model or inputs of the wrong kind, a missing path, an unknown
             method, missing data, two architectures, a symmetry the architecture cannot
-            have, a module without example inputs, an unreadable file).
+            have, a module without example inputs, an unreadable file; a seed, device or
+            config of the wrong kind, modules on the meta device or with integer
+            parameters, example inputs the model cannot run on: :mod:`lmckit.api_checks`).
     """
     # everything cheap is checked before anything is loaded or traced
     check_align_request(
@@ -395,10 +459,11 @@ def align(
         head_bases=head_bases,
         has_data=data is not None,
     )
+    seed, config, device = align_arguments(method, seed=seed, config=config, device=device)
     if example_inputs is not None:
         split_inputs(example_inputs)
     start = time.perf_counter()
-    ma, mb = _pair(a, b)
+    ma, mb = _pair(a, b, example_inputs)
     dataset = _dataset(data) if data is not None else None
     loaded = time.perf_counter()
     pair = align_models(
@@ -437,4 +502,5 @@ def _aligned(
         architecture=pair.module,
         same_architecture=pair.same_architecture,
         reference_differs=pair.reference is not None,
+        left_out=pair.left_out,
     )

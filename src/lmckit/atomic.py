@@ -4,6 +4,13 @@ Everything is written to a temporary name in the destination's own directory (so
 final ``os.replace`` / ``os.rename`` stays on one filesystem and is atomic) and moved
 into place only when the writer finished without an exception.
 
+A rename replaces whatever has the destination's name, so it is done only onto nothing,
+onto what the write is (a regular file for a file, a folder for a folder) or onto a
+symbolic link (the link is replaced, never what it points to): a device, a FIFO or a
+socket is refused before anything is written and again right before the rename
+(:func:`lmckit.outputs.check_replaceable`); ``os.replace`` onto ``/dev/null`` would
+replace the device itself.
+
 Temporary names carry the writer's process id: ``.NAME.PID.RANDOM.tmp`` (and ``.old``
 for the previous version while a folder is swapped). A run killed with SIGKILL leaves
 them behind; the next write to the same place removes those whose writer is dead (on
@@ -22,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from lmckit.outputs import check_replaceable
 
 __all__ = ["atomic_dir", "atomic_path", "remove_stale", "write_json", "write_text"]
 
@@ -96,8 +105,13 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
     The temporary file is not created in advance (so the writer creates it with the
     usual permissions); the body must write it. On an exception the temporary file is
     removed and ``path`` is left as it was. Parent directories are created.
+
+    Raises:
+        OutputError: ``path`` is a folder, a device, a FIFO or a socket (checked before
+            the body runs and again before the rename).
     """
     target = Path(path)
+    check_replaceable(target, folder=False)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     tmp = _sibling(target, "tmp")
@@ -108,6 +122,7 @@ def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
         # Flush to disk before the rename, so a crash cannot leave a renamed but empty file.
         with open(tmp, "rb") as fh:
             os.fsync(fh.fileno())
+        check_replaceable(target, folder=False)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -143,8 +158,13 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     An existing ``path`` is replaced: it is moved aside, the new directory is moved in,
     then the old one is deleted (if moving the new one in fails, the old one is moved
     back). On an exception the temporary directory is deleted and ``path`` is untouched.
+
+    Raises:
+        OutputError: ``path`` is a file, a device, a FIFO or a socket (checked before
+            the body runs and again before the rename).
     """
     target = Path(path)
+    check_replaceable(target, folder=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     tmp = _sibling(target, "tmp")
@@ -156,6 +176,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
         raise
     try:
         _fsync_tree(tmp)
+        check_replaceable(target, folder=True)
         if target.exists() or target.is_symlink():
             old = _sibling(target, "old")
             os.rename(target, old)

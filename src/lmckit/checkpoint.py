@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_dir, write_json
 from lmckit.bounded import FileLimitError, read_text
 from lmckit.models import ModelConfig, ZooModel, build_zoo_model, get_model_class
@@ -223,8 +224,7 @@ def load(
     Raises:
         CheckpointError: naming the file and the first problem found.
     """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
+    check_float_dtype(dtype)
     weights_path, config_path = _locate(Path(path))
     config = _read_config(config_path)
     header, params = None, None
@@ -319,8 +319,13 @@ def save(
         check_finite(state, what=f"refusing to save {target}")
     except ValueError as err:
         raise CheckpointError(str(err)) from None
-    # Check against the architecture now: a checkpoint that load() rejects is useless.
-    _check_layout(state, _build(config, target, meta=True), target)
+    # Check against the architecture now: a checkpoint that load() rejects is useless
+    # (names, shapes, and floating-point weights where the model computes in them).
+    shapes = _build(config, target, meta=True)
+    _check_layout(state, shapes, target)
+    expected = shapes.state_dict()
+    for key, value in state.items():
+        _check_kind(key, value.dtype, value.is_floating_point(), expected[key], target)
 
     doc: dict[str, Any] = {**config.to_json(), "lmckit_version": _version()}
     if metadata is not None:

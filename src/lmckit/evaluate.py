@@ -20,7 +20,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_points
 from lmckit.batched import Batching, point_sums
+from lmckit.batchfit import fitting_batches
 from lmckit.params import Params, as_module, as_params, check_compatible, interpolate
 from lmckit.record import JsonRecord
 from lmckit.streamed import LinearPoint
@@ -82,7 +84,8 @@ def evaluate(
     model = as_module(model)
     params = as_params(params)
     _check_not_one_pair(batches)
-    sums, units = point_sums(model, 1, lambda _: dict(params), lambda: batches, task=task)
+    source = fitting_batches(model, lambda: batches)
+    sums, units = point_sums(model, 1, lambda _: dict(params), source, task=task)
     return _metrics(sums[0], units, task)
 
 
@@ -227,12 +230,16 @@ class PathResult(JsonRecord):
             out |= {"metric": name, "higher_is_better": self.higher_is_better}
         return out
 
-    def plot(self, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    def plot(
+        self, path: str | os.PathLike[str], *, title: str | None = None, overwrite: bool = False
+    ) -> Path:
         """Draw loss and the metric against ``t`` into the image ``path`` (PNG, PDF, SVG,
-        ...; :func:`lmckit.plot.plot_paths`); returns ``path``."""
+        ...; :func:`lmckit.plot.plot_paths`; an existing file is replaced if lmckit drew
+        it, or with ``overwrite``); returns ``path``."""
         from lmckit.plot import plot_paths
 
-        return plot_paths({str(self.meta.get("method", "A -> B")): self}, path, title=title)
+        name = str(self.meta.get("method", "A -> B"))
+        return plot_paths({name: self}, path, title=title, overwrite=overwrite)
 
     @classmethod
     def _from_fields(cls, data: Mapping[str, Any]) -> PathResult:
@@ -304,10 +311,14 @@ def evaluate_along(
     Raises:
         FloatingPointError: the loss is not finite at some point.
         TypeError: arguments of the wrong kind, named in one line.
+        DataMismatchError: batches the model cannot read (the first one is run through
+            it once, its own weights; :mod:`lmckit.batchfit`), token ids beyond its
+            vocabulary, or targets that are not indices of its outputs.
     """
     model = as_module(model)
-    source = _batch_source(batches)
-    grid = _path_grid(ts, points)
+    precision = (batching or Batching()).precision
+    source = fitting_batches(model, _batch_source(batches), precision=precision)
+    grid = _path_grid(ts, check_points(points))
 
     def theta(i: int) -> Mapping[str, Tensor]:
         p = point(grid[i])

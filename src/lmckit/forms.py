@@ -199,14 +199,17 @@ def choose_form(
             f"symmetry must be one of {', '.join(SYMMETRIES)} or None, got {symmetry!r}"
         )
     if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+        raise ValueError("head_bases=True aligns bases inside heads; circuits=True leaves none")
     zoo = isinstance(module, ZooModel)
     if circuits and zoo and not _circuits_possible(module, convertible):
-        raise ValueError(f"--circuits: {type(module).__name__} has no attention heads")
+        raise ValueError(
+            f"the circuit form rewrites attention heads as QK/OV circuits; "
+            f"{type(module).__name__} has no attention heads"
+        )
     if circuits and not _circuits_possible(module, convertible):
         raise ValueError(
-            f"--circuits rewrites lmckit's own transformers (and Hugging Face GPT-2 and ViT "
-            f"folders, converted first); {type(module).__name__} is not one"
+            f"the circuit form rewrites lmckit's own transformers (and Hugging Face GPT-2 and "
+            f"ViT folders, converted first); {type(module).__name__} is not one"
         )
     if circuits is None:
         name, chosen = possible_forms(module, method, symmetry, head_bases, convertible)[0], True

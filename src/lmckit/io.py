@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_path
 from lmckit.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError
 from lmckit.checkpoint import load as load_checkpoint
@@ -46,6 +47,7 @@ __all__ = [
     "LoadedModel",
     "ModelFormat",
     "check_same_architecture",
+    "check_same_config",
     "held_model",
     "load_model",
     "model_format",
@@ -73,6 +75,10 @@ class LoadedModel:
         source: the format's own object: a :class:`~lmckit.checkpoint.Checkpoint` or a
             :class:`~lmckit.hf.HFModel` (``None`` for the ``"module"`` format);
             :func:`save_model` writes from it.
+        record: what :meth:`save` records of how the model was made when given no
+            ``metadata`` (a merged point's ends, ``t``, fix; ``None``: nothing).
+        derived_from: other saved models these weights derive from (a merge's other
+            end): a Hugging Face card written by :meth:`save` carries their licenses.
     """
 
     module: nn.Module
@@ -80,6 +86,8 @@ class LoadedModel:
     format: ModelFormat
     path: Path | None
     source: Checkpoint | HFModel | None
+    record: Mapping[str, Any] | None = None
+    derived_from: tuple[Path, ...] = ()
 
     @property
     def output_kind(self) -> OutputKind:
@@ -100,8 +108,11 @@ class LoadedModel:
         metadata: Mapping[str, Any] | None = None,
         overwrite: bool = False,
     ) -> Path:
-        """Write this model in its format (:func:`save_model` with its own parameters)."""
-        return save_model(path, self, self.params, metadata=metadata, overwrite=overwrite)
+        """Write this model in its format (:func:`save_model` with its own parameters);
+        ``metadata`` defaults to the model's :attr:`record` of how it was made."""
+        meta = metadata if metadata is not None else self.record
+        return save_model(path, self, self.params, metadata=meta, overwrite=overwrite,
+                          sources=self.derived_from)  # fmt: skip
 
 
 def model_format(path: str | os.PathLike[str]) -> ModelFormat:
@@ -146,7 +157,9 @@ def load_model(
     Raises:
         CheckpointError: (or its subclass :class:`~lmckit.hf.HFError`) naming the file
             and the problem.
+        TypeError, ValueError: a ``dtype`` that is not a floating-point ``torch.dtype``.
     """
+    check_float_dtype(dtype)
     if model_format(path) == "hf":
         hf = load_hf(path, dtype=dtype, check_values=check_values)
         return LoadedModel(hf.module, hf.params, "hf", hf.path, hf)
@@ -205,24 +218,49 @@ def check_same_architecture(a: LoadedModel, b: LoadedModel) -> None:
         raise IncompatibleModelsError(f"{_described(a)} and {_described(b)}")
     check_compatible(a.params, b.params)
     if isinstance(a.source, HFModel) and isinstance(b.source, HFModel):
-        differences = config_differences(a.source, b.source)
-        if differences:
-            more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
-            raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
-        # the output is stored as B is: two storages would leave one of them unsaid
-        stored = stored_layout(a.source.path).dtype, stored_layout(b.source.path).dtype
-        if None not in stored and stored[0] != stored[1]:
-            dtypes = [str(d).removeprefix("torch.") for d in stored]
-            raise IncompatibleModelsError(
-                f"their weights are stored in different dtypes ({dtypes[0]} and {dtypes[1]}); "
-                "save one in the other's dtype first"
-            )
+        check_same_config(a, b)
     elif isinstance(a.source, Checkpoint) and isinstance(b.source, Checkpoint):
         if a.source.config != b.source.config:
             raise IncompatibleModelsError(f"{a.source.config} vs {b.source.config}")
     elif type(a.module) is not type(b.module):
         names = type(a.module).__name__, type(b.module).__name__
         raise IncompatibleModelsError(f"a {names[0]} and a {names[1]}")
+
+
+def check_same_config(
+    a: LoadedModel, b: LoadedModel, *, ignore: frozenset[str] = frozenset()
+) -> None:
+    """The checks of :func:`check_same_architecture` beyond names and shapes, for two
+    Hugging Face models: every config entry that changes what they compute, and each
+    weight's stored dtype. ``barrier`` and ``merge`` run it on a model ``lmckit align``
+    wrote beside another (their shapes are compared once both are in the recorded form).
+
+    Args:
+        a, b: the models (nothing is checked unless both are Hugging Face models).
+        ignore: config entries not compared (``tie_word_embeddings``, which a form that
+            folds a scale into a tied head turns off).
+
+    Raises:
+        IncompatibleModelsError: naming the first config entry, or the first weight,
+            that differs.
+    """
+    if not (isinstance(a.source, HFModel) and isinstance(b.source, HFModel)):
+        return
+    differences = [d for d in config_differences(a.source, b.source)
+                   if d.split(":")[0] not in ignore]  # fmt: skip
+    if differences:
+        more = f" (and {len(differences) - 1} more)" if len(differences) > 1 else ""
+        raise IncompatibleModelsError(f"their configs differ in {differences[0]}{more}")
+    # the output is stored as B is, weight by weight: two storages would leave one unsaid
+    stored_a, stored_b = stored_layout(a.source.path), stored_layout(b.source.path)
+    for name in sorted(stored_a.dtypes.keys() & stored_b.dtypes.keys()):
+        da, db = stored_a.dtypes[name], stored_b.dtypes[name]
+        if da != db:
+            dtypes = [str(d).removeprefix("torch.") for d in (da, db)]
+            raise IncompatibleModelsError(
+                f"their weights are stored in different dtypes ({dtypes[0]} and {dtypes[1]}), "
+                f"{name} first; save one in the other's dtypes first"
+            )
 
 
 def save_model(
@@ -235,6 +273,7 @@ def save_model(
     config_changes: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write ``params`` in the format ``like`` came in.
 
@@ -252,10 +291,13 @@ def save_model(
         module: lmckit format only: the architecture to write when it differs from
             ``like``'s (e.g. after a rewrite to RMSNorm).
         config_changes: Hugging Face format only: ``config.json`` entries to change.
-        overwrite: also replace a non-empty folder lmckit did not write (the command
-            line's ``--force``).
+        overwrite: also replace a non-empty folder (or, for a module's safetensors file,
+            a file) lmckit did not write (the command line's ``--force``).
         dtype: Hugging Face format only: the floating dtype to store the weights in;
-            ``None``: the source folder's (a bfloat16 folder stays bfloat16).
+            ``None``: the source folder's, weight by weight (a bfloat16 folder stays
+            bfloat16, its float32 norms float32).
+        sources: Hugging Face format only: other folders the weights derive from (a
+            merge's other model), whose licenses the model card carries.
 
     Raises:
         ValueError: an option of the other format.
@@ -264,16 +306,19 @@ def save_model(
         CheckpointError / HFError: params that do not fit, or that cannot be written;
             nothing is written then.
     """
+    check_float_dtype(dtype)
     if not isinstance(like, LoadedModel):
         raise TypeError(
             f"like must be the LoadedModel the params belong to (lmckit.load_model(path)), "
             f"got {type(like).__name__}"
         )
     as_params(params)
+    if dtype is not None and like.format != "hf":
+        raise ValueError("dtype= is for Hugging Face folders")
     if like.format == "module":
         if module is not None or config_changes is not None:
             raise ValueError("module= and config_changes= are for checkpoints and folders")
-        return _save_module_file(path, like, params, metadata=metadata)
+        return _save_module_file(path, like, params, metadata=metadata, overwrite=overwrite)
     if dtype is not None and like.format != "hf":
         raise ValueError("dtype= is for Hugging Face folders")
     check_output_dir(path, kind=like.output_kind, inputs=like.inputs, force=overwrite)
@@ -291,6 +336,7 @@ def save_model(
             metadata=metadata,
             overwrite=overwrite,
             dtype=dtype,
+            sources=[p for p in sources if is_hf_folder(p)],
         )
     if config_changes is not None:
         raise ValueError("config_changes= is for Hugging Face folders; pass module= instead")
@@ -305,10 +351,14 @@ def _save_module_file(
     params: Mapping[str, Tensor],
     *,
     metadata: Mapping[str, Any] | None,
+    overwrite: bool,
 ) -> Path:
     """``params`` as one safetensors file (``module.load_state_dict(load_file(path))``
-    restores them; tied weights are stored once, under their first name)."""
-    target = check_output_file(path, inputs=like.inputs, suffixes=[MODULE_FILE_SUFFIX])
+    restores them; tied weights are stored once, under their first name). An existing
+    file is replaced if lmckit wrote it (its header says so), or with ``overwrite``."""
+    target = check_output_file(
+        path, inputs=like.inputs, suffixes=[MODULE_FILE_SUFFIX], force=overwrite, kind="weights"
+    )
     state = check_state_dict(dict(params), target)
     check_compatible(like.params, state)
     try:

@@ -150,7 +150,11 @@ def _repair_sites(model: nn.Module) -> list[str]:
     """The sites a model lists in ``repair_sites()`` (the zoo's models do)."""
     listed = getattr(model, "repair_sites", None)
     if not callable(listed):
-        raise ValueError("pass sites=...: the model does not list its REPAIR sites")
+        raise ValueError(
+            f"REPAIR rescales the outputs of the layers a model lists in repair_sites(); "
+            f"{type(model).__name__} lists none (lmckit's zoo models do): merge it without "
+            "REPAIR, or call lmckit.merge.repair with sites= naming its layers"
+        )
     return list(listed())
 
 

@@ -29,6 +29,7 @@ __all__ = [
     "layout",
     "meta_of",
     "module_params",
+    "rounded_finite",
     "rows_of",
     "stored_dtype",
     "stored_params",
@@ -314,6 +315,27 @@ def check_finite(params: Mapping[str, Tensor], *, what: str = "parameters") -> N
     name = first_nonfinite(params)
     if name is not None:
         raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
+
+
+def rounded_finite(value: Tensor, dtype: torch.dtype, *, name: str, what: str) -> Tensor:
+    """``value`` rounded to ``dtype``, refusing a NaN or infinity in the result: finite
+    values that round to infinity are named as an overflow of ``dtype``'s range (a
+    float32 70000 in float16), not as values that were never finite.
+
+    Raises:
+        ValueError: ``"{what}: {name!r} overflows ..."`` or ``"... contains NaN or
+            infinite values"``.
+    """
+    out = value.to(dtype)
+    if first_nonfinite({name: out}) is None:
+        return out
+    if out.is_floating_point() and first_nonfinite({name: value}) is None:
+        largest = float(value.detach().abs().max())
+        raise ValueError(
+            f"{what}: {name!r} overflows {dtype}: its values reach {largest:.6g}, beyond "
+            f"{dtype}'s largest finite value, {torch.finfo(dtype).max:.6g}"
+        )
+    raise ValueError(f"{what}: {name!r} contains NaN or infinite values")
 
 
 def weighted_average(

@@ -1,7 +1,13 @@
-"""Figures: loss and accuracy along paths, and over simplices (PNG, written atomically)."""
+"""Figures: loss and accuracy along paths, over simplices and planes (PNG, written atomically).
+
+Every figure carries lmckit's mark in its metadata (PNG, PDF, SVG, PS, EPS;
+:func:`lmckit.outputs.own_files.plot_metadata`), so that drawing it again may replace it
+while a user's image of the same name is refused (:func:`lmckit.outputs.check_output_file`).
+"""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,13 +22,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 from lmckit.atomic import atomic_path  # noqa: E402
 from lmckit.evaluate import PathResult  # noqa: E402
 from lmckit.outputs import check_output_file  # noqa: E402
+from lmckit.outputs.own_files import plot_metadata  # noqa: E402
 
 if TYPE_CHECKING:
+    from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+    from lmckit.paths.plane import PlaneResult
     from lmckit.paths.simplex import SimplexResult
 
-__all__ = ["PLOT_SUFFIXES", "plot_paths", "plot_simplex"]
+__all__ = ["PLOT_SUFFIXES", "plot_paths", "plot_planes", "plot_simplex"]
 
 #: File suffixes a figure can be written as (matplotlib's formats that need no LaTeX
 #: and are files, not raw buffers).
@@ -40,15 +49,19 @@ def plot_paths(
     path: str | os.PathLike[str],
     *,
     title: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Plot loss (left) and accuracy (right) against ``t`` for each named path.
 
     Legends carry each path's loss and accuracy barrier. Returns the written path.
+    ``overwrite``: replace an existing file lmckit did not draw (a figure lmckit drew is
+    replaced anyway).
 
     Raises:
-        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
+        OutputError: ``path`` is a folder, a device, not an image type
+            (:data:`PLOT_SUFFIXES`), or a file lmckit did not write (without ``overwrite``).
     """
-    check_output_file(path, suffixes=PLOT_SUFFIXES)
+    check_output_file(path, suffixes=PLOT_SUFFIXES, force=overwrite)
     if not results:
         raise ValueError("nothing to plot")
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
@@ -78,8 +91,9 @@ def _save(fig: Figure, path: str | os.PathLike[str], title: str | None) -> Path:
     path = Path(path)
     if title:
         fig.suptitle(title)
+    fmt = path.suffix.lower().lstrip(".") or "png"
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
+        fig.savefig(tmp, dpi=120, format=fmt, metadata=plot_metadata(fmt))
     plt.close(fig)
     return path
 
@@ -91,19 +105,21 @@ def plot_simplex(
     metric: str = "loss",
     labels: Sequence[str] = ("model 1", "model 2", "model 3"),
     title: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Triangle heat maps of loss (or accuracy) over 3-model simplices, one per result.
 
     Barycentric weights ``w`` map to the plane as ``w_1 v_1 + w_2 v_2 + w_3 v_3`` with
     the vertices of an equilateral triangle; all panels share one colour scale, and
     the point attaining each loss barrier is marked. Returns the written path.
+    ``overwrite``: as for :func:`plot_paths`.
 
     Raises:
-        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
+        OutputError: as for :func:`plot_paths`.
     """
     import numpy as np
 
-    check_output_file(path, suffixes=PLOT_SUFFIXES)
+    check_output_file(path, suffixes=PLOT_SUFFIXES, force=overwrite)
     from matplotlib.tri import Triangulation
 
     if not results:
@@ -153,3 +169,93 @@ def plot_simplex(
         image, ax=axes[0].tolist(), shrink=0.8, label=metric if metric == "loss" else "accuracy (%)"
     )
     return _save(fig, path, title)
+
+
+def plot_planes(
+    results: Mapping[str, PlaneResult],
+    path: str | os.PathLike[str],
+    *,
+    title: str | None = None,
+    levels: int = 24,
+) -> Path:
+    """Filled contours of the loss over planes through three models, one panel per result.
+
+    The colours are log-spaced (``levels`` levels between the lowest and highest loss of
+    all panels, one shared scale); each model is marked and named, the straight line from
+    the first to the second drawn dashed, and a curve's projection drawn solid when the
+    result holds one. Axes are weight-space distances, equal in scale. Returns the
+    written path.
+
+    Raises:
+        OutputError: ``path`` is a folder or not an image type (:data:`PLOT_SUFFIXES`).
+    """
+    import numpy as np
+    from matplotlib.colors import LogNorm
+
+    check_output_file(path, suffixes=PLOT_SUFFIXES)
+    if not results:
+        raise ValueError("nothing to plot")
+    grids = {name: np.asarray(r.loss, dtype=float) for name, r in results.items()}
+    low = max(min(float(g.min()) for g in grids.values()), 1e-6)
+    high = max(max(float(g.max()) for g in grids.values()), low * 1.01)
+    bounds = np.geomspace(low, high, levels)
+    # panels as tall as the planes are (equal axes), within reason
+    aspect = max((max(r.y) - min(r.y)) / max(max(r.x) - min(r.x), 1e-12) for r in results.values())
+    height = min(max(4.6 * aspect, 2.2), 6.0) + 1.3
+    fig, axes = plt.subplots(
+        1,
+        len(results),
+        figsize=(4.6 * len(results) + 1.2, height),
+        constrained_layout=True,
+        squeeze=False,
+    )
+    norm = LogNorm(low, high)
+    for ax, (name, res) in zip(axes[0], results.items(), strict=True):
+        image = ax.contourf(
+            res.x, res.y, np.clip(grids[name], low, high), levels=bounds, norm=norm, cmap="viridis"
+        )
+        _draw_plane_paths(ax, res)
+        ax.set_title(name, fontsize=10)
+    bar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9, label="loss (log scale)")
+    ticks = _log_ticks(low, high)
+    bar.set_ticks(ticks, labels=[f"{t:g}" for t in ticks])
+    bar.ax.minorticks_off()
+    return _save(fig, path, title)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """1, 1.5, 2, 3, 5, 7 times powers of ten between ``low`` and ``high``."""
+    return [
+        m * 10.0**e
+        for e in range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+        for m in (1, 1.5, 2, 3, 5, 7)
+        if low <= m * 10.0**e <= high
+    ]
+
+
+def _draw_plane_paths(ax: Axes, res: PlaneResult) -> None:
+    """The straight line (dashed), a curve's projection and the named models on a plane."""
+    (ax_, ay), (bx, by) = res.models[0]["xy"], res.models[1]["xy"]
+    ax.plot([ax_, bx], [ay, by], "--", color="white", lw=1.2, label="straight line")
+    if res.curve:
+        cx, cy = zip(*res.curve, strict=True)
+        ax.plot(cx, cy, "-", color="orange", lw=1.6, label="curve")
+        ax.legend(fontsize=8, loc="lower right")
+    middle = (min(res.x) + max(res.x)) / 2
+    for model in res.models:
+        x, y = model["xy"]
+        ax.plot(x, y, "o", color="white", mec="black", ms=7)
+        right = x > middle  # names of models on the right run leftwards, inside the axes
+        ax.annotate(
+            str(model["path"]),
+            (x, y),
+            xytext=(-5 if right else 5, 5),
+            textcoords="offset points",
+            ha="right" if right else "left",
+            color="white",
+            fontsize=9,
+            fontweight="bold",
+        )
+    ax.set_aspect("equal")
+    ax.set_xlabel("distance along u (B - A)")
+    ax.set_ylabel("distance along v")

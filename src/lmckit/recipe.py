@@ -215,8 +215,13 @@ def _orthogonal(
     if isinstance(module, ZooModel):
         from lmckit.rewrites import layernorm_to_rmsnorm
 
-        rms, ra = layernorm_to_rmsnorm(module, dict(a))
-        _, rb = layernorm_to_rmsnorm(module, dict(b))
+        try:
+            rms, ra = layernorm_to_rmsnorm(module, dict(a))
+            _, rb = layernorm_to_rmsnorm(module, dict(b))
+        except ValueError as err:
+            raise ValueError(
+                f"symmetry='orthogonal' needs the exact LayerNorm -> RMSNorm rewrite: {err}"
+            ) from None
         return rms, ra, rb, rms.symmetry_spec(), ["RMSNorm form"], frozenset()
     raise layernorm_error(module)
 
@@ -293,7 +298,8 @@ def aligned_form(
     if circuits:
         if not isinstance(module, ZooModel):
             raise ValueError(
-                f"--circuits rewrites lmckit's own transformers; {type(module).__name__} is not one"
+                f"the circuit form rewrites lmckit's own transformers; {type(module).__name__} is "
+                "not one"
             )
         from lmckit.rewrites import heads_to_circuits
 
@@ -307,7 +313,10 @@ def aligned_form(
                 _, b = heads_to_circuits(module, dict(b))
             except ValueError:
                 name = module.config.name
-                raise ValueError(f"--circuits: {name} has no attention heads") from None
+                raise ValueError(
+                    f"the circuit form rewrites attention heads as QK/OV circuits; {name} has no "
+                    "attention heads"
+                ) from None
         full = circuit.symmetry_spec()
         # keep the groups the symmetry chose (the permutations-only ablation); circuit
         # heads are plain permutations of whole circuits

@@ -131,8 +131,10 @@ def _center(x: Tensor, axis: int) -> Tensor:
     return (x64 - x64.mean(dim=axis, keepdim=True)).to(x.dtype)
 
 
-def _norm_readers(analysis: SymmetryAnalysis, kind: str) -> list[tuple[str, str, list[Reader]]]:
-    """``(scale key, shift key, readers)`` of every norm of ``kind`` in the graph."""
+def _norm_readers(
+    analysis: SymmetryAnalysis, kind: str, module: ZooModel
+) -> list[tuple[str, str, list[Reader]]]:
+    """``(scale key, shift key, readers)`` of every norm of ``kind`` in ``module``'s graph."""
     params = dict(analysis.traced.params)
     nodes = {n.name: n for n in analysis.traced.graph.nodes}
     out = []
@@ -141,10 +143,17 @@ def _norm_readers(analysis: SymmetryAnalysis, kind: str) -> list[tuple[str, str,
             continue
         found = readers_of(nodes[site.node], params)
         if isinstance(found, str):
-            raise ValueError(
-                f"the {kind} norm {site.node!r} cannot be folded into its readers ({found}): "
+            # a model in circuit form reads its norms through QK circuits, which take
+            # no scale; any other reader that is not linear (an activation) cannot either
+            why = (
                 "the rewrite needs projected heads; rewrite norms and widths before "
                 "heads_to_circuits"
+                if module.config.kwargs.get("attention") == "circuits"
+                else "only linear layers reading a norm can take its scale"
+            )
+            raise ValueError(
+                f"the {kind} norm {site.node!r} of {module.config.name} cannot be folded "
+                f"into its readers ({found}): {why}"
             )
         scale = params[site.weight] if site.weight else ""
         shift = params[site.bias] if site.bias else ""
@@ -186,7 +195,7 @@ def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Pa
     """
     model: Rewritable = module  # type: ignore[assignment]
     analysis = _analysis(module)
-    norms = _norm_readers(analysis, "layer")
+    norms = _norm_readers(analysis, "layer", module)
     if not norms:
         raise ValueError("layernorm_to_rmsnorm needs a model whose residual stream has LayerNorms")
     scales = {scale for scale, _, _ in norms}
@@ -304,7 +313,7 @@ def embed_in_wider(
             work[part.param] = x
     # an RMSNorm of width m sees |O x|^2 / m: its output grows by sqrt(m / n)
     shared = _shared(analysis)
-    for _, _, readers in _norm_readers(analysis, "rms"):
+    for _, _, readers in _norm_readers(analysis, "rms", module):
         for reader in readers:
             if reader.weight in shared:  # rescaling it would rescale its other use too
                 raise ValueError(f"{reader.weight!r} is shared (tied): untie shared weights first")

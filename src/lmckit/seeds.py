@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["MAX_SEED", "generator"]
+__all__ = ["MAX_SEED", "check_seed", "generator"]
 
 #: Largest seed: PyTorch's generators hold 64 bits.
 MAX_SEED = 2**64 - 1
 
 
-def _check_seed(seed: object, what: str = "seed") -> int:
+def check_seed(seed: object, what: str = "seed") -> int:
     """``seed`` if it is an integer in ``[0, MAX_SEED]``, else a one-line error.
 
     Raises:
@@ -33,4 +33,4 @@ def generator(seed: int | torch.Generator, what: str = "seed") -> torch.Generato
     """A CPU generator seeded with ``seed`` (checked), or ``seed`` itself if it is one."""
     if isinstance(seed, torch.Generator):
         return seed
-    return torch.Generator().manual_seed(_check_seed(seed, what))
+    return torch.Generator().manual_seed(check_seed(seed, what))

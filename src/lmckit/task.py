@@ -29,6 +29,7 @@ __all__ = [
     "Task",
     "absolute_error",
     "accuracy",
+    "check_labels",
     "classification",
     "cross_entropy",
     "mse",
@@ -75,9 +76,42 @@ def _flatten(outputs: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1)
 
 
+#: The target cross-entropy leaves out (PyTorch's ``ignore_index``: padding, masked tokens).
+IGNORED_TARGET = -100
+
+
+def check_labels(labels: Tensor, classes: int) -> None:
+    """Refuse targets that are not class indices in ``[0, classes)`` (or
+    :data:`IGNORED_TARGET`), in one line (``DataMismatchError``), before PyTorch's
+    "Target 12 is out of bounds" from inside the loss."""
+    from lmckit.datafit import DataMismatchError  # here: datafit imports this module
+
+    if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+        raise DataMismatchError(
+            f"targets must be integer class indices (token ids for a language model), got "
+            f"{labels.dtype}"
+        )
+    if labels.is_meta:
+        return  # shapes without values (a memory count): nothing to compare
+    kept = labels[labels != IGNORED_TARGET]
+    if kept.numel() == 0:
+        return
+    low, high = (int(v) for v in torch.aminmax(kept))
+    if low < 0 or high >= classes:
+        raise DataMismatchError(
+            f"targets: label {low if low < 0 else high} is not one of the model's {classes} "
+            f"outputs (classes, or tokens of its vocabulary: 0 to {classes - 1})"
+        )
+
+
 def cross_entropy(outputs: Tensor, targets: Tensor, *, reduction: str = "mean") -> Tensor:
-    """Cross-entropy of logits ``(..., C)`` against integer targets ``(...)``, per unit."""
+    """Cross-entropy of logits ``(..., C)`` against integer targets ``(...)``, per unit.
+
+    Raises:
+        DataMismatchError: a target that is not an index of the logits (nor -100).
+    """
     logits, labels = _flatten(outputs, targets)
+    check_labels(labels, logits.shape[-1])
     return F.cross_entropy(logits, labels, reduction=reduction)
 
 

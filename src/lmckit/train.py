@@ -229,6 +229,7 @@ class _Validation:
         point = ValidationPoint(step=step, epoch=epoch + 1, loss=loss, acc=acc)
         self.history.append(point)
         if self.best is None or loss < self.best.loss - self.config.min_delta:
+            self.best_params = None  # the old copy goes before the new one is made
             self.best, self.best_params, self.stale = point, _snapshot(work), 0
         else:
             self.stale += 1
@@ -352,5 +353,9 @@ def fit(
                 validation.measure(work, step, epoch, bar)
         finally:
             bar.close()
+    # the optimiser's moments and the gradients go before the result is copied out:
+    # they would otherwise raise the run's peak memory by that copy
+    del opt
+    work.zero_grad(set_to_none=True)
     # An early stop at the very last step is no early stop.
     return validation.result(work, step, epoch + 1, stopped_early and step < total)

@@ -56,15 +56,17 @@ def _disjoint_pair():
 
 
 def test_weak_additivity_closed_forms():
-    u = torch.rand(4, 7)
-    v = torch.rand(4, 7)
+    gen = torch.Generator().manual_seed(0)
+    u = torch.rand(4, 7, generator=gen)
+    v = torch.rand(4, 7, generator=gen)
     assert weak_additivity(u, v) == pytest.approx(1.0)  # both non-negative: relu is linear
     # u + (-u) = 0 while relu(u) + relu(-u) = |u| != 0: cosine 0
     assert weak_additivity(u + 0.1, -(u + 0.1)) == pytest.approx(0.0)
 
 
 def test_mean_cosine_scale_invariant_and_bounded():
-    x = torch.randn(8, 3, 2)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 3, 2, generator=gen)
     assert mean_cosine(x, 3.0 * x) == pytest.approx(1.0)
     assert mean_cosine(x, -x) == pytest.approx(-1.0)
     with pytest.raises(ValueError):
@@ -72,11 +74,12 @@ def test_mean_cosine_scale_invariant_and_bounded():
 
 
 def test_reciprocal_orthogonality_null_space_and_identity():
+    gen = torch.Generator().manual_seed(0)
     w = torch.zeros(4, 6)
-    w[:, :3] = torch.randn(4, 3)
-    z_own = torch.randn(10, 6)
+    w[:, :3] = torch.randn(4, 3, generator=gen)
+    z_own = torch.randn(10, 6, generator=gen)
     z_null = torch.zeros(10, 6)
-    z_null[:, 3:] = torch.randn(10, 3)  # in the null space of w
+    z_null[:, 3:] = torch.randn(10, 3, generator=gen)  # in the null space of w
     assert reciprocal_orthogonality(w, z_own, z_null) == pytest.approx(0.0)
     assert reciprocal_orthogonality(w, z_own, z_own) == pytest.approx(1.0)
     assert reciprocal_orthogonality(w, z_own, 2 * z_own) == pytest.approx(2.0)
@@ -85,10 +88,11 @@ def test_reciprocal_orthogonality_null_space_and_identity():
 
 
 def test_effective_rank_closed_forms():
+    gen = torch.Generator().manual_seed(0)
     assert effective_rank(torch.eye(5)) == pytest.approx(5.0)
-    assert effective_rank(torch.outer(torch.randn(4), torch.randn(6))) == pytest.approx(
-        1.0, abs=1e-6
-    )
+    assert effective_rank(
+        torch.outer(torch.randn(4, generator=gen), torch.randn(6, generator=gen))
+    ) == pytest.approx(1.0, abs=1e-6)
     # singular values (2, 1, 1): p = (1/2, 1/4, 1/4), H = 1.5 log 2
     assert effective_rank(torch.diag(torch.tensor([2.0, 1.0, 1.0]))) == pytest.approx(
         math.exp(1.5 * math.log(2))
@@ -98,8 +102,9 @@ def test_effective_rank_closed_forms():
 
 
 def test_disjoint_networks_satisfy_lewc_exactly():
+    gen = torch.Generator().manual_seed(0)
     model, a, b = _disjoint_pair()
-    x = torch.randn(16, 5)
+    x = torch.randn(16, 5, generator=gen)
     sites = ["acts.0", "acts.1", "head"]
     for lam in (0.5, 0.3):
         cos = lewc_cosine(model, a, b, x, sites, lam=lam)
@@ -111,19 +116,25 @@ def test_disjoint_networks_satisfy_lewc_exactly():
 
 
 def test_lewc_first_layer_is_exact_for_any_pair():
+    gen = torch.Generator().manual_seed(0)
     # layer 1 before the nonlinearity is affine in the parameters: exact for any models
     model, a = create_model("mlp", seed=0, in_features=5, hidden=[8, 8], out_features=3)
     _, b = create_model("mlp", seed=1, in_features=5, hidden=[8, 8], out_features=3)
-    cos = lewc_cosine(model, a, b, torch.randn(16, 5), ["layers.0"], lam=0.5)
+    cos = lewc_cosine(model, a, b, torch.randn(16, 5, generator=gen), ["layers.0"], lam=0.5)
     # lam^1 f(a) + (1 - lam)^1 f(b) is the merged pre-activation itself
     assert cos["layers.0"] == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        lewc_cosine(model, a, b, torch.randn(4, 5), ["layers.0"], lam=1.5)
+        lewc_cosine(model, a, b, torch.randn(4, 5, generator=gen), ["layers.0"], lam=1.5)
 
 
 def test_unrelated_models_are_not_reciprocally_orthogonal():
+    gen = torch.Generator().manual_seed(0)
     model, a = create_model("mlp", seed=0, in_features=5, hidden=[8, 8], out_features=3)
-    ro = reciprocal_orthogonality_per_layer(model, a, a, torch.randn(16, 5), ["layers.1"])
+    ro = reciprocal_orthogonality_per_layer(
+        model, a, a, torch.randn(16, 5, generator=gen), ["layers.1"]
+    )
     assert ro["layers.1"] == pytest.approx(1.0)
     with pytest.raises(ValueError):
-        reciprocal_orthogonality_per_layer(model, a, a, torch.randn(4, 5), ["acts.0"])
+        reciprocal_orthogonality_per_layer(
+            model, a, a, torch.randn(4, 5, generator=gen), ["acts.0"]
+        )

@@ -17,20 +17,17 @@ import torch
 import torch.multiprocessing as mp
 from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
-from tests.processes import free_port, set_rank_environment
+from tests.processes import rendezvous, set_rank_environment
 from tests.tiny_models import build_hf_folder
 
 from lmckit.cli import main
 from lmckit.hf.files import read_hf_weights, shard_map, weights_path
 from lmckit.io import load_model
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-TEXT = (
-    f"shakespeare:{SHARED / 'tinyshakespeare' / 'input.txt'},"
-    f"tokenizer={SHARED / 'gpt2_tokenizer'},block=16,split=99/0.5/0.5"
-)
 PROCESSES = 2
 BROKEN = "model.layers.1.mlp.down_proj.weight"
+#: The text the barrier is measured on: written by the test, read by a word-level tokenizer.
+WORDS = ["<unk>", "the", "cat", "sat", "on", "mat", "and", "dog", "ran"]
 
 
 def _worker(rank: int, runs: list[list[str]], out_dir: str) -> None:
@@ -53,8 +50,9 @@ def _worker(rank: int, runs: list[list[str]], out_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
-    """Two bfloat16 Llama folders in shards (the GPT-2 tokenizer's vocabulary), and B
-    with a NaN in one weight."""
+    """Two bfloat16 Llama folders in shards (a vocabulary of GPT-2's size, so the weights
+    span several shards; the text's tokenizer uses its first ids), and B with a NaN in
+    one weight."""
     root = tmp_path_factory.mktemp("pair")
     kw = dict(dtype=torch.bfloat16, shard_size=200_000, vocab_size=50257, hidden_size=16,
               intermediate_size=24, max_position_embeddings=16)  # fmt: skip
@@ -70,18 +68,34 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def ranks(pair, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
+def text(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A data spec of 3,000 words of text and a word-level tokenizer, both written here."""
+    tokenizers = pytest.importorskip("tokenizers")
+    root = tmp_path_factory.mktemp("text")
+    tok = tokenizers.Tokenizer(
+        tokenizers.models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>")
+    )
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tok.save(str(root / "tokenizer.json"))
+    words = [WORDS[1 + (i * 7 + i // 5) % (len(WORDS) - 1)] for i in range(3000)]
+    (root / "corpus.txt").write_text(" ".join(words))
+    return f"text:{root / 'corpus.txt'},tokenizer={root},block=16,split=80/10/10"
+
+
+@pytest.fixture(scope="module")
+def ranks(pair, text, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[dict]]:
     """Three command lines run by two processes: align, barrier, align of a broken B."""
     a, b, broken = pair
     out = tmp_path_factory.mktemp("ranks")
-    runs = [
-        [str(free_port()), "align", str(a), str(b), "--symmetry", "orthogonal",
-         "--out", str(out / "aligned")],
-        [str(free_port()), "barrier", str(a), str(b), "--data", TEXT, "--points", "3",
+    commands = [
+        ["align", str(a), str(b), "--symmetry", "orthogonal", "--out", str(out / "aligned")],
+        ["barrier", str(a), str(b), "--data", text, "--points", "3",
          "--json", str(out / "barrier.json")],
-        [str(free_port()), "align", str(a), str(broken), "--out", str(out / "never")],
+        ["align", str(a), str(broken), "--out", str(out / "never")],
     ]  # fmt: skip
-    mp.spawn(_worker, args=(runs, str(out)), nprocs=PROCESSES, join=True)
+    with rendezvous(len(commands)) as ports:  # one process group per command line
+        runs = [[str(port), *args] for port, args in zip(ports, commands, strict=True)]
+        mp.spawn(_worker, args=(runs, str(out)), nprocs=PROCESSES, join=True)
     got = [
         {
             "out": [(out / f"run{i}-rank{r}.out").read_text() for i in range(len(runs))],
@@ -120,11 +134,11 @@ def test_align_under_two_processes_writes_one_process_result(pair, ranks, tmp_pa
     assert same / sum(v.numel() for v in one_w.values()) > 0.9  # most bit for bit
 
 
-def test_barrier_under_two_processes_measures_what_one_does(pair, ranks, tmp_path) -> None:
+def test_barrier_under_two_processes_measures_what_one_does(pair, text, ranks, tmp_path) -> None:
     a, b, _ = pair
     out, got = ranks
     one = tmp_path / "one.json"
-    args = ["barrier", str(a), str(b), "--data", TEXT, "--points", "3", "--json", str(one)]
+    args = ["barrier", str(a), str(b), "--data", text, "--points", "3", "--json", str(one)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert got[0]["err"][1] == got[1]["err"][1] == "" and got[1]["out"][1] == ""
@@ -150,7 +164,12 @@ def test_values_are_checked_by_the_process_that_reads_them(pair, ranks) -> None:
 @pytest.mark.parametrize(
     ("size", "command", "message"),
     [
-        ("2", "merge", "lmckit merge runs in one process; under torchrun only align and barrier"),
+        (
+            "2",
+            "merge",
+            "lmckit merge runs in one process; under torchrun only align, barrier, curve, "
+            "landscape and ensemble",
+        ),
         ("two", "align", "WORLD_SIZE must be a whole number of processes, got 'two'"),
     ],
 )

@@ -1,11 +1,11 @@
 """The ``lmckit`` command line: parse, validate, call one library function, write.
 
 One module per command (:mod:`lmckit.cli.demo`, ``train``, ``align``, ``barrier``,
-``merge``, ``reproduce``), each exposing ``command``; :mod:`lmckit.cli.common` holds
-the shared options, the one function that loads models, data loading and the output
-checks. Command modules are imported only when their command runs (or ``--help``
-lists them), so start-up stays light and an interrupt during it is handled like any
-other.
+``merge``, ``curve``, ``landscape``, ``ensemble``, ``soup``, ``reproduce``), each
+exposing ``command``; :mod:`lmckit.cli.common` holds the shared options, the one
+function that loads models, data loading and the output checks. Command modules are
+imported only when their command runs (or ``--help`` lists them), so start-up stays
+light and an interrupt during it is handled like any other.
 
 One error path (:class:`LmckitGroup`): a user mistake (any error the library documents:
 ``ValueError`` and its subclasses, missing files, ...) prints one line ``Error: ...``
@@ -43,12 +43,16 @@ COMMANDS = {
     "align": "align",
     "barrier": "barrier",
     "merge": "merge",
+    "curve": "curve",
+    "landscape": "landscape",
+    "ensemble": "ensemble",
+    "soup": "soup",
     "symmetries": "symmetries",
     "reproduce": "reproduce",
 }
 #: Commands that split their work between the processes ``torchrun`` starts
 #: (:func:`lmckit.cli.common.join_processes`); the others refuse to run under it.
-SPLIT_COMMANDS = ("align", "barrier")
+SPLIT_COMMANDS = ("align", "barrier", "curve", "landscape", "ensemble")
 EXIT_INTERRUPTED = 130
 BUG_REPORT = (
     "lmckit: this is a bug in lmckit, not a mistake in what you asked; please report it "
@@ -200,5 +204,6 @@ def main(ctx: click.Context) -> None:
         if launched_processes() > 1:
             raise fail(
                 f"lmckit {ctx.invoked_subcommand} runs in one process; under torchrun only "
-                f"{' and '.join(SPLIT_COMMANDS)} split their work between processes"
+                f"{', '.join(SPLIT_COMMANDS[:-1])} and {SPLIT_COMMANDS[-1]} split their work "
+                "between processes"
             )

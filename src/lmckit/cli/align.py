@@ -150,7 +150,8 @@ def command(
     With --data, weight matching also uses it: the start whose midpoint has the lower
     training loss, and masks of the tokens that never occur.
     """
-    from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig
+    from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig, aligner_info
+    from lmckit.workflow.align import ALIGN_METHODS
 
     writer = join_processes()  # under torchrun: process 0 reports and writes
     quiet = quiet or not writer
@@ -163,6 +164,8 @@ def command(
     if start == "best" and data_spec is None:
         raise click.ClickException("--start best compares the starts on training data: give --data")
     _refuse_unused_options(method)
+    if data_spec is None and aligner_info(ALIGN_METHODS[method]).needs_data:
+        raise click.ClickException(f"--method {method} reads data: give --data")
     validate_data_spec(data_spec)  # cheap: before any model is loaded
     config: LearnedMatchingConfig | WeightMatchingConfig | None = None
     if method == "learned":
@@ -244,6 +247,8 @@ def _report(
     elif chosen_on_data:
         click.echo(aligned.choice.describe())
     click.echo(result.summary())
+    for line in aligned.left_out:  # checked on B: the spec was inferred on A
+        click.echo(f"left out: {line}")
     if "masked_rows" in aligned.metadata:
         rows = max(aligned.metadata["masked_rows"].values())
         click.echo(f"masked {rows} token rows that never occur in the training split")

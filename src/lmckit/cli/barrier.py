@@ -7,13 +7,13 @@ from pathlib import Path
 import click
 import torch
 
-from lmckit.atomic import write_json
 from lmckit.cli.common import (
     POSITIVE,
     check_out_files,
     choice_option,
     data_option,
     fail,
+    force_option,
     input_paths,
     join_processes,
     load_dataset,
@@ -22,6 +22,7 @@ from lmckit.cli.common import (
     seed_option,
     set_threads,
     threads_option,
+    write_json_output,
 )
 from lmckit.measure import FIXES, EvalSettings, path_table
 from lmckit.paths.simplex import check_simplex_size
@@ -83,8 +84,15 @@ __all__ = ["command"]
     "QK/OV circuit (exact at the ends; the path is the paper's), or not. Default: as "
     "`lmckit align` recorded in the aligned model (its form), else not.",
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False))
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False))
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the result as JSON here; '-' writes it to stdout (for jq), and the table "
+    "to stderr.",
+)
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), help="Draw it here.")
+@force_option
 @threads_option
 @quiet_option
 def command(
@@ -101,6 +109,7 @@ def command(
     circuits: bool | None,
     json_path: str | None,
     plot_path: str | None,
+    force: bool,
     threads: int | None,
     quiet: bool,
 ) -> None:
@@ -126,7 +135,7 @@ def command(
         raise fail(f"--plot draws the simplex of 3 models, got {len(models)}")
     inputs = input_paths(*models, data_spec=data_spec)
     if writer:
-        check_out_files(inputs, json=json_path, plot=plot_path)
+        check_out_files(inputs, json=json_path, plot=plot_path, force=force)
     else:  # the other processes compute, and write nothing
         json_path = plot_path = None
     # bfloat16 or float16 models stay as stored; each point is built in float32
@@ -135,7 +144,7 @@ def command(
         check_simplex_size(len(models), resolution)
         _simplex(models, data_spec, settings, resolution=resolution, align=align_method,
                  seed=seed, head_bases=head_bases, circuits=bool(circuits), json_path=json_path,
-                 plot_path=plot_path, quiet=quiet)  # fmt: skip
+                 plot_path=plot_path, quiet=quiet, force=force)  # fmt: skip
         return
     data = load_dataset(data_spec)
     a, b = load_models(models, forms=True, dtype=None)
@@ -148,12 +157,11 @@ def command(
         click.echo(f"form (as `lmckit align` recorded): {result.meta['form']}")
     click.echo(path_table({"linear": result}))
     if json_path:
-        write_json(json_path, result.to_dict())
-        click.echo(f"wrote {json_path}")
+        write_json_output(json_path, result.to_dict())
     if plot_path:
         from lmckit.plot import plot_paths
 
-        plot_paths({"linear": result}, plot_path)
+        plot_paths({"linear": result}, plot_path, overwrite=force)
         click.echo(f"wrote {plot_path}")
 
 
@@ -170,6 +178,7 @@ def _simplex(
     json_path: str | None,
     plot_path: str | None,
     quiet: bool,
+    force: bool,
 ) -> None:
     """The multi-model barrier over the simplex spanned by ``paths``."""
     data = load_dataset(data_spec)
@@ -198,11 +207,10 @@ def _simplex(
         f"{100 * result.barrier_acc:.2f}%, {centroid}, vertex losses {vertices}"
     )
     if json_path:
-        write_json(json_path, result.to_dict())
-        click.echo(f"wrote {json_path}")
+        write_json_output(json_path, result.to_dict())
     if plot_path:
         from lmckit.plot import plot_simplex
 
         labels = tuple(Path(p).name for p in paths)
-        plot_simplex({f"align: {align}": result}, plot_path, labels=labels)
+        plot_simplex({f"align: {align}": result}, plot_path, labels=labels, overwrite=force)
         click.echo(f"wrote {plot_path}")

@@ -9,14 +9,16 @@ Errors are raised as the library's exceptions (or :func:`fail`); the group in
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import click
 import torch
 
+from lmckit.atomic import write_json
 from lmckit.data import DATA_SPEC_HELP, Dataset, load_data
 from lmckit.data.spec import check_data_spec, data_spec_paths
 from lmckit.io import LoadedModel, check_same_architecture, load_model
@@ -30,6 +32,7 @@ from lmckit.params import IncompatibleModelsError
 
 __all__ = [
     "SEED",
+    "STDOUT",
     "check_out_dir",
     "check_out_files",
     "count_option",
@@ -51,6 +54,7 @@ __all__ = [
     "set_threads",
     "threads_option",
     "validate_data_spec",
+    "write_json_output",
 ]
 
 FC = TypeVar("FC", bound=Callable[..., object])
@@ -91,8 +95,9 @@ quiet_option = click.option(
 force_option = click.option(
     "--force",
     is_flag=True,
-    help="Replace an existing non-empty --out folder that lmckit did not write "
-    "(never an input, never the working directory).",
+    help="Replace an existing output lmckit did not write: a non-empty --out folder, a "
+    "--json or --plot file (never an input, a device, a file inside a model folder, the "
+    "working directory, the home folder or their parents).",
 )
 
 
@@ -231,16 +236,57 @@ def check_out_dir(out: str, kind: OutputKind, inputs: list[str], force: bool) ->
     check_output_dir(out, kind=kind, inputs=inputs, force=force)
 
 
-def check_out_files(inputs: list[str], *, json: str | None, plot: str | None = None) -> None:
-    """Refuse ``--json``/``--plot`` targets inside an input, of an unknown image type, or
-    naming one path twice (one would overwrite the other)."""
-    check_distinct_outputs({"--json": json, "--plot": plot})
-    if json is not None:
-        check_output_file(json, inputs=inputs)
+#: ``--json -``: the JSON is written to stdout, and what is printed for people to stderr.
+STDOUT = "-"
+_JSON_STREAM = "lmckit.json_stdout"
+
+
+def check_out_files(
+    inputs: list[str], *, json: str | None, plot: str | None = None, force: bool = False
+) -> None:
+    """Refuse ``--json``/``--plot`` targets the output policy refuses (an input, a file
+    inside a model folder, a device, a file lmckit did not write without ``force``), a
+    plot of an unknown image type, or one path named twice (one would overwrite the
+    other). ``--json -`` is stdout (:func:`report_beside_json`); ``--plot -`` is refused."""
+    if plot == STDOUT:
+        raise fail("--plot -: a figure is written to a file; name one (e.g. --plot path.png)")
+    json_file = None if json == STDOUT else json
+    check_distinct_outputs({"--json": json_file, "--plot": plot})
+    if json_file is not None:
+        check_output_file(json_file, inputs=inputs, force=force)
     if plot is not None:
         from lmckit.plot import PLOT_SUFFIXES
 
-        check_output_file(plot, inputs=inputs, suffixes=PLOT_SUFFIXES)
+        check_output_file(plot, inputs=inputs, suffixes=PLOT_SUFFIXES, force=force)
+    if json == STDOUT:
+        report_beside_json()
+
+
+def report_beside_json() -> None:
+    """``--json -``: the JSON will be this command's stdout (for ``jq``), so from now on
+    what it prints for people (tables, ``wrote ...``, logs) goes to stderr."""
+    ctx = click.get_current_context()
+    if _JSON_STREAM in ctx.meta:
+        return
+    real = sys.stdout
+    ctx.meta[_JSON_STREAM] = real
+    sys.stdout = sys.stderr
+    ctx.call_on_close(lambda: setattr(sys, "stdout", real))
+
+
+def write_json_output(json_path: str, obj: Any) -> None:
+    """Write a command's JSON result to ``json_path`` (atomically), or to stdout when it
+    is ``-``; a file written is reported on the human output."""
+    if json_path != STDOUT:
+        write_json(json_path, obj)
+        click.echo(f"wrote {json_path}")
+        return
+    try:
+        text = json.dumps(obj, indent=2, allow_nan=False)
+    except ValueError as err:
+        raise ValueError(f"cannot write the JSON result: {err}") from err
+    # the stdout the command started with (None: the current one)
+    click.echo(text, file=click.get_current_context().meta.get(_JSON_STREAM))
 
 
 # --------------------------------------------------------------------------- machine
@@ -289,20 +335,11 @@ def set_threads(threads: int | None) -> None:
 
 def parse_device(name: str) -> torch.device:
     """A torch device from ``--device`` that can run a computation and hand its result
-    back (CUDA only where one is available; ``meta`` holds shapes, not numbers)."""
+    back (CUDA only where one is available; ``meta`` holds shapes, not numbers):
+    :func:`lmckit.api_checks.usable_device`, its messages naming ``--device``."""
+    from lmckit.api_checks import usable_device
+
     try:
-        device = torch.device(name)
-    except RuntimeError as err:
-        raise fail(f"bad --device {name!r}: {err}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise fail("--device cuda: no CUDA device is available")
-    try:
-        # a tiny product and its copy back: what every command does on its device
-        probe = torch.ones(2, 2, device=device)
-        ok = bool(((probe @ probe).cpu() == 2).all())
-    except (RuntimeError, NotImplementedError, AssertionError) as err:
-        reason = (str(err).splitlines() or [type(err).__name__])[0].split(". ")[0]
-        raise fail(f"--device {name}: cannot compute there ({reason})") from None
-    if not ok:
-        raise fail(f"--device {name}: a test computation gave a wrong result")
-    return device
+        return usable_device(name, given=f"--device {name}")
+    except ValueError as err:
+        raise fail(str(err)) from None

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import click
 
-from lmckit.atomic import write_json
 from lmckit.cli.common import (
     check_out_files,
+    force_option,
     quiet_option,
     seed_option,
     set_threads,
     threads_option,
+    write_json_output,
 )
 
 __all__ = ["command"]
@@ -20,8 +21,9 @@ __all__ = ["command"]
 @click.option(
     "--json",
     "json_path",
-    type=click.Path(dir_okay=False),
-    help="Write the three path results as JSON here.",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the three path results as JSON here; '-' writes them to stdout (for jq), "
+    "and the table and logs to stderr.",
 )
 @click.option(
     "--plot",
@@ -32,22 +34,27 @@ __all__ = ["command"]
     help="Write the plot here.",
 )
 @seed_option("Seed of model A (model B uses seed + 1).")
+@force_option
 @threads_option
 @quiet_option
 def command(
-    json_path: str | None, plot_path: str, seed: int, threads: int | None, quiet: bool
+    json_path: str | None,
+    plot_path: str,
+    seed: int,
+    force: bool,
+    threads: int | None,
+    quiet: bool,
 ) -> None:
     """Train two MLPs on scikit-learn digits and compare barriers by alignment method."""
     from lmckit.experiments.demo import run_demo
     from lmckit.measure import path_table
     from lmckit.plot import plot_paths
 
-    check_out_files([], json=json_path, plot=plot_path)
+    check_out_files([], json=json_path, plot=plot_path, force=force)
     set_threads(threads)
     results = run_demo(seed=seed, progress=not quiet, log=click.echo)
     click.echo(path_table(results))
     if json_path:
-        write_json(json_path, {k: v.to_dict() for k, v in results.items()})
-        click.echo(f"wrote {json_path}")
-    plot_paths(results, plot_path, title="Two MLPs on digits: linear paths")
+        write_json_output(json_path, {k: v.to_dict() for k, v in results.items()})
+    plot_paths(results, plot_path, title="Two MLPs on digits: linear paths", overwrite=force)
     click.echo(f"wrote {plot_path}")

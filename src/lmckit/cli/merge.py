@@ -115,11 +115,13 @@ def command(
         m = evaluate_split(form.module, dict(merged), data)
         meta.update(test_loss=m.loss, test_acc=m.acc)
         click.echo(f"merged model: test loss {m.loss:.4f}, accuracy {100 * m.acc:.2f}%")
+    # the writers check --out again: with the --force the command checked it with above
     if form.same_as_a:
-        save_model(out, a, merged, metadata=meta, dtype=stored)
+        # the weights derive from both: the card carries B's license beside A's
+        save_model(out, a, merged, metadata=meta, dtype=stored, sources=[model_b], overwrite=force)
     else:
         assert isinstance(form.module, ZooModel)  # a form of lmckit's own model
-        save(out, form.module, dict(merged), metadata=meta)
+        save(out, form.module, dict(merged), metadata=meta, overwrite=force)
     click.echo(f"wrote {out}")
 
 

@@ -73,7 +73,8 @@ def command(
 
         if not torch.cuda.is_available():
             raise fail("--device cuda: no CUDA device is available")
-    root = Path(data_root) if data_root else default_data_root()
+    # resolved once (``~`` too): the experiments read it, and the output guard keeps --out off it
+    root = (Path(data_root) if data_root else default_data_root()).expanduser()
     target = Path(out_dir or Path("runs") / name)
     check_out_dir(str(target), "experiment", [str(root)], force)
     set_threads(threads)

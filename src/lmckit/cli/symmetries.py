@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import click
 
-from lmckit.atomic import write_json
-from lmckit.cli.common import check_out_files, choice_option, input_paths
+from lmckit.cli.common import (
+    check_out_files,
+    choice_option,
+    force_option,
+    input_paths,
+    write_json_output,
+)
 from lmckit.io import load_model
 from lmckit.recipe import SYMMETRIES
 
@@ -25,8 +30,17 @@ __all__ = ["command"]
 @click.option(
     "--circuits", is_flag=True, help="lmckit's transformers: heads as QK/OV circuits first."
 )
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the report.")
-def command(model: str, symmetry: str | None, circuits: bool, json_path: str | None) -> None:
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Write the report as JSON here; '-' writes it to stdout (for jq), and the text "
+    "report to stderr.",
+)
+@force_option
+def command(
+    model: str, symmetry: str | None, circuits: bool, json_path: str | None, force: bool
+) -> None:
     """List MODEL's symmetry spaces: what `lmckit align` would align, and what it cannot move.
 
     MODEL is an lmckit checkpoint or a Hugging Face folder. Prints each space (group,
@@ -35,9 +49,8 @@ def command(model: str, symmetry: str | None, circuits: bool, json_path: str | N
     """
     from lmckit.workflow.symmetries import describe_symmetries
 
-    check_out_files(input_paths(model), json=json_path)
+    check_out_files(input_paths(model), json=json_path, force=force)
     report = describe_symmetries(load_model(model), symmetry=symmetry, circuits=circuits)
     click.echo(report.text())
     if json_path:
-        write_json(json_path, report.to_dict())
-        click.echo(f"wrote {json_path}")
+        write_json_output(json_path, report.to_dict())

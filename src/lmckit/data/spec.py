@@ -18,11 +18,15 @@ Examples: ``gmm:dim=64,intrinsic=8,classes=10,n=5000,noise=0.1,sep=3``;
 ``shakespeare:../shared/data/tinyshakespeare/input.txt,tokenizer=../shared/data/gpt2_tokenizer``.
 For mnist and cifar10, PATH is everything after the first colon, so it may itself contain
 colons or commas; for text, the trailing ``,KEY=VALUE`` items with known keys are options.
+A PATH (and TOK) starting with ``~`` is the home folder's, resolved once here
+(:func:`data_spec_paths`) for both the loaders and the output guard that keeps outputs
+away from inputs.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -72,6 +76,11 @@ _GMM_OPTIONS: dict[str, tuple[str, Callable[[str], Any]]] = {
 }
 
 
+def _spec_path(text: str) -> str:
+    """A path as a spec names it: stripped, ``~`` expanded (the one place both are done)."""
+    return os.path.expanduser(text.strip())
+
+
 def _error(spec: str, why: str) -> ValueError:
     return ValueError(f"bad data spec {spec!r}: {why}. Valid forms: {_VALID_FORMS}")
 
@@ -117,7 +126,7 @@ def _parse_text_options(spec: str, text: str) -> tuple[str, dict[str, str]]:
         if not sep:
             break  # part of the path
         if key not in _TEXT_OPTIONS:
-            if _OPTION_KEY.fullmatch(key) and not Path(path.strip()).exists():
+            if _OPTION_KEY.fullmatch(key) and not Path(_spec_path(path)).exists():
                 raise _error(
                     spec, f"unknown text option {key!r} (options: {', '.join(_TEXT_OPTIONS)})"
                 )
@@ -139,6 +148,7 @@ def _text_arguments(spec: str, name: str, rest: str) -> tuple[str, str, dict[str
     if "tokenizer" not in options:
         raise _error(spec, f"{name} needs a tokenizer: {name}:PATH,tokenizer=TOK")
     kwargs: dict[str, Any] = {"name": name}
+    path, tokenizer = _spec_path(path), _spec_path(options["tokenizer"])
     if "block" in options:
         try:
             kwargs["block"] = int(options["block"])
@@ -160,7 +170,7 @@ def _text_arguments(spec: str, name: str, rest: str) -> tuple[str, str, dict[str
         ):
             raise _error(spec, f"split={options['split']!r} is not TRAIN/VAL/TEST summing to 100")
         kwargs["fractions"] = tuple(p / 100 for p in percents)
-    return path, options["tokenizer"], kwargs
+    return path, tokenizer, kwargs
 
 
 def _load_text_spec(spec: str, name: str, rest: str) -> Dataset:
@@ -187,10 +197,10 @@ def check_data_spec(spec: str) -> None:
             raise _error(spec, "digits takes no options")
         return
     if name in ("mnist", "cifar10"):
-        folder = rest.strip()
+        folder = _spec_path(rest)
         if not folder:
             raise _error(spec, f"{name} needs a directory: {name}:PATH")
-        if not Path(folder).expanduser().is_dir():
+        if not Path(folder).is_dir():
             raise _error(spec, f"{folder} is not a directory")
         return
     if name == "gmm":
@@ -200,14 +210,15 @@ def check_data_spec(spec: str) -> None:
     if name in _TEXT_NAMES:
         path, tokenizer, _ = _text_arguments(spec, name, rest)
         for what, p in (("text file", path), ("tokenizer", tokenizer)):
-            if not Path(p).expanduser().exists():
+            if not Path(p).exists():
                 raise _error(spec, f"the {what} {p} does not exist")
         return
     raise _error(spec, f"unknown dataset {name!r}")
 
 
 def data_spec_paths(spec: str) -> list[str]:
-    """The files and folders a data spec reads (none for built-in data).
+    """The files and folders a data spec reads (none for built-in data), as the loaders
+    read them (``~`` expanded).
 
     Used to keep outputs away from inputs; the spec is not validated here.
     """
@@ -216,10 +227,10 @@ def data_spec_paths(spec: str) -> list[str]:
     if not colon:
         return []
     if name in ("mnist", "cifar10"):
-        return [rest.strip()] if rest.strip() else []
+        return [_spec_path(rest)] if rest.strip() else []
     if name in _TEXT_NAMES:
         path, options = _parse_text_options(spec, rest)
-        return [p for p in (path, options.get("tokenizer", "")) if p]
+        return [_spec_path(p) for p in (path, options.get("tokenizer", "")) if p.strip()]
     return []
 
 
@@ -244,7 +255,7 @@ def load_data(spec: str, *, seed: int = 0) -> Dataset:
         if not rest.strip():
             raise _error(spec, f"{name} needs a directory: {name}:PATH")
         loader = load_mnist if name == "mnist" else load_cifar10
-        return loader(rest.strip())
+        return loader(_spec_path(rest))
     if name == "gmm":
         kwargs = _parse_gmm_options(spec, rest) if colon else {}
         try:

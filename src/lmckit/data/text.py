@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -29,6 +30,8 @@ DEFAULT_FRACTIONS = (0.9, 0.05, 0.05)
 MAX_TEXT_BYTES = 512 << 20
 #: Largest tokenizer.json read (large vocabularies take tens of MB).
 MAX_TOKENIZER_BYTES = 256 << 20
+#: The largest share of a text's tokens that may be the tokenizer's unknown token.
+MAX_UNKNOWN_SHARE = 0.5
 
 
 def _tokenizer_file(tokenizer: str | Path) -> Path:
@@ -83,6 +86,7 @@ def _tokenize_cached(
         raise ValueError(f"{tokenizer_path} is not a valid tokenizer.json: {reason}") from None
     content = read_text(text_path, max_bytes=MAX_TEXT_BYTES, what="text file")
     ids = torch.tensor(tokenizer.encode(content).ids, dtype=torch.int64)
+    _check_known(ids, tokenizer, text_path, tokenizer_path)
     # with_added_tokens: ids of added special tokens lie past the base vocabulary
     vocab = tokenizer.get_vocab_size(with_added_tokens=True)
     if ids.numel() and int(ids.max()) >= vocab:
@@ -90,6 +94,23 @@ def _tokenize_cached(
             f"{tokenizer_path} produced token id {int(ids.max())} outside its vocabulary of {vocab}"
         )
     return ids, vocab
+
+
+def _check_known(ids: Tensor, tokenizer: Any, text_path: str, tokenizer_path: str) -> None:
+    """Refuse a text that is mostly the tokenizer's unknown token (another language or
+    alphabet than the tokenizer's): every score on it would measure nothing."""
+    unk = getattr(tokenizer.model, "unk_token", None)
+    unk_id = tokenizer.token_to_id(unk) if isinstance(unk, str) else None
+    if unk_id is None or not ids.numel():
+        return
+    unknown = int((ids == unk_id).sum())
+    if unknown > MAX_UNKNOWN_SHARE * ids.numel():
+        raise ValueError(
+            f"{text_path}: {unknown:,} of its {ids.numel():,} tokens "
+            f"({100 * unknown / ids.numel():.0f}%) are unknown to {tokenizer_path} "
+            f"({unk}), at most {100 * MAX_UNKNOWN_SHARE:.0f}% may be (a tokenizer made "
+            "for another text)"
+        )
 
 
 def split_tokens(

@@ -8,6 +8,7 @@ imports them.
 
 from lmckit.experiments import gpt2_shakespeare as _gpt2_shakespeare  # noqa: F401
 from lmckit.experiments import identifiability as _identifiability  # noqa: F401
+from lmckit.experiments import landscape as _landscape  # noqa: F401
 from lmckit.experiments import llama_shakespeare as _llama_shakespeare  # noqa: F401
 from lmckit.experiments import lmc_mnist as _lmc_mnist  # noqa: F401
 from lmckit.experiments import transformers as _transformers  # noqa: F401

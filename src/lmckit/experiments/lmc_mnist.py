@@ -169,7 +169,10 @@ def mnist_mlp(ctx: ExperimentContext) -> ExperimentResult:
         progress=ctx.progress,
     )
     figure = plot_paths(
-        results, ctx.out_dir / "paths.png", title="MNIST MLP: linear paths (test split)"
+        results,
+        ctx.out_dir / "paths.png",
+        title="MNIST MLP: linear paths (test split)",
+        overwrite=True,  # inside lmckit's own experiment folder
     )
     rows = [path_row(name, r, key="path") for name, r in results.items()]
     wm = results["weight_matching"].meta
@@ -208,6 +211,7 @@ def _fixed_paths(
         results,
         ctx.out_dir / "paths.png",
         title=f"ResNet20 x{setup.model_kwargs['width_mult']} ({norm} norm) on MNIST",
+        overwrite=True,  # inside lmckit's own experiment folder
     )
     rows = [path_row(name, r, key="path") for name, r in results.items()]
     table = path_table(results) + (f"\nweight matching: {wm.iterations} sweeps, {wm.seconds:.2f} s")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from lmckit.atomic import write_json, write_text
-from lmckit.outputs import RUN_MARKER
+from lmckit.outputs import RUN_MARKER, check_no_links
 from lmckit.registry import Registry, summary
 
 __all__ = [
@@ -112,6 +112,7 @@ def default_data_root() -> Path:
 def run_experiment(name: str, ctx: ExperimentContext) -> ExperimentResult:
     """Run ``name``; write ``table.txt`` and ``results.json`` into ``ctx.out_dir``."""
     fn = get_experiment(name)
+    check_no_links(ctx.out_dir)  # filled in place: never written through a link
     ctx.out_dir.mkdir(parents=True, exist_ok=True)
     # marks the folder as an lmckit experiment's before anything else is written into it
     write_json(ctx.out_dir / RUN_MARKER, {"experiment": name})

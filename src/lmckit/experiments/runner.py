@@ -49,6 +49,7 @@ from lmckit.data import batches
 from lmckit.evaluate import PathResult, evaluate_path
 from lmckit.experiments.registry import ExperimentContext, ExperimentResult
 from lmckit.models import ModelConfig, list_models
+from lmckit.outputs.own_files import plot_metadata
 from lmckit.params import Params
 from lmckit.paths import SimplexResult, evaluate_simplex
 from lmckit.task import CLASSIFICATION, Task
@@ -346,7 +347,7 @@ class Runner:
 
         path = self.ctx.out_dir / name
         with atomic_path(path) as tmp:
-            figure.savefig(tmp, format="png", dpi=120)
+            figure.savefig(tmp, format="png", dpi=120, metadata=plot_metadata("png"))
         plt.close(figure)
         return path
 

@@ -1,12 +1,14 @@
 """A ``transformers`` module from a config dict and a state dict, with no per-family code.
 
-The class comes from the config's ``architectures[0]`` (a ``transformers`` class; custom
-code named by ``auto_map`` is never run), else from ``AutoModel``'s mapping for the
-``model_type``. Weights are handed to ``from_pretrained(None, config=..., state_dict=...)``:
-``transformers`` builds the module on the meta device and assigns the given tensors
-(no second copy when the dtype already matches), applies its own renamings of on-disk
-names (e.g. ViT's ``encoder.layer`` -> ``layers`` in ``transformers`` 5) and ties
-weights. Nothing is downloaded: there is no repository name to resolve.
+The class comes from the config's ``architectures[0]`` (a ``transformers`` class), else
+from ``AutoModel``'s mapping for the ``model_type``; a config whose ``auto_map`` sends
+its model to custom code (``trust_remote_code``) is refused: that code is never run, and
+the stock class would compute something else. Weights are handed to
+``from_pretrained(None, config=..., state_dict=...)``: ``transformers`` builds the
+module on the meta device and assigns the given tensors (no second copy when the dtype
+already matches), applies its own renamings of on-disk names (e.g. ViT's
+``encoder.layer`` -> ``layers`` in ``transformers`` 5) and ties weights. Nothing is
+downloaded: there is no repository name to resolve.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ __all__ = [
     "import_transformers",
     "make_config",
     "model_class",
+    "keep_dtypes",
     "quiet",
+    "refuse_remote_code",
     "tied_keys",
 ]
 
@@ -91,6 +95,31 @@ def make_config(raw: Mapping[str, Any], where: str | os.PathLike[str]) -> Any:
         raise HFError(f"{where}: invalid {model_type} config: {_one_line(err)}") from None
 
 
+def refuse_remote_code(raw: Mapping[str, Any], where: str | os.PathLike[str]) -> None:
+    """Refuse a config whose ``auto_map`` sends its model or config classes to custom code
+    (``trust_remote_code=True`` in ``transformers``): its users run that code, and the
+    stock class its ``architectures`` names would compute something else, silently. An
+    ``auto_map`` of tokenizers or processors alone is fine (lmckit reads no text with them).
+
+    Raises:
+        HFError: naming the custom classes.
+    """
+    auto = raw.get("auto_map")
+    if auto is None:
+        return
+    if not isinstance(auto, dict):
+        raise HFError(f"{where}: 'auto_map' must be an object, got {type(auto).__name__}")
+    custom = sorted(k for k in auto if str(k).startswith(("AutoModel", "AutoConfig")))
+    if custom:
+        target = auto[custom[0]]
+        code = target[0] if isinstance(target, list) and target else target
+        raise HFError(
+            f"{where}: auto_map sends {', '.join(custom)} to custom code ({code}), which "
+            "transformers runs with trust_remote_code=True; lmckit never runs remote code "
+            "and its stock class would compute something else"
+        )
+
+
 def model_class(raw: Mapping[str, Any], config: Any, where: str | os.PathLike[str]) -> type:
     """The ``transformers`` class that ``raw`` (a ``config.json`` dict) describes.
 
@@ -100,6 +129,7 @@ def model_class(raw: Mapping[str, Any], config: Any, where: str | os.PathLike[st
     Raises:
         HFError: an unknown class, or one that does not take this config.
     """
+    refuse_remote_code(raw, where)
     transformers = import_transformers()
     archs = raw.get("architectures")
     if archs is None or archs == []:
@@ -195,3 +225,14 @@ def tied_keys(cls: type, config: Any) -> dict[str, str]:
     except Exception as err:  # whatever the model's __init__ raises on this config
         raise HFError(f"cannot build {cls.__name__}: {_one_line(err)}") from None
     return dict(module.all_tied_weights_keys)
+
+
+def keep_dtypes(module: nn.Module, state: Mapping[str, Tensor]) -> None:
+    """Give each of ``module``'s floating tensors the dtype it has in ``state`` (same
+    names): ``transformers`` builds a module in one dtype, but a folder may store
+    float32 norms beside bfloat16 weights, and each is kept as stored."""
+    with torch.no_grad():
+        for name, tensor in [*module.named_parameters(), *module.named_buffers()]:
+            given = state.get(name)
+            if given is not None and given.is_floating_point() and given.dtype != tensor.dtype:
+                tensor.data = given.to(tensor.device)

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_header
 from lmckit.hf.layout import StoredLayout, write_index, write_shards
-from lmckit.params import check_finite, layout
+from lmckit.params import layout, rounded_finite
 
 __all__ = ["direct_plan", "write_direct"]
 
@@ -82,12 +82,14 @@ def write_direct(
     params: Mapping[str, Tensor],
     config: Mapping[str, Any],
     dtype: torch.dtype | None,
+    dtypes: Mapping[str, torch.dtype] | None = None,
     *,
     sharded: bool,
     what: str,
 ) -> None:
-    """Write ``plan``'s files of ``params`` (floating tensors in ``dtype``, ``None``: as
-    they are) and ``config`` into ``folder``, with an index when ``sharded``.
+    """Write ``plan``'s files of ``params`` (each floating tensor in its own stored dtype
+    from ``dtypes``, else in ``dtype``, ``None``: as it is) and ``config`` into
+    ``folder``, with an index when ``sharded``.
 
     Raises:
         HFError: a tensor holding a NaN or an infinity (naming it; ``what`` says what
@@ -97,18 +99,19 @@ def write_direct(
 
     def stored(key: str) -> torch.dtype:
         own = meta[key].dtype
-        return dtype if dtype is not None and own.is_floating_point else own
+        if not own.is_floating_point:
+            return own
+        return (dtypes or {}).get(key) or dtype or own
 
     shapes = {name: (stored(name), tuple(meta[name].shape)) for names in plan.values()
               for name in names}  # fmt: skip
 
     def read(name: str) -> Tensor:
-        value = params[name].detach().to(stored(name))
         try:
-            check_finite({name: value}, what=f"refusing to write {what}")
+            return rounded_finite(params[name].detach(), stored(name), name=name,
+                                  what=f"refusing to write {what}")  # fmt: skip
         except ValueError as err:
             raise HFError(str(err)) from None
-        return value
 
     weight_map, total = write_shards(folder, plan, shapes, read)
     if sharded:

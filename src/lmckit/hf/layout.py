@@ -14,7 +14,7 @@ import json
 import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -46,10 +46,19 @@ class StoredLayout:
             pickled weights, or no floating weight).
         shards: ``{weight name: shard file}`` of a sharded safetensors folder; ``None``
             for one file.
+        dtypes: ``{weight name: dtype}`` of each floating weight as stored: a folder may
+            mix them (bfloat16 weights beside float32 norms, as ``transformers`` models
+            with ``_keep_in_fp32_modules`` ship), and an output keeps each.
     """
 
     dtype: torch.dtype | None
     shards: dict[str, str] | None
+    dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+
+    def mixed(self) -> dict[torch.dtype, int]:
+        """``{dtype: how many weights}`` of the floating dtypes beside the main one."""
+        counts = Counter(d for d in self.dtypes.values() if d != self.dtype)
+        return dict(counts)
 
 
 def stored_layout(path: str | os.PathLike[str] | None) -> StoredLayout:
@@ -60,13 +69,14 @@ def stored_layout(path: str | os.PathLike[str] | None) -> StoredLayout:
     header = read_hf_header(path)
     if header is None:
         return StoredLayout(None, None)
-    counts = Counter(_FLOAT_DTYPES[d] for d, _ in header.values() if d in _FLOAT_DTYPES)
+    dtypes = {k: _FLOAT_DTYPES[d] for k, (d, _) in header.items() if d in _FLOAT_DTYPES}
+    counts = Counter(dtypes.values())
     dtype = counts.most_common(1)[0][0] if counts else None
     file = weights_path(path)
     if not file.name.endswith(".index.json"):
-        return StoredLayout(dtype, None)
+        return StoredLayout(dtype, None, dtypes)
     shards = {key: shard for shard, keys in shard_map(file).items() for key in keys}
-    return StoredLayout(dtype, shards)
+    return StoredLayout(dtype, shards, dtypes)
 
 
 def _written_tensors(folder: Path) -> dict[str, Path]:

@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmckit.hf.build import build_module, make_config, model_class
+from lmckit.api_checks import check_float_dtype
+from lmckit.hf.build import build_module, keep_dtypes, make_config, model_class
 from lmckit.hf.files import CONFIG_FILE, HFError, read_hf_config, read_hf_header, read_hf_weights
 from lmckit.hf.validate import check_config_fits, layout_of
 from lmckit.params import Params, first_nonfinite, module_params
@@ -124,8 +125,7 @@ def load_hf(
             too large for the memory, a weight that overflows ``dtype``, ...).
         ValueError: a ``dtype`` that is not floating point.
     """
-    if dtype is not None and not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype or None, got {dtype}")
+    check_float_dtype(dtype)
     root = Path(path)
     raw = read_hf_config(root)
     where = root / CONFIG_FILE
@@ -140,6 +140,8 @@ def load_hf(
     if weights is None:
         weights = read_hf_weights(root, check_values=check_values)
     module = build_module(cls, config, weights, dtype=dtype, where=root)
+    if dtype is None:  # each weight as stored (float32 norms beside bfloat16 weights)
+        keep_dtypes(module, weights)
     params = module_params(module)
     # the stored values are finite (checked on reading): only the conversion can overflow
     # (with dtype=None too: transformers converts to the config's dtype)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from importlib import metadata as _metadata
 from pathlib import Path
 from typing import Any
@@ -26,15 +27,23 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from lmckit.api_checks import check_float_dtype
 from lmckit.atomic import atomic_dir, write_json
-from lmckit.hf.build import build_module, import_transformers, make_config, quiet, tied_keys
+from lmckit.hf.build import (
+    build_module,
+    import_transformers,
+    keep_dtypes,
+    make_config,
+    quiet,
+    tied_keys,
+)
 from lmckit.hf.card import model_card
 from lmckit.hf.direct import direct_plan, write_direct
 from lmckit.hf.files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf.layout import reshard, stored_layout
 from lmckit.hf.model import HFModel
 from lmckit.outputs import HF_MARKER, check_output_dir
-from lmckit.params import LazyParams, Params, check_finite
+from lmckit.params import LazyParams, Params, check_finite, rounded_finite
 
 __all__ = ["CARD_FILE", "WEIGHT_SUFFIXES", "save_hf"]
 
@@ -68,19 +77,21 @@ def _version() -> str:
 
 def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     """Non-hidden, non-weight files at the top of ``source`` that may be copied, and
-    ``{name: why not}`` for those that may not (:func:`~lmckit.hf.files.copy_refusal`);
+    ``{name: why not}`` for every other entry but the config and weights, which are
+    written anew (a subfolder, a hidden entry, :func:`~lmckit.hf.files.copy_refusal`);
     nothing for a model held in memory (no ``source``)."""
     if source is None or not source.is_dir():
         return [], {}
     skip = {CONFIG_FILE, HF_MARKER}
     copies, refused = [], {}
     for entry in sorted(source.iterdir()):
-        if (
-            entry.name.startswith(".")
-            or entry.name in skip
-            or entry.name.lower().endswith(WEIGHT_SUFFIXES)
-            or (entry.is_dir() and not entry.is_symlink())
-        ):
+        if entry.name in skip or entry.name.lower().endswith(WEIGHT_SUFFIXES):
+            continue
+        if entry.name.startswith("."):
+            refused[entry.name] = "a hidden entry (never copied)"
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            refused[entry.name] = "a subfolder (only the files at the top are copied)"
             continue
         reason = copy_refusal(entry, source)
         if reason is None:
@@ -90,49 +101,133 @@ def _files_to_copy(source: Path | None) -> tuple[list[Path], dict[str, str]]:
     return copies, refused
 
 
+def _card_of(folder: Path) -> str:
+    """The model card of another source folder, read as its files are copied (a regular
+    file inside it, under the size cap), or ``""``."""
+    copies, _ = _files_to_copy(folder)
+    card = next((f for f in copies if f.name == CARD_FILE), None)
+    return card.read_text(errors="replace") if card is not None else ""
+
+
 def _check_entry(key: object, value: object, target: Path) -> None:
     if not isinstance(key, str) or not isinstance(value, Tensor):
         raise HFError(f"cannot write {target}: params must map names to tensors ({key!r})")
 
 
+def _check_readable_kinds(like: HFModel, params: Mapping[str, Tensor], target: Path) -> None:
+    """Refuse what :func:`~lmckit.hf.model.load_hf` would refuse in the folder written:
+    a weight that is not floating point where the model computes in floating point."""
+    reference = {**like.module.state_dict(), **like.params}
+    for key, value in params.items():
+        ref = reference.get(key)
+        if ref is not None and ref.is_floating_point() and not value.is_floating_point():
+            raise HFError(
+                f"cannot write {target}: weight {key} is {value.dtype}, not floating point; "
+                "lmckit needs floating-point weights (float32, float16, bfloat16 or float64)"
+            )
+
+
+def _check_class_kept(cls: type, config: Any, changes: Mapping[str, Any], target: Path) -> None:
+    """Refuse config changes that make the folder another class than its weights', which
+    :func:`~lmckit.hf.model.load_hf` would refuse (or build as that other class)."""
+    archs = changes.get("architectures")
+    if "architectures" in changes and (not isinstance(archs, list) or archs[:1] != [cls.__name__]):
+        raise HFError(
+            f"cannot write {target}: config_changes set architectures to {archs!r}, but the "
+            f"weights are a {cls.__name__}'s (a folder keeps its class)"
+        )
+    expected = getattr(cls, "config_class", None)
+    if isinstance(expected, type) and not isinstance(config, expected):
+        raise HFError(
+            f"cannot write {target}: {cls.__name__} takes a {expected.__name__}, but "
+            f"config_changes make it a {type(config).__name__} (model_type "
+            f"{getattr(config, 'model_type', None)!r}); a folder keeps its class"
+        )
+
+
+def _check_ties_written(
+    cls: type, like: HFModel, tied: Mapping[str, str], params: Mapping[str, Tensor], target: Path
+) -> None:
+    """Refuse config changes that untie a weight ``params`` hold only once (under the name
+    it is tied to): the folder would lack it, and :func:`~lmckit.hf.model.load_hf` would
+    refuse it."""
+    before = tied_keys(cls, make_config(like.config, target))
+    for name, source in sorted(before.items()):
+        if name not in tied and name not in params and source in params:
+            raise HFError(
+                f"cannot write {target}: the config changes untie {name} from {source}, but "
+                f"the params hold it only as {source}; give {name} too"
+            )
+
+
 def _checked_params(
-    params: Mapping[str, Tensor], target: Path, dtype: torch.dtype | None = None
+    params: Mapping[str, Tensor],
+    target: Path,
+    dtype: torch.dtype | None = None,
+    dtypes: Mapping[str, torch.dtype] | None = None,
 ) -> Params:
-    """``params`` as a plain state dict, floating tensors in ``dtype`` (``None``: as
-    given), each rounded as it is read (a lazily computed float32 tensor never waits
-    beside the others)."""
+    """``params`` as a plain state dict, each floating tensor in its own stored dtype
+    (``dtypes``), else ``dtype`` (``None``: as given), rounded as it is read (a lazily
+    computed float32 tensor never waits beside the others)."""
     state: Params = {}
+    what = f"refusing to write {target}"
     for key, value in params.items():
         _check_entry(key, value, target)
         value = value.detach()
-        if dtype is not None and value.is_floating_point():
-            value = value.to(dtype)
+        want = (dtypes or {}).get(key, dtype)
+        try:
+            if want is not None and value.is_floating_point():
+                value = rounded_finite(value, want, name=key, what=what)
+            else:
+                check_finite({key: value}, what=what)
+        except ValueError as err:
+            raise HFError(str(err)) from None
         # contiguous: save_pretrained views every tensor flat (aligned weights may be
         # permuted views of another tensor)
         state[key] = value.contiguous()
-    try:
-        check_finite(state, what=f"refusing to write {target}")
-    except ValueError as err:
-        raise HFError(str(err)) from None
     return state
 
 
-def _float_dtype(state: Params, target: Path) -> torch.dtype | None:
-    dtypes = {v.dtype for v in state.values() if v.is_floating_point()}
-    if len(dtypes) > 1:
-        names = ", ".join(sorted(str(d) for d in dtypes))
-        raise HFError(f"cannot write {target}: params mix floating dtypes ({names})")
-    return dtypes.pop() if dtypes else None
+def _float_dtype(state: Params) -> torch.dtype | None:
+    """The floating dtype most of ``state``'s floating tensors have."""
+    counts = Counter(v.dtype for v in state.values() if v.is_floating_point())
+    return counts.most_common(1)[0][0] if counts else None
 
 
 def _stored_state(
-    params: Mapping[str, Tensor], dtype: torch.dtype | None, target: Path
+    params: Mapping[str, Tensor],
+    dtype: torch.dtype | None,
+    dtypes: Mapping[str, torch.dtype],
+    target: Path,
 ) -> tuple[Params, torch.dtype | None]:
-    """The checked params in the dtype they are stored in (``None``: as given), and it."""
+    """The checked params in the dtypes they are stored in (each its own from
+    ``dtypes``, else ``dtype``; ``None``: as given), and the main one."""
     if dtype is not None and not dtype.is_floating_point:
         raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
-    state = _checked_params(params, target, dtype)
-    return state, _float_dtype(state, target)
+    state = _checked_params(params, target, dtype, dtypes)
+    return state, _float_dtype(state)
+
+
+def _tensor_dtypes(
+    stored: Mapping[str, torch.dtype], untied: list[list[str]]
+) -> dict[str, torch.dtype]:
+    """Each weight's stored dtype, an untied weight taking the one it was tied to."""
+    out = dict(stored)
+    for target, source in untied:
+        if source in out:
+            out.setdefault(target, out[source])
+    return out
+
+
+def _dtype_name(dtype: torch.dtype | None, dtypes: Mapping[str, torch.dtype]) -> str | None:
+    """The stored dtype for the model card: the main one, and the others with counts."""
+    if dtype is None:
+        return None
+    name = str(dtype).removeprefix("torch.")
+    others = Counter(str(d).removeprefix("torch.") for d in dtypes.values() if d != dtype)
+    if others:
+        name += " (" + ", ".join(f"{n}: {c} weights" for n, c in sorted(others.items())) + ")"
+    return name
 
 
 def _differing_ties(tied: Mapping[str, str], state: Mapping[str, Tensor]) -> list[tuple[str, str]]:
@@ -183,6 +278,7 @@ def save_hf(
     metadata: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     dtype: torch.dtype | None = None,
+    sources: Sequence[str | os.PathLike[str]] = (),
 ) -> Path:
     """Write ``params`` as a Hugging Face folder of ``like``'s class, stored as ``like``'s.
 
@@ -208,8 +304,10 @@ def save_hf(
         config_changes: entries of ``config.json`` to set, e.g. after a change of shape.
         metadata: what lmckit did and its inputs, stored in ``lmckit.json``.
         overwrite: also replace a non-empty folder lmckit did not write (``--force``).
-        dtype: the floating dtype to store; ``None``: the source folder's (for a module
-            held in memory, the params' own).
+        dtype: the floating dtype to store; ``None``: the source folder's, weight by
+            weight (for a module held in memory, the params' own).
+        sources: the other folders the weights derive from (a merge's other model):
+            the card carries their licenses beside the source's.
 
     Returns:
         ``path``.
@@ -221,6 +319,7 @@ def save_hf(
         OutputError: ``path`` may not be written (it is, contains or lies inside the
             source folder, is a folder lmckit did not write, ...).
     """
+    check_float_dtype(dtype)
     inputs = [like.path] if like.path is not None else []
     target = check_output_dir(path, kind="hf", inputs=inputs, force=overwrite)
     changes = dict(config_changes or {})
@@ -232,22 +331,31 @@ def save_hf(
             f"cannot write {target}: config changes or metadata not JSON: {err}"
         ) from None
     layout = stored_layout(like.path)
+    # each weight keeps the dtype the source stores it in, unless dtype= names one for all
+    per_tensor = dict(layout.dtypes) if dtype is None else {}
     dtype = dtype or layout.dtype
     if dtype is not None and not dtype.is_floating_point:
         raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
     if not isinstance(params, LazyParams):  # a lazy mapping computes tensors by design
         for key, value in params.items():
             _check_entry(key, value, target)
+        _check_readable_kinds(like, params, target)
     transformers = import_transformers()
     cls = type(like.module)
     config, untied, tied = _config_for(cls, like.config, changes, params, target)
+    _check_class_kept(cls, config, changes, target)
+    if config_changes:  # (a meta module more: only when the caller changes the config)
+        _check_ties_written(cls, like, tied, params, target)
     # the source's own tensors go straight into its layout, one at a time; anything else
     # is built as a module and saved by transformers
     plan = direct_plan(like.path, layout, params, changes=changes, untied=untied, tied=tied)
+    per_tensor = _tensor_dtypes(per_tensor, untied)
     module: Any = None  # a transformers PreTrainedModel (save_pretrained)
     if plan is None:
-        state, dtype = _stored_state(params, dtype, target)
+        state, dtype = _stored_state(params, dtype, per_tensor, target)
         module = build_module(cls, config, state, dtype=dtype, where=target)
+        keep_dtypes(module, state)
+        per_tensor = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
         built = module.state_dict()
         for key, value in state.items():
             # build_module checked names and shapes; this guards against silent re-tying.
@@ -260,7 +368,7 @@ def save_hf(
     copies = [f for f in copies if f.name != CARD_FILE]
     with atomic_dir(target) as tmp:
         if plan is not None:
-            write_direct(tmp, plan, params, {**like.config, **changes}, dtype,
+            write_direct(tmp, plan, params, {**like.config, **changes}, dtype, per_tensor,
                          sharded=layout.shards is not None, what=str(target))  # fmt: skip
         else:
             with quiet(transformers):
@@ -272,8 +380,11 @@ def save_hf(
             # The source's generation config (and tokenizer files) win over defaults.
             shutil.copyfile(file, tmp / file.name)
         card = source_card.read_text(errors="replace") if source_card is not None else ""
-        stored = str(dtype).removeprefix("torch.") if dtype is not None else None
-        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card)
+        stored = _dtype_name(dtype, per_tensor)
+        others = [(str(p), _card_of(Path(p))) for p in sources]
+        name = str(like.path) if like.path is not None else "the source"
+        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card,
+                          other_cards=others, source_name=name)  # fmt: skip
         (tmp / CARD_FILE).write_text(text)
         # safetensors creates its files 0600; give them the config's (umask) permissions
         mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777

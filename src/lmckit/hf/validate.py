@@ -13,8 +13,9 @@ well under a second, instead of hanging or allocating what the config claims:
    and a floating dtype; the module may not have more parameters than the file holds
    values (``transformers`` renames and fuses some weights on loading, which keeps the
    count); weights missing by name are named when the file's names are the module's;
-3. the module's parameters in the dtype they will be computed in must fit in the
-   memory available, and the message says both numbers.
+3. the module's parameters in the dtype they will be computed in, and its buffers
+   (position tables and masks the config sizes, which no weights file stores), must
+   fit in the memory available, and the message says both numbers.
 """
 
 from __future__ import annotations
@@ -163,12 +164,27 @@ def check_config_fits(
         itemsize = torch.empty((), dtype=dtype).element_size()
     else:
         itemsize = max((_ITEMSIZE.get(d, 4) for d, _ in layout.values()), default=4)
+    buffers = _buffer_bytes(module, dtype)
+    total = needed * itemsize + buffers
     budget = memory_bytes() if limit_bytes is None else limit_bytes
-    if budget is not None and needed * itemsize > budget:
+    if budget is not None and total > budget:
+        held = f", and {_bytes(buffers)} of buffers the config sizes" if buffers else ""
         raise HFError(
-            f"{where}: a {name} of this config needs {_bytes(needed * itemsize)} "
-            f"({needed:,} parameters), more than the {_bytes(budget)} of memory available"
+            f"{where}: a {name} of this config needs {_bytes(total)} ({needed:,} "
+            f"parameters{held}), more than the {_bytes(budget)} of memory available"
         )
+
+
+def _buffer_bytes(module: nn.Module, dtype: torch.dtype | None) -> int:
+    """Bytes of the module's buffers (position tables, masks: sized by the config, not
+    stored in the weights), floating ones in ``dtype`` when it is given."""
+    total = 0
+    for buffer in module.buffers():
+        size = buffer.element_size()
+        if dtype is not None and buffer.is_floating_point():
+            size = torch.empty((), dtype=dtype).element_size()
+        total += buffer.numel() * size
+    return total
 
 
 def _bytes(n: int) -> str:

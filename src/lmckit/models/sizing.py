@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from lmckit.models.registry import ModelConfig, build_zoo_model
+from lmckit.models.registry import ModelConfig, ZooModel, build_zoo_model
 
 __all__ = [
     "ARCHITECTURES",
@@ -25,6 +25,7 @@ __all__ = [
     "ModelOptions",
     "check_fits_in_memory",
     "memory_bytes",
+    "meta_model",
     "sized_config",
 ]
 
@@ -209,22 +210,24 @@ def _transformer_kwargs(
     }
 
 
-def _parameter_bytes(config: ModelConfig, *, dtype: torch.dtype = torch.float32) -> int:
-    """Bytes of the state dict of ``config`` in ``dtype``, counted without allocating.
-
-    The module is built on the meta device (shapes only), so a config with billions of
-    parameters costs nothing to count.
+def meta_model(config: ModelConfig) -> ZooModel:
+    """The module of ``config`` on the meta device: shapes only, so a config with billions
+    of parameters costs nothing to build.
 
     Raises:
         ValueError: the config cannot be built (a bad or absurd size).
     """
     try:
         with torch.random.fork_rng(devices=[]), torch.device("meta"):
-            module = build_zoo_model(config)
+            return build_zoo_model(config)
     except (ValueError, TypeError, RuntimeError, OverflowError) as err:
         raise ValueError(f"cannot build {config.name}: {err}") from None
+
+
+def _parameter_bytes(config: ModelConfig, *, dtype: torch.dtype = torch.float32) -> int:
+    """Bytes of the state dict of ``config`` in ``dtype``, counted without allocating."""
     itemsize = torch.empty((), dtype=dtype).element_size()
-    return sum(t.numel() for t in module.state_dict().values()) * itemsize
+    return sum(t.numel() for t in meta_model(config).state_dict().values()) * itemsize
 
 
 def memory_bytes() -> int | None:

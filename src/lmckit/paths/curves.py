@@ -20,9 +20,10 @@ Endpoints may be aligned (apply a transform to ``theta_b`` first) or not.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -30,6 +31,7 @@ from torch.func import functional_call
 from tqdm.auto import tqdm
 
 from lmckit.data import batches
+from lmckit.distributed import any_rank
 from lmckit.evaluate import PathResult, evaluate_along
 from lmckit.params import Params, check_compatible, check_finite
 from lmckit.task import CLASSIFICATION, Task
@@ -38,6 +40,7 @@ from lmckit.train import TrainConfig, TrainData, lr_factor, make_optimizer
 __all__ = [
     "CURVE_KINDS",
     "Curve",
+    "CurveLike",
     "curve_point",
     "evaluate_curve",
     "fit_curve",
@@ -106,6 +109,7 @@ class Curve:
         controls: control points (Bezier) or interior nodes (chain), each a full
             parameter set of the architecture.
         history: mean training loss per epoch, if trained.
+        steps: optimiser steps taken, if trained.
     """
 
     kind: str
@@ -113,6 +117,7 @@ class Curve:
     controls: tuple[Params, ...]
     end: Params
     history: tuple[float, ...] = ()
+    steps: int = 0
 
     def __post_init__(self) -> None:
         _check_kind(self.kind)
@@ -189,6 +194,7 @@ def fit_curve(
     bends: int = 1,
     init: Sequence[Params] | None = None,
     seed: int = 0,
+    max_seconds: float | None = None,
     progress: bool = False,
     task: Task = CLASSIFICATION,
 ) -> Curve:
@@ -202,11 +208,14 @@ def fit_curve(
         model: module of the architecture (not modified).
         params_a, params_b: the endpoints.
         data: training data.
-        config: optimiser, epochs, batch size (default Adam 1e-3, 10 epochs, batch 128).
+        config: optimiser, epochs (at most ``max_steps`` steps), batch size (default Adam
+            1e-3, 10 epochs, batch 128).
         kind: ``bezier`` or ``chain``.
         bends: control points (ignored when ``init`` is given).
         init: initial control points; default :func:`linear_init`.
         seed: data order and the ``t`` samples; the global RNG is restored.
+        max_seconds: stop after this much wall time (the control points as they are
+            then; ``Curve.steps`` says how far training went).
         progress: progress bar over steps.
         task: the loss minimised (default cross-entropy).
     """
@@ -215,6 +224,8 @@ def fit_curve(
     check_finite(params_a, what="start")
     check_finite(params_b, what="end")
     config = config or TrainConfig(epochs=10, optimizer="adam", lr=1e-3)
+    if max_seconds is not None and not max_seconds > 0:
+        raise ValueError(f"max_seconds must be positive or None, got {max_seconds}")
     start = {k: v.detach() for k, v in params_a.items()}
     end = {k: v.detach() for k, v in params_b.items()}
     initial = tuple(init) if init is not None else linear_init(params_a, params_b, bends)
@@ -222,17 +233,20 @@ def fit_curve(
     opt = make_optimizer(config, leaves)
     steps_per_epoch = math.ceil(len(data.x_train) / config.batch_size)
     total = config.epochs * steps_per_epoch
+    total = total if config.max_steps is None else min(total, config.max_steps)
     generator = torch.Generator().manual_seed(seed)
     t_generator = torch.Generator().manual_seed(seed + 1)
     history = []
     was_training = model.training
     model.train()
-    step = 0
+    step, began, out_of_time = 0, time.perf_counter(), False
     bar = tqdm(total=total, desc=f"fit {kind}", unit="step", disable=not progress, leave=False)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         try:
             for _epoch in range(config.epochs):
+                if out_of_time:
+                    break
                 running, count = 0.0, 0
                 for xb, yb in batches(
                     data.x_train, data.y_train, config.batch_size, shuffle=True, generator=generator
@@ -247,17 +261,42 @@ def fit_curve(
                     count += len(yb)
                     step += 1
                     bar.update(1)
+                    if step >= total or (
+                        max_seconds is not None
+                        and any_rank(time.perf_counter() - began > max_seconds)
+                    ):
+                        out_of_time = True  # or out of steps: no further epoch either
+                        break
                 history.append(running / max(count, 1))
         finally:
             bar.close()
             model.train(was_training)
     final = tuple({k: v.detach().clone() for k, v in c.items()} for c in controls)
-    return Curve(kind, start, final, end, tuple(history))
+    return Curve(kind, start, final, end, tuple(history), step)
+
+
+class CurveLike(Protocol):
+    """What evaluating, storing and drawing a trained path needs: a :class:`Curve`, or a
+    band (:class:`lmckit.paths.neb.Band`)."""
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def start(self) -> Params: ...
+
+    @property
+    def controls(self) -> tuple[Params, ...]: ...
+
+    @property
+    def end(self) -> Params: ...
+
+    def point(self, t: float) -> Params: ...
 
 
 def evaluate_curve(
     model: nn.Module,
-    curve: Curve,
+    curve: CurveLike,
     batches_fn: Callable[[], Batches],
     *,
     ts: Sequence[float] | None = None,

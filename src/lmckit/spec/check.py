@@ -162,7 +162,9 @@ class FunctionCheck:
         self.scale = 1e3
         try:
             self._prepare(module, example_inputs, kwargs, given, torch.float32, streamed=True)
-        except (RuntimeError, TypeError):  # a module reads a tensor of another module
+        except (RuntimeError, TypeError, IndexError, ValueError):
+            # a module reads a tensor of another module outside that one's forward (Kimi's
+            # linear attention reads its convolution's weight): the empty stand-in fails
             self._prepare(module, example_inputs, kwargs, given, torch.float32)
 
     def _prepare(

@@ -91,6 +91,20 @@ def _live_leaves(an: Analysis, leaves: list[Var]) -> list[Var]:
     return out
 
 
+def _unreached(an: Analysis, leaves: list[Var], live: list[Var]) -> list[Var]:
+    """The live variables in blocks of a cut factor of a view that :func:`_live_leaves`
+    does not reach (the factor is not right after the view's first live variable): a
+    space of them would miss this parameter axis."""
+    out: list[Var] = []
+    for at, leaf in enumerate(leaves):
+        blocks = an.lattice.pieces(leaf)
+        if blocks is None or (live and at > 0 and leaves[at - 1] is live[0]):
+            continue
+        for _, piece in blocks:
+            out += [v for v in an.lattice.leaves([piece]) if v.level > Level.FREE]
+    return out
+
+
 @dataclass
 class SpaceDraft:
     """A space before naming: its leaf variable and the uses found for it; for nested
@@ -141,6 +155,10 @@ def settle(an: Analysis, together: dict[int, set[int]]) -> None:
                     continue
                 for view in views:
                     here = _live_leaves(an, view.leaves)
+                    hidden = _unreached(an, view.leaves, here)
+                    if hidden:  # blocks no space of this axis holds: pinned, not missed
+                        an.lattice.pin(hidden, "blocks of an axis after a pinned factor")
+                        changed = True
                     stray = [v for v in here[1:] if not nests(an, here[0], v, together)]
                     if here and here[0].heads:
                         # a factor every head holds alike is a space of its own

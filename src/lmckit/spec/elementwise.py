@@ -39,7 +39,7 @@ def _and_inplace(*names: str) -> list[Any]:
 _ADD = _and_inplace("add", "sub") + _ops("rsub")
 _MUL = _and_inplace("mul", "div")
 _SELECT = _and_inplace("maximum", "minimum", "fmax", "fmin", "where", "masked_fill", "lerp")
-_SELECT += _ops("atan2")
+_SELECT += _ops("atan2", "polar", "complex")
 _COMPARE = _ops("eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not")
 _COMPARE += _ops("logical_xor", "bitwise_and", "bitwise_or", "bitwise_not", "__and__", "__or__")
 _NONLINEAR = _and_inplace(
@@ -203,7 +203,10 @@ def _nonlinear(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, An
     if not isinstance(x, Value):
         return an.free(out_shapes(node), "constant")
     an.lower([x], f"{node.target} (node {node.name!r}) acts unit by unit")
-    return Value([list(a) for a in x.axes], const=x.const)
+    # a function of a parameter unit by unit is still that parameter, unit by unit
+    # (Swin-v2's clamped, exponentiated logit scale of each head): permutations, all
+    # the level leaves, commute with it, so its axes keep their provenance
+    return Value([list(a) for a in x.axes], list(x.src), const=x.const)
 
 
 @register(aten.neg, aten.positive, square_safe=True)

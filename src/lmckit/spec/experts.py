@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import torch
 from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, ExpertSite
@@ -52,54 +53,128 @@ def _find_topk(node: Node, depth: int = 0) -> Node | None:
     return None
 
 
-def _router(an: Analysis, topk: Node) -> tuple[str, str | None] | None:
-    """The weight and bias keys of the linear layer whose scores ``topk`` ranks."""
+@dataclasses.dataclass(frozen=True)
+class _Router:
+    """The linear layer whose scores a mixture's top-k ranks: its weight and bias keys,
+    per-expert parameter vectors added to the scores on the way (DeepSeek's correction
+    bias), and the top-k nodes the choice is made with (the mask of group-limited
+    routing is made by top-k of its own)."""
+
+    weight: str
+    bias: str | None
+    added: tuple[str, ...]
+    topks: tuple[str, ...]
+    #: groups of consecutive experts the mask ranks first (a top-k over the scores viewed
+    #: as ``(groups, experts / groups)``): only permutations that keep them may hold
+    groups: int = 1
+
+
+#: ops that give a parameter's values unchanged but for their dtype or layout
+_CASTS = {"to", "_to_copy", "type_as", "alias", "clone", "contiguous"}
+
+
+def _parameter(an: Analysis, node: object) -> str | None:
+    """The state-dict key of the parameter ``node`` is (through casts), else None."""
+    while isinstance(node, Node) and op_name(node) in _CASTS:
+        node = node.args[0]
+    return an.traced.params.get(node.name) if isinstance(node, Node) else None
+
+
+def _behind(node: Node, depth: int = 16) -> list[Node]:
+    """``node`` and the nodes it is computed from, at most ``depth`` steps back."""
+    seen, frontier = {node}, [node]
+    for _ in range(depth):
+        frontier = [a for n in frontier for a in n.all_input_nodes if a not in seen]
+        seen.update(frontier)
+    return list(seen)
+
+
+def _topks_behind(node: Node) -> set[str]:
+    """The top-k nodes ``node`` is computed from (a routing mask)."""
+    return {n.name for n in _behind(node) if op_name(n) == "topk"}
+
+
+def _router(an: Analysis, topk: Node) -> _Router | None:
+    """The router of the scores ``topk`` ranks, followed back through normalisations,
+    arithmetic with constants, per-expert parameter vectors added to them, and masks
+    that leave some experts out (group-limited routing); else None."""
     node = topk.args[0]
-    params = an.traced.params
-    while isinstance(node, Node) and op_name(node) in _SCORES | _ARITHMETIC:
+    experts = int(node.meta["val"].shape[-1]) if isinstance(node, Node) else 0
+    added: list[str] = []
+    topks = [topk.name]
+    groups = 1
+    while isinstance(node, Node) and op_name(node) in _SCORES | _ARITHMETIC | {"masked_fill"}:
+        if op_name(node) == "masked_fill" and isinstance(node.args[0], Node):
+            if isinstance(node.args[1], Node):
+                topks += sorted(_topks_behind(node.args[1]))
+                groups = max(groups, _groups(node.args[1], experts))
+            node = node.args[0]
+            continue
         varying = [
             a for a in node.all_input_nodes if not getattr(an.values.get(a.name), "const", True)
         ]
+        vectors = [a for a in varying if (key := _parameter(an, a)) is not None
+                   and an.traced.shapes[key] == (experts,)]  # fmt: skip
+        if op_name(node) == "add" and len(varying) == 2 and len(vectors) == 1:
+            added.append(str(_parameter(an, vectors[0])))
+            varying.remove(vectors[0])
         if len(varying) != 1:
             return None
         node = varying[0]
     if not isinstance(node, Node) or op_name(node) != "linear":
         return None
-    weight, bias = node.args[1], (node.args[2] if len(node.args) > 2 else None)
-    if not isinstance(weight, Node) or weight.name not in params:
+    weight = _parameter(an, node.args[1])
+    bias = _parameter(an, node.args[2]) if len(node.args) > 2 else None
+    if weight is None:
         return None
-    bias_key = params[bias.name] if isinstance(bias, Node) and bias.name in params else None
-    return params[weight.name], bias_key
+    return _Router(weight, bias, tuple(added), tuple(dict.fromkeys(topks)), groups)
+
+
+#: ops that lay the experts' axis out as ``(groups, experts / groups)``
+_GROUPING = {"view", "reshape", "_unsafe_view", "expand", "unflatten"}
+
+
+def _groups(mask: Node, experts: int) -> int:
+    """The groups of consecutive experts a routing mask is made of: the most groups of a
+    view of scores (or of the mask) as ``(groups, experts / groups)`` behind it, else 1."""
+    found = 1
+    for node in _behind(mask):
+        value = node.meta.get("val")
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else ()
+        if op_name(node) in _GROUPING and len(shape) >= 2 and min(shape[-2:]) > 1:
+            if shape[-1] * shape[-2] == experts:
+                found = max(found, int(shape[-2]))
+    return found
 
 
 def _proposal(
     an: Analysis, sites: Sequence[ExpertSite], spaces: Sequence[Space], name: str
-) -> tuple[Space, list[Space], Space | None, str] | None:
+) -> tuple[Space, list[Space], Space | None, _Router] | None:
     """The expert permutation of one mixture, the per-expert unit spaces to nest in it,
-    the one shared unit space they replace, and the router's top-k node."""
+    the one shared unit space they replace, and the router."""
     nodes = {n.name: n for n in an.traced.graph.nodes}
     topk = _find_topk(nodes[sites[0].offsets])
     router = _router(an, topk) if topk is not None else None
     if router is None:
         return None
     experts = an.traced.shapes[sites[0].weight][0]
-    if an.traced.shapes[router[0]][0] != experts:
+    if an.traced.shapes[router.weight][0] != experts:
         return None
     keys = list(dict.fromkeys(s.weight for s in sites))
-    uses = [Use(router[0], 0, "write")] + ([Use(router[1], 0, "write")] if router[1] else [])
+    moved = [router.weight, *([router.bias] if router.bias else []), *router.added]
+    uses = [Use(k, 0, "write", compare=k not in an.traced.statistics) for k in moved]
     uses += [Use(key, 0, "write") for key in keys]
     parent = Space(name, experts, Permutation(), tuple(uses))
-    assert topk is not None
     shared = next((s for s in spaces if {u.param for u in s.uses} == set(keys)), None)
     if shared is None or shared.nest is not None:
-        return parent, [], None, topk.name
+        return parent, [], None, router
     inner = []
     for e in range(experts):
         nested = tuple(dataclasses.replace(u, parts=(Part(0, e, 1), *u.parts)) for u in shared.uses)
         inner.append(
             Space(f"{name}.units.{e}", shared.n, shared.group, nested, nest=Nest(name, e, "units"))
         )
-    return parent, inner, shared, topk.name
+    return parent, inner, shared, router
 
 
 def _mixtures(an: Analysis) -> list[list[ExpertSite]]:
@@ -118,14 +193,14 @@ def first_choices(an: Analysis, spaces: list[Space]) -> tuple[list[Space], list[
     """``spaces`` with every mixture's experts and the units of each (in place of the
     shared unit space), unchecked: what :func:`decide_experts` keeps when everything
     passes; and the routers' top-k nodes, understood if so."""
-    routers = []
+    routers: list[str] = []
     for i, sites in enumerate(_mixtures(an)):
         found = _proposal(an, sites, spaces, f"experts.{i}")
         if found is None:
             continue
-        parent, inner, shared, topk = found
+        parent, inner, shared, router = found
         spaces = [s for s in spaces if s is not shared] + [parent, *inner]
-        routers.append(topk)
+        routers += router.topks
     return spaces, routers
 
 
@@ -140,10 +215,8 @@ def decide_experts(
         if found is None:
             notes.append(f"{sites[0].weight}: experts whose router lmckit cannot find")
             continue
-        parent, inner, shared, _ = found
-        tries = [[s for s in spaces if s is not shared] + [parent, *inner]] if inner else []
-        tries.append([*spaces, parent])
-        for candidate in tries:
+        parent, inner, shared, router = found
+        for candidate in _tries(spaces, parent, inner, shared, router.groups):
             spec = admissible(candidate, check.layout)
             if spec is None:  # clashes with another space: not added
                 continue
@@ -154,8 +227,26 @@ def decide_experts(
                       for k in range(DRAWS))  # fmt: skip
             if max(errors) <= tolerance:
                 spaces = candidate
-                understood(an, found[3])
+                for topk in router.topks:
+                    understood(an, topk)
                 break
         else:
             notes.append(f"{parent.uses[0].param}: permuting the experts changes the function")
     return spaces, notes
+
+
+def _tries(
+    spaces: list[Space], parent: Space, inner: list[Space], shared: Space | None, groups: int
+) -> list[list[Space]]:
+    """The specs to check, the largest first: every permutation of the experts, then
+    (routing limited to groups of experts) those that map each group onto a group; each
+    with the units of every expert, then with one unit space for all."""
+    parents = [parent]
+    if groups > 1:
+        parents.append(dataclasses.replace(parent, group=Permutation(blocks=groups)))
+    tries = []
+    for mover in parents:
+        if inner:
+            tries.append([s for s in spaces if s is not shared] + [mover, *inner])
+        tries.append([*spaces, mover])
+    return tries

@@ -142,7 +142,9 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Mapping[str, Tensor]) -
     unjudged = analysis.traced.unjudged()
     users_of: dict[str, int] = {}
     for ph, key in graph_params.items():  # a tied weight may be lifted more than once
-        users_of[key] = users_of.get(key, 0) + len(nodes[ph].users)
+        # an assertion of a weight's dtype (before a cast) reads nothing of it
+        used = [u for u in nodes[ph].users if "_assert_tensor_metadata" not in str(u.target)]
+        users_of[key] = users_of.get(key, 0) + len(used)
     replaced: dict[str, Tensor] = {}
     factors: dict[str, list[tuple[Tensor, int]]] = {}
     folded: set[str] = set()

@@ -8,6 +8,7 @@ from typing import Any
 from torch.fx import Node
 
 from lmckit.spec import elementwise as _elementwise  # noqa: F401  (registers rules)
+from lmckit.spec import filling as _filling  # noqa: F401  (registers rules)
 from lmckit.spec import layers as _layers  # noqa: F401  (registers rules)
 from lmckit.spec import slicing as _slicing  # noqa: F401  (registers rules)
 from lmckit.spec.analysis import Analysis, Value

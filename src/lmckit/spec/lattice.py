@@ -50,8 +50,8 @@ class Var:
     """
 
     __slots__ = (
-        "blocks", "factored", "fixed", "heads", "id", "joined", "leads", "level", "parent",
-        "parts", "pieces", "reasons", "residual", "size", "whole",
+        "blocks", "direct", "factored", "fixed", "heads", "id", "joined", "leads", "level",
+        "parent", "parts", "pieces", "reasons", "residual", "size", "whole",
     )  # fmt: skip
 
     def __init__(self, vid: int, size: int, level: Level) -> None:
@@ -67,6 +67,9 @@ class Var:
         self.pieces: list[tuple[int, Var]] | None = None
         #: for a piece, the variable it was cut from
         self.whole: Var | None = None
+        #: the pieces are variables of their own the axis was glued from (a
+        #: concatenation: :meth:`Lattice.join`), not blocks cut out of it
+        self.direct = False
         #: for the leading factor of a product (see :meth:`Lattice.split`): that product
         self.leads: Var | None = None
         #: for a product turned into a direct sum by :meth:`Lattice.cut_leading`: the
@@ -248,17 +251,84 @@ class Lattice:
                 part.heads, part.residual, part.fixed = old.heads, old.residual, old.fixed
         return [self.find(v) for v in piece.parts or []]
 
+    def join(self, blocks: Sequence[Sequence[Var]], reason: str) -> Var | None:
+        """A new variable glued from consecutive ``blocks`` (factor lists), each moved by
+        its own element: a concatenation along a feature axis is the direct sum of its
+        parts' spaces, and two copies of one space are moved by the same element. None
+        when no block has anything to move."""
+        found = [self.leaves(block) for block in blocks]
+        if all(v.level == Level.FREE for leaves in found for v in leaves):
+            return None
+        pieces: list[tuple[int, Var]] = []
+        at = 0
+        for block, leaves in zip(blocks, found, strict=True):
+            size = math.prod(self.find(v).size for v in block)
+            if len(leaves) == 1:
+                piece = leaves[0]
+            else:  # a product (or a size-one block): one variable of its size holds it
+                piece = self.fresh(size)
+                if leaves:
+                    self.unify([piece], leaves, reason)
+            pieces.append((at, self.find(piece)))
+            at += size
+        whole = self.fresh(at)
+        whole.pieces, whole.direct = pieces, True
+        return whole
+
+    def atoms(self, factors: Iterable[Var]) -> list[Var]:
+        """:meth:`leaves`, each glued variable (:meth:`join`) followed by the atoms of its
+        pieces: every variable whose units a tensor of these factors holds."""
+        out: list[Var] = []
+        stack = self.leaves(factors)[::-1]
+        while stack:
+            leaf = self.find(stack.pop())
+            if leaf in out:
+                continue
+            out.append(leaf)
+            if leaf.direct and leaf.pieces:
+                stack += self.leaves([p for _, p in leaf.pieces])[::-1]
+        return out
+
     def _collapse(self, root: Var, reason: str) -> None:
-        """Forget the blocks of a cut variable and pin it (it is one axis again)."""
+        """Forget the blocks of a cut variable and pin it (it is one axis again); the
+        pieces of a glued one are pinned with it (they are its units)."""
+        pieces = [p for _, p in root.pieces or []]
         root.pieces = None
         self.pin([root], reason)
+        if root.direct:
+            root.direct = False
+            self.pin(pieces, reason)
+
+    def _kept_pieces(self, ra: Var, rb: Var, reason: str) -> list[tuple[int, Var]] | None:
+        """The blocks the union of roots ``ra`` and ``rb`` keeps, when one is glued
+        (:meth:`join`): its blocks, if the other has none, or both glued alike (blocks
+        unified pairwise); else None (both forget theirs)."""
+        glued = [v for v in (ra, rb) if v.direct and v.pieces]
+        if not glued:
+            return None
+        other = rb if glued[0] is ra else ra
+        pieces = list(glued[0].pieces or [])
+        if any(self.find(p) in (ra, rb) for _, p in pieces):
+            return None
+        if other.pieces is None:
+            return pieces
+        mine = [(s, self.find(p).size) for s, p in pieces]
+        if not other.direct or mine != [(s, self.find(p).size) for s, p in other.pieces]:
+            return None
+        for (_, p), (_, q) in zip(pieces, other.pieces, strict=True):
+            self.unify([p], [q], reason)
+        return [(s, self.find(p)) for s, p in pieces]
 
     def _union(self, a: Var, b: Var) -> None:
         ra, rb = self.find(a), self.find(b)
         if ra is rb:
             return
+        kept = self._kept_pieces(ra, rb, "glued axes meet")
+        ra, rb = self.find(ra), self.find(rb)
+        if ra is rb:  # pragma: no cover - blocks of a glued axis are never the axis itself
+            return
         for cut in (ra, rb):
-            if cut.pieces:  # blocks of two variables need not line up: keep neither
+            if cut.pieces and kept is None:  # blocks of two variables need not line up
                 self._collapse(cut, "an axis cut into blocks meets another axis")
         rb.parent = ra
         ra.joined = rb.joined = True
@@ -270,6 +340,11 @@ class Lattice:
         ra.residual = ra.residual or rb.residual
         ra.fixed = ra.fixed or rb.fixed
         ra.whole = ra.whole or rb.whole
+        if kept is not None:
+            rb.pieces, rb.direct = None, False
+            ra.pieces, ra.direct = kept, True
+            # what held for either axis holds for each of its blocks
+            self.lower([p for _, p in kept], ra.level, "a glued axis meets another axis")
 
     def unify(self, a: Sequence[Var], b: Sequence[Var], reason: str) -> None:
         """Make two factor lists of one axis size describe the same units.
@@ -314,9 +389,8 @@ class Lattice:
                     self._union(x, y)
                 elif x.heads and y.level == Level.FREE:
                     x.fixed = x.fixed or reason
-                elif y.level < x.level:
-                    x.level = y.level
-                    x.reasons.append(reason)
+                else:  # as for the whole axis, so for each of its blocks
+                    self.lower([x], y.level, reason)
                 left.popleft()
                 right.popleft()
             elif y.size % x.size == 0:

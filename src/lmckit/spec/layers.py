@@ -160,7 +160,7 @@ def _broadcast_meet(an: Analysis, small: Value, big: Value, what: str) -> None:
                 an.lattice.constrain(big.axes[-i], small.axes[-i], what)
             else:
                 an.unify(small.axes[-i], big.axes[-i], what)
-                an.mark(small, small.ndim - i, "write")  # a learned table: added in
+                an.mark(small, small.ndim - i, "write")  # a learned table's heads, say
 
 
 def _grouped(an: Analysis, kv: Value, heads_q: int) -> Value:

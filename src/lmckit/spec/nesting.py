@@ -56,7 +56,8 @@ def batched_by(an: Analysis, *, but_scales: bool = False) -> dict[int, set[int]]
                 continue
             if but_scales and _only_scales(an, value):
                 continue
-            leaves = {id(v) for axis in value.axes for v in an.lattice.leaves(axis)}
+            # a glued axis (a concatenation) holds the units of each of its pieces
+            leaves = {id(v) for axis in value.axes for v in an.lattice.atoms(axis)}
             for leaf in leaves:
                 if leaf in together:
                     together[leaf] &= leaves
@@ -82,7 +83,7 @@ def head_kinds(an: Analysis) -> dict[int, str]:
         value = an.values.get(node_name)
         if not isinstance(value, Value) or not value.axes:
             return
-        for var in an.lattice.leaves(value.axes[-1]):
+        for var in an.lattice.atoms(value.axes[-1]):
             key = id(var)
             kinds[key] = "basis" if kinds.get(key, kind) != kind else kind
 

@@ -19,6 +19,8 @@ __all__ = ["Reader", "readers_of"]
 _PASS = {"to", "_to_copy", "alias", "clone", "contiguous", "dropout", "view", "reshape",
          "_unsafe_view", "detach", "_assert_tensor_metadata", "type_as"}  # fmt: skip
 _TRANSPOSES = {"t", "numpy_T", "transpose", "permute"}
+# ops that give a weight's values unchanged but for their dtype
+_CASTS = {"to", "_to_copy", "type_as", "alias", "clone", "contiguous"}
 # a grouped matrix product (mixtures of experts): tokens x each expert's weight
 _GROUPED = {"grouped_mm_fallback", "_grouped_mm", "grouped_mm"}
 # ops along an axis: harmless on the way to a reader unless they touch the feature axis
@@ -57,13 +59,20 @@ def _op(node: Node) -> str:
 
 
 def _param_of(node: object, params: dict[str, str]) -> tuple[str, bool] | None:
-    """``(key, transposed)`` if ``node`` is a parameter placeholder or a transpose of one."""
+    """``(key, transposed)`` if ``node`` is a parameter placeholder or a transpose of one
+    (either seen through casts: DeepSeek's router reads its weight in float32)."""
+    while isinstance(node, Node) and _op(node) in _CASTS and isinstance(node.args[0], Node):
+        node = node.args[0]
     if not isinstance(node, Node):
         return None
     if node.name in params:
         return params[node.name], False
-    if _op(node) in _TRANSPOSES and isinstance(node.args[0], Node) and node.args[0].name in params:
-        return params[node.args[0].name], True
+    if _op(node) in _TRANSPOSES and isinstance(node.args[0], Node):
+        inner = node.args[0]
+        while _op(inner) in _CASTS and isinstance(inner.args[0], Node):
+            inner = inner.args[0]
+        if inner.name in params:
+            return params[inner.name], True
     return None
 
 

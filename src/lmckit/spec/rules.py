@@ -298,3 +298,22 @@ def _repeat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
         copies = [an.lattice.fresh(r, Level.FREE, "copies")] if r > 1 else []
         axes.append([*copies, *x.axes[j]])
     return Value(axes, const=x.const)
+
+
+# --------------------------------------------------------------------------- complex views
+
+
+@register(*_ops("view_as_complex"))
+def _view_as_complex(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    """Pairs of the last axis read as complex numbers (rotary embeddings written with
+    complex multiplication): the pair's two entries are pinned, the other axes stay."""
+    x: Value = args[0]
+    an.lattice.pin(x.axes[-1], f"{node.name!r} reads pairs as complex numbers")
+    return Value([list(a) for a in x.axes[:-1]], const=x.const)
+
+
+@register(*_ops("view_as_real"))
+def _view_as_real(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
+    x: Value = args[0]
+    pair = an.lattice.fresh(2, Level.FREE, "real and imaginary parts")
+    return Value([*(list(a) for a in x.axes), [pair]], const=x.const)

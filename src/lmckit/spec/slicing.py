@@ -171,16 +171,19 @@ def _index(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     leading = all(i is not None for i in indices)
     for i, idx in enumerate(indices):
         if idx is not None and not _is_free(an, x.axes[i]):
-            an.pin(
-                [Value([x.axes[i]])], f"{node.name!r} indexes a feature axis", notable=not x.const
-            )
+            # rows of a parameter looked up by index are pinned, as an embedding's are
+            notable = not x.const and not x.src[i]
+            an.pin([Value([x.axes[i]])], f"{node.name!r} indexes a feature axis", notable=notable)
     if not leading:
         an.pin([x], f"{node.name!r}: advanced indexing not understood", notable=not x.const)
         return an.free(shape, "indexed")
     n_index = len(shape) - (x.ndim - k)
     axes = [[an.lattice.fresh(s, Level.FREE, "indexed")] for s in shape[:n_index]]
     axes += [list(a) for a in x.axes[k:]]
-    return Value(axes, const=x.const)
+    # the axes after the indexed ones are views of the same parameter axes (the heads
+    # of a relative position table whose rows a constant index looks up)
+    src = [frozenset[tuple[str, int]]() for _ in range(n_index)] + list(x.src[k:])
+    return Value(axes, src, const=x.const)
 
 
 def _reassembled(an: Analysis, parts: Sequence[Value], dim: int) -> Var | None:
@@ -215,18 +218,13 @@ def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
                 for p in parts[1:]:
                     an.unify(parts[0].axes[i], p.axes[i], f"cat {node.name!r}")
         return Value(glued, const=all(p.const for p in parts))
-    for p in parts:
-        if not _is_free(an, p.axes[dim]):
-            an.pin(
-                [Value([q.axes[dim]]) for q in parts],
-                f"cat {node.name!r} joins feature axes",
-                notable=True,
-            )
-            break
+    # along a feature axis: the direct sum of the parts' spaces (the class token beside
+    # the mean of the patches: two copies of the stream, each block moved alike)
+    summed = an.lattice.join([p.axes[dim] for p in parts], f"cat {node.name!r}")
     axes: list[list[Var]] = []
     for i in range(len(shape)):
         if i == dim:
-            axes.append([an.lattice.fresh(shape[i], Level.FREE, "concatenated")])
+            axes.append([summed or an.lattice.fresh(shape[i], Level.FREE, "concatenated")])
             continue
         full = [p for p in parts if axis_size(p, i) > 1]
         for p in full[1:]:

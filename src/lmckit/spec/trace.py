@@ -17,6 +17,7 @@ convenience, and holding them fixed would forbid every symmetry of the stream.
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from torch import nn
 from torch.fx import Graph, Node
 
 from lmckit.spec.inputs import bind_inputs, describe_inputs
+from lmckit.spec.trace_failure import describe_failure
 
 __all__ = ["SpecInferenceError", "TracedGraph", "module_path", "prediction", "trace"]
 
@@ -117,10 +119,19 @@ def _aliases(module: nn.Module) -> dict[str, tuple[str, ...]]:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     # export warns about things that do not concern a user of lmckit (deprecated
-    # internals of transformers, constant folding); errors still surface
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
+    # internals of transformers, constant folding); errors still surface, as the one-line
+    # SpecInferenceError. PyTorch also logs an error's whole traceback on stderr ("failed
+    # while attempting to run meta for aten.mm") before raising it: its loggers are held
+    # above CRITICAL while exporting (a logger a user set to a level of its own is left so)
+    torch_logger = logging.getLogger("torch")
+    level = torch_logger.level
+    torch_logger.setLevel(logging.CRITICAL + 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        torch_logger.setLevel(level)
 
 
 def trace(
@@ -150,11 +161,10 @@ def trace(
                 module, tuple(example_inputs), dict(kwargs or {}), strict=False
             )
     except Exception as err:  # export raises many types; all mean "does not trace"
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         given = describe_inputs(example_inputs, kwargs or {})
-        raise SpecInferenceError(
-            f"cannot trace {name} on {given}: {type(err).__name__}: {first[:300]}"
-        ) from None
+        with _quiet():
+            why = describe_failure(err, module, example_inputs, kwargs or {})
+        raise SpecInferenceError(f"cannot trace {name} on {given}: {why}") from None
     finally:
         module.train(was_training)
     aliases = _aliases(module)

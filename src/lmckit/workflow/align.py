@@ -16,6 +16,7 @@ from lmckit.aligners.weight.start_choice import midpoint_loss
 from lmckit.data import Dataset
 from lmckit.data.token_stats import token_row_masks
 from lmckit.datafit import check_data_fits
+from lmckit.distributed import computed_once
 from lmckit.forms import FORMS, FormChoice, choose_form, possible_forms
 from lmckit.hf import ZOO_CONVERSIONS, HFModel, zoo_from_hf
 from lmckit.io import LoadedModel
@@ -23,6 +24,12 @@ from lmckit.outputs import OutputKind
 from lmckit.recipe import AlignForm, aligned_form, check_symmetry, written_alike
 from lmckit.spec.inputs import ExampleInputs
 from lmckit.symmetry import MovedParams, SymmetrySpec, apply
+from lmckit.workflow.b_function import (
+    B_RTOL,
+    BFunctionError,
+    check_b_function,
+    outputs_changed,
+)
 
 __all__ = [
     "ALIGN_METHODS",
@@ -65,6 +72,9 @@ class AlignedPair:
         metadata: method, options and diagnostics, JSON-ready.
         choice: the form chosen (:func:`lmckit.forms.choose_form`), also in
             ``metadata["form_choice"]``: what :func:`~lmckit.workflow.pair_barrier` reads.
+        left_out: one line per space whose element changed B's outputs and was reset to
+            the identity (:func:`lmckit.workflow.b_function.check_b_function`), also in
+            ``metadata["b_function"]``.
     """
 
     module: nn.Module
@@ -75,6 +85,7 @@ class AlignedPair:
     same_architecture: bool
     metadata: dict[str, Any] = field(default_factory=dict)
     choice: FormChoice | None = None
+    left_out: tuple[str, ...] = ()
 
 
 def convertible(model: LoadedModel) -> bool:
@@ -203,7 +214,7 @@ def align_models(
     full = ALIGN_METHODS[method]
     info = aligner_info(full)
     if info.needs_data and data is None:
-        raise ValueError(f"{full} needs data (--data)")
+        raise ValueError(f"{full} needs data: pass data=")
     if data is not None:
         check_data_fits(a.module, data)
     choice = choose_pair_form(
@@ -231,20 +242,54 @@ def align_models(
         runs = [runs[best]]
     choice, form, masks, options, result = runs[0]
     spec, pa, pb = form.spec, form.a, form.b
+    # checked on B itself before anything is returned or written: a space whose element
+    # changes B's outputs is left out (the spec was checked on A only)
+    module_b, params_b = _b_as_aligned(a, b, form)
+    checked = computed_once(
+        lambda: check_b_function(module_b, params_b, result.transform, form.inputs)
+    )
+    if checked.dropped:
+        kept = {k: v for k, v in result.spaces.items() if k not in checked.dropped}
+        result = replace(result, transform=checked.transform, spaces=kept)
     aligned: Mapping[str, Tensor]
     if head_bases:
         moved = apply(spec, pb, result.transform)
         aligned = head_bases_matching(spec, pa, moved).apply(moved)
+        _check_head_bases(module_b, params_b, aligned, form.inputs)
     else:  # moved as it is written (one tensor at a time), not as a second model beside B
         aligned = MovedParams(spec, pb, result.transform)
     metadata = _metadata(info, symmetry, seed, head_bases, config, choice, form, result)
+    metadata["b_function"] = checked.metadata()
     if "row_masks" in options:
         metadata["masked_rows"] = {k: int((~m).sum()) for k, m in masks.items()}
     if form_losses:
         metadata["form_midpoint_losses"] = form_losses
     same = written_alike(form.module, a.module)
     reference = pa if (form.rewritten or form.folded or not same) else None
-    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice)
+    return AlignedPair(form.module, aligned, reference, result, form.form, same, metadata, choice,
+                       checked.left_out)  # fmt: skip
+
+
+def _b_as_aligned(a: LoadedModel, b: LoadedModel, form: AlignForm) -> tuple[nn.Module, Any]:
+    """The module and parameters B's own outputs are computed with: B's own module
+    when the form is the models' own (its buffers and code, not A's), else the form's
+    module with B in that form (the same function: every form is an exact rewrite)."""
+    if form.module is a.module and form.b is b.params:
+        return b.module, b.params
+    return form.module, form.b
+
+
+def _check_head_bases(
+    module: nn.Module, params_b: Any, aligned: Mapping[str, Tensor], inputs: ExampleInputs
+) -> None:
+    """Refuse bases inside heads that change B's outputs (they rotate within heads,
+    which per-head constants or a nonlinearity there would forbid)."""
+    error = computed_once(lambda: outputs_changed(module, params_b, aligned, inputs))
+    if error > B_RTOL:
+        raise BFunctionError(
+            f"aligning the bases inside heads changes B's outputs on the example inputs by "
+            f"{error:.2g} (relative; at most {B_RTOL:g} allowed); align without head_bases"
+        )
 
 
 def _other_forms(
@@ -330,8 +375,8 @@ def check_align_request(
         raise ValueError(f"unknown method {method!r}; choose from {', '.join(ALIGN_METHODS)}")
     check_symmetry(symmetry)
     if circuits and head_bases:
-        raise ValueError("--head-bases aligns bases inside heads; --circuits leaves none")
+        raise ValueError("head_bases=True aligns bases inside heads; circuits=True leaves none")
     info = aligner_info(ALIGN_METHODS[method])
     if info.needs_data and not has_data:
-        raise ValueError(f"{info.name} needs data (--data)")
+        raise ValueError(f"{info.name} needs data: pass data=")
     return info

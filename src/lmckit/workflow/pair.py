@@ -3,10 +3,11 @@ multi-model barrier over a simplex."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -21,7 +22,7 @@ from lmckit.datafit import check_data_fits
 from lmckit.evaluate import PathResult
 from lmckit.forms import FORMS, FormChoice
 from lmckit.hf.files import MAX_CONFIG_BYTES, read_json_file
-from lmckit.io import LoadedModel, model_format
+from lmckit.io import LoadedModel, check_same_config, model_format
 from lmckit.measure import (
     MERGE_METHOD_OF_FIX,
     EvalSettings,
@@ -37,6 +38,10 @@ from lmckit.params import IncompatibleModelsError, Params, check_compatible, mod
 from lmckit.paths.simplex import SimplexResult, check_simplex_size, evaluate_simplex
 from lmckit.recipe import aligned_form, spec_of, written_alike
 from lmckit.workflow.align import model_in_form
+from lmckit.workflow.form_evidence import checked_form
+
+#: Config entries a recorded form may change: folding a norm scale into a tied head unties it.
+UNTIED = frozenset({"tie_word_embeddings"})
 
 __all__ = [
     "MERGE_FIXES",
@@ -45,6 +50,7 @@ __all__ = [
     "pair_barrier",
     "path_form",
     "recorded_form",
+    "recorded_metadata",
     "simplex_barrier",
 ]
 
@@ -69,39 +75,47 @@ def merge_pair(
             ``reset_bn`` for a network without BatchNorm.
     """
     if not 0.0 <= t <= 1.0:
-        raise ValueError(f"--t must lie in [0, 1], got {t}")
+        raise ValueError(f"t must lie in [0, 1], got {t}")
     if fix not in MERGE_FIXES:
         raise ValueError(f"fix must be one of {', '.join(MERGE_FIXES)}, got {fix!r}")
     info = merge_info(MERGE_METHOD_OF_FIX[fix])
     if info.needs_data and data is None:
-        raise ValueError(f"{fix} needs data (--data)")
+        raise ValueError(f"fix={fix!r} needs data: pass data=")
     if fix == "reset_bn" and not has_batchnorm(model):
-        raise ValueError("--reset-bn: the model has no BatchNorm layers")
+        raise ValueError(
+            "fix='reset_bn' recomputes BatchNorm statistics; the model has no BatchNorm layers"
+        )
     if data is not None:
         check_data_fits(model, data)
     inputs = train_inputs(data, settings or EvalSettings()) if data is not None else None
     return merge(info.name, params_a, params_b, t, model=model, inputs=inputs)
 
 
-def recorded_form(path: str | os.PathLike[str] | None) -> FormChoice | None:
-    """The form an lmckit output at ``path`` says it is in (``lmckit align`` records it),
-    or ``None`` (no record, not an lmckit output, or a model held in memory: no path).
-    Reads the metadata only."""
+def recorded_metadata(path: str | os.PathLike[str] | None) -> dict[str, Any]:
+    """What lmckit recorded of the output at ``path`` (an HF folder's ``lmckit.json``
+    ``metadata``, a checkpoint's ``metadata``); ``{}`` for none, or no path."""
     if path is None:
-        return None
+        return {}
     folder = Path(path)
     try:
         if model_format(folder) == "hf":
             marker = folder / HF_MARKER
             if not marker.is_file():
-                return None
+                return {}
             meta = read_json_file(marker, max_bytes=MAX_CONFIG_BYTES, what="lmckit.json")
             meta = meta.get("metadata", {}) if isinstance(meta, dict) else {}
         else:
             meta = load_metadata(folder)
     except (CheckpointError, OSError):
-        return None  # loading the model reports the problem in its own words
-    return FormChoice.from_dict(meta.get("form_choice")) if isinstance(meta, dict) else None
+        return {}  # loading the model reports the problem in its own words
+    return meta if isinstance(meta, dict) else {}
+
+
+def recorded_form(path: str | os.PathLike[str] | None) -> FormChoice | None:
+    """The form an lmckit output at ``path`` says it is in (``lmckit align`` records it),
+    or ``None`` (no record, not an lmckit output, or a model held in memory: no path).
+    Reads the metadata only."""
+    return FormChoice.from_dict(recorded_metadata(path).get("form_choice"))
 
 
 @dataclass(frozen=True)
@@ -135,44 +149,93 @@ def path_form(a: LoadedModel, b: LoadedModel, *, circuits: bool | None = None) -
     the same form (exact: the same function), and the path interpolates heads as
     circuits when the form says so. ``circuits`` (``True`` / ``False``) overrides that.
     """
-    choice = recorded_form(b.path) or recorded_form(a.path)
-    module, pa, pb = a.module, a.params, b.params
-    notes = []
-    if choice is not None:
-        formed = []
-        for model in (a, b):
-            changes = (
-                choice.to_zoo
-                or choice.circuits
-                or choice.symmetry == "orthogonal"
-                or FORMS[choice.name].rms
-            )
-            if changes and recorded_form(model.path) is None:
-                form = model_in_form(_float32(model), choice)
-                formed.append((form.module, dict(form.a)))
-                if form.form:
-                    name = model.path.name if model.path is not None else "the model"
-                    notes.append(f"{name} put in {form.form}")
-            else:
-                formed.append((model.module, model.params))
-        (module, pa), (module_b, pb) = formed
-        try:
-            if module is not module_b and _config(module) != _config(module_b):
-                raise IncompatibleModelsError(f"{_config(module)} vs {_config(module_b)}")
-            check_compatible(pa, pb)
-        except IncompatibleModelsError as err:
-            raise IncompatibleModelsError(
-                f"{a.path} and {b.path} are different architectures even in the form "
-                f"`lmckit align` recorded ({choice.name}): {err}"
-            ) from None
+    records = recorded_metadata(a.path), recorded_metadata(b.path)
+    recorded = [
+        (m.path, c)
+        for m, r in ((b, records[1]), (a, records[0]))
+        if (c := FormChoice.from_dict(r.get("form_choice"))) is not None
+    ]
+    recorded_in, choice = recorded[0] if recorded else (None, None)
+    try:
+        # a recorded form changes the shapes, never the config or the storage (a folded
+        # LM head is untied); and a fold no record names shows in the weights
+        check_same_config(a, b, ignore=UNTIED if choice is not None else frozenset())
+        choice, evidence = checked_form(a, b, choice, records)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(
+            f"{a.path} and {b.path} are different architectures: {err}"
+        ) from None
+    with _as_recorded(recorded_in, choice, asked=False):
+        module, pa, pb, notes = _in_recorded_form(a, b, choice, records)
+    if evidence:
+        notes.insert(0, evidence)
     use_circuits = circuits if circuits is not None else bool(choice and choice.path_circuits)
     if use_circuits:
-        form = aligned_form(module, pa, pb, circuits=True)
+        with _as_recorded(recorded_in, choice, asked=circuits is not None):
+            form = aligned_form(module, pa, pb, circuits=True)
         if form.module is not module:
             notes.append("heads interpolated as circuits")
         module, pa, pb = form.module, dict(form.a), dict(form.b)
     same = written_alike(module, a.module)
     return PathForm(module, pa, pb, choice, use_circuits, same, "; ".join(notes))
+
+
+@contextlib.contextmanager
+def _as_recorded(path: Path | None, choice: FormChoice | None, *, asked: bool) -> Iterator[None]:
+    """A form the user did not ask for, but a model's record names, that the pair cannot
+    take: said as the record's, not as an option the user never gave."""
+    try:
+        yield
+    except IncompatibleModelsError:
+        raise
+    except ValueError as err:
+        if choice is None or asked:
+            raise
+        raise ValueError(
+            f"{path} records that `lmckit align` wrote it in the form {choice.name!r}, which "
+            f"this pair cannot take ({err}); the record does not fit these models"
+        ) from None
+
+
+def _in_recorded_form(
+    a: LoadedModel,
+    b: LoadedModel,
+    choice: FormChoice | None,
+    records: tuple[dict[str, Any], dict[str, Any]],
+) -> tuple[nn.Module, Params, Params, list[str]]:
+    """Both models in the form ``choice`` (a model whose record names no form is put in
+    it), after checking the pair is one architecture there."""
+    module, pa, pb = a.module, a.params, b.params
+    notes: list[str] = []
+    if choice is None:
+        return module, pa, pb, notes
+    formed = []
+    changes = (
+        choice.to_zoo
+        or choice.circuits
+        or choice.symmetry == "orthogonal"
+        or FORMS[choice.name].rms
+    )
+    for model, record in zip((a, b), records, strict=True):
+        if changes and not FormChoice.from_dict(record.get("form_choice")):
+            form = model_in_form(_float32(model), choice)
+            formed.append((form.module, dict(form.a)))
+            if form.form:
+                name = model.path.name if model.path is not None else "the model"
+                notes.append(f"{name} put in {form.form}")
+        else:
+            formed.append((model.module, model.params))
+    (module, pa), (module_b, pb) = formed
+    try:
+        if module is not module_b and _config(module) != _config(module_b):
+            raise IncompatibleModelsError(f"{_config(module)} vs {_config(module_b)}")
+        check_compatible(pa, pb)
+    except IncompatibleModelsError as err:
+        raise IncompatibleModelsError(
+            f"{a.path} and {b.path} are different architectures even in the form "
+            f"`lmckit align` recorded ({choice.name}): {err}"
+        ) from None
+    return module, pa, pb, notes
 
 
 def _float32(model: LoadedModel) -> LoadedModel:

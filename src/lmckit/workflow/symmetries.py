@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lmckit.groups import HeadPermutation, PlaneSigns, RotaryPlanes
+from lmckit.groups import HeadPermutation, Permutation, PlaneSigns, RotaryPlanes
 from lmckit.io import LoadedModel
 from lmckit.models import ZooModel
 from lmckit.spec import analyze_symmetries
@@ -31,7 +31,7 @@ class SpaceSummary:
     Attributes:
         name: the space's name, e.g. ``"residual"``, ``"heads.0"``.
         group: its group, e.g. ``"Permutation"``, ``"HeadPermutation(4 x 8)"`` (heads x
-            head size).
+            head size), ``"Permutation(2 blocks)"`` (whole blocks of units onto blocks).
         n: number of units.
         params: the parameters with an axis in the space, in spec order.
         parent, kind: for a space nested in one unit of another (a head's value basis),
@@ -154,6 +154,9 @@ def _group(space: Space) -> str:
     if isinstance(group, RotaryPlanes | PlaneSigns):
         rotary = str(group.rotary) if group.rotary == space.n else f"{group.rotary} of {space.n}"
         return f"{group.name}({rotary}{', interleaved' if group.interleaved else ''})"
+    if isinstance(group, Permutation) and group.blocks > 1:
+        # whole blocks onto blocks (GroupNorm's groups, experts routed by groups)
+        return f"{group.name}({group.blocks} blocks)"
     return group.name
 
 

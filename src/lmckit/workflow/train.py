@@ -11,7 +11,7 @@ from lmckit.datafit import check_data_fits
 from lmckit.evaluate import Metrics
 from lmckit.measure import evaluate_split
 from lmckit.models import ModelConfig, ZooModel, create_model
-from lmckit.models.sizing import check_fits_in_memory
+from lmckit.models.memory import check_training_fits
 from lmckit.train import TrainConfig, TrainResult, fit
 
 __all__ = ["TrainedModel", "train_model"]
@@ -38,15 +38,24 @@ def train_model(
 ) -> TrainedModel:
     """Build ``config`` from ``seed``, train it on ``data``, measure it on the test split.
 
-    The memory the model needs (weights, gradients and two optimiser moments) is
-    checked against the machine's before anything is built, and the data against the
-    model before any step.
+    The memory the run needs (:func:`lmckit.models.memory.training_memory`: weights,
+    training copy, gradients, two optimiser moments, the step's temporaries and one
+    batch's activations, counted on the meta device) is checked against the machine's
+    before anything is built, and the data against the model before any step.
 
     Raises:
         ValueError: a model that does not fit memory or the data, or a bad setting.
     """
-    check_fits_in_memory(config, copies=4)
-    module, params = create_model(config.name, seed=seed, **config.kwargs)
+    check_training_fits(
+        config,
+        input_shape=data.input_shape,
+        tokens=data.is_language,
+        batch_size=min(train.batch_size, max(1, len(data.x_train))),
+    )
+    module = create_model(config.name, seed=seed, **config.kwargs)[0]
+    # the initial parameters are the module's own tensors (training works on a copy and
+    # changes neither): a second copy beside them would only raise the peak memory
+    params = {k: v.detach() for k, v in module.state_dict().items()}
     check_data_fits(module, data)
     result = fit(module, params, data, train, seed=seed, device=device, progress=progress)
     test = evaluate_split(module, result.params, data, batch_size=eval_batch_size)

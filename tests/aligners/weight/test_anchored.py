@@ -7,9 +7,19 @@ import torch
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.aligners.weight.anchored import anchor_stages, anchored_start
+from lmckit.groups import Orthogonal, Permutation
 from lmckit.models import create_model
 from lmckit.recipe import aligned_form
-from lmckit.symmetry import Transform, apply, random_transform
+from lmckit.symmetry import (
+    Nest,
+    Part,
+    Space,
+    SymmetrySpec,
+    Transform,
+    Use,
+    apply,
+    random_transform,
+)
 
 
 def _ndims(params: dict) -> dict[str, int]:
@@ -108,3 +118,32 @@ def test_unknown_start_is_refused() -> None:
         ValueError, match="start must be one of anchored, identity, best, got 'random'"
     ):
         WeightMatchingConfig(start="random")
+
+
+def test_heads_compared_by_raw_weights_wait_for_the_bases_inside_them() -> None:
+    """Heads whose value rows a basis inside each head also moves (and no circuits to
+    compare them invariantly): their uses are not anchored while those bases are
+    unsolved, so the start does not pair heads by rows a rotation scrambled."""
+    heads, dim = 2, 3
+    parent = Space(
+        "heads",
+        heads,
+        Permutation(),
+        (Use("v.weight", 0, "write", 1, dim), Use("o.weight", 1, "read", 1, dim)),
+    )
+    bases = tuple(
+        Space(
+            f"heads.value.{h}",
+            dim,
+            Orthogonal(),
+            (
+                Use("v.weight", 0, "write", parts=(Part(0, h * dim, dim),)),
+                Use("o.weight", 1, "read", parts=(Part(1, h * dim, dim),)),
+            ),
+            nest=Nest("heads", h, "value"),
+        )
+        for h in range(heads)
+    )
+    spec = SymmetrySpec((parent, *bases))
+    stages = anchor_stages(spec, {"v.weight": 2, "o.weight": 2})
+    assert stages == []  # nothing anchored: descent starts them all from the identity

@@ -59,6 +59,12 @@ def _anchored_uses(
     pinned = False
     if space.nest is not None and space.nest.parent not in known:
         return uses, pinned  # a nested space acts where its parent puts its unit
+    # the bases inside each unit move the unit's own axes too: unless the units are
+    # compared by circuits (invariant to those bases), a use they touch is not anchored
+    # until they are solved (heads matched by value rows a value basis scrambled)
+    inner = [] if space.circuits is not None else [
+        u for s in spec.nested_in(space.name) if s.name not in known for u in s.uses
+    ]  # fmt: skip
     for use in space.uses:
         if not use.compare or use.param not in ndims:
             continue
@@ -66,6 +72,8 @@ def _anchored_uses(
         axis = use.axis % ndim
         others = {a: s for a, s in _axis_spaces(spec, use.param, ndim).items() if a != axis}
         if any(name not in known for names in others.values() for name in names):
+            continue
+        if any(u.param == use.param and u.axis % ndim == axis for u in inner):
             continue
         uses.append(use)
         solver_reads = use.role == "write" or not space.group.least_squares

@@ -194,6 +194,7 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
             {k: PathResult.from_dict(entries[k]["path"]) for k in PATH_FIGURE_ROWS if k in entries},
             ctx.out_dir / "gpt2_shakespeare_paths.png",
             title="GPT-2 on Tiny Shakespeare: test loss along the linear path",
+            overwrite=True,  # inside lmckit's own experiment folder
         ),
         plot_simplex(
             {
@@ -204,6 +205,7 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
             ctx.out_dir / "gpt2_shakespeare_simplex.png",
             labels=(f"seed {s}", f"seed {s + 1}", f"seed {s + 2}"),
             title="3 GPT-2s: test loss over the simplex (RMSNorm forms)",
+            overwrite=True,
         ),
     ]
     notes = f"models: {json.dumps(run.model_metadata())}"

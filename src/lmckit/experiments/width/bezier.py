@@ -108,5 +108,6 @@ def bezier(ctx: ExperimentContext) -> ExperimentResult:
             + "; top Hessian eigenvalue "
             + ", ".join(f"{k} {v:.2f}" for k, v in d["top_eigenvalue"].items())
         )
-    figure = plot_paths(paths, ctx.out_dir / "bezier_vs_linear.png", title="linear vs curved")
+    where = ctx.out_dir / "bezier_vs_linear.png"  # lmckit's own experiment folder
+    figure = plot_paths(paths, where, title="linear vs curved", overwrite=True)
     return run.result("\n".join(lines), rows, [figure], f"width {width}")

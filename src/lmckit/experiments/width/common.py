@@ -131,5 +131,6 @@ def sweep(
             if mult == multipliers[-1]:
                 name, title = figure(wd, mult, row)
                 paths = {k: PathResult.from_dict(v) for k, v in row["paths"].items()}
-                figures.append(plot_paths(paths, run.ctx.out_dir / name, title=title))
+                where = run.ctx.out_dir / name  # lmckit's own experiment folder
+                figures.append(plot_paths(paths, where, title=title, overwrite=True))
     return rows, figures
