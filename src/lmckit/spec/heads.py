@@ -26,7 +26,7 @@ from lmckit.symmetry import CircuitPart, HeadCircuits
 __all__ = ["head_circuits"]
 
 #: ops an operand may pass through on its way back to its projection
-_PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive"}
+_PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive", "type_as"}
 _SCALE = {"mul", "div"}
 _SUM = {"add", "sub"}
 

@@ -18,6 +18,7 @@ from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, AttentionSite, ExpertSite, ScaleSite, Value
 from lmckit.spec.eager_attention import eager_site
+from lmckit.spec.elementwise import scale_parameter
 from lmckit.spec.lattice import Level, Var
 from lmckit.spec.rules import _ops, axis_size, out_shapes, register, register_named
 
@@ -294,6 +295,16 @@ def _name(arg: Any) -> str | None:
     return arg.name if isinstance(arg, Node) else None
 
 
+def _scale_of(an: Analysis, arg: Any) -> tuple[str | None, float]:
+    """The parameter node a norm's weight argument is, and the number added to it
+    (Nemotron's ``F.layer_norm(x, shape, weight + 1, ...)``); ``(None, 0.0)`` for no
+    weight or one computed otherwise (it is then no scale to fold)."""
+    if not isinstance(arg, Node):
+        return None, 0.0
+    found = scale_parameter(an, arg)
+    return found if found is not None else (None, 0.0)
+
+
 @register(aten.layer_norm, aten.native_layer_norm)
 def _layer_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x, shape = args[0], args[1]
@@ -315,9 +326,11 @@ def _layer_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, A
         # after a uniform scale the shift is a vector added to the stream: it writes it
         an.unify(x.axes[dims[0]], bias.axes[0], f"{node.name!r}")
         an.mark(bias, 0, "write")
-    weight_name = _name(node.args[2] if len(node.args) > 2 else None)
+    weight_name, offset = _scale_of(an, node.args[2] if len(node.args) > 2 else None)
     bias_name = _name(node.args[3] if len(node.args) > 3 else None)
-    an.scales.append(ScaleSite(node.name, weight_name, bias_name, "layer", eps))
+    if weight_name is not None or not scaled:
+        site = ScaleSite(node.name, weight_name, bias_name, "layer", eps, offset=offset)
+        an.scales.append(site)
     out = Value([list(a) for a in x.axes])
     if "native" in str(node.target):
         shapes = out_shapes(node)
@@ -334,8 +347,9 @@ def _rms_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any
         axis = x.axes[x.ndim - 1]
         an.lattice.lower(axis, Level.PERM, f"RMSNorm {node.name!r} scales each unit")
         _unit_params(an, node, axis, [weight])
-    weight_name = _name(node.args[2] if len(node.args) > 2 else None)
-    an.scales.append(ScaleSite(node.name, weight_name, None, "rms", eps))
+    weight_name, offset = _scale_of(an, node.args[2] if len(node.args) > 2 else None)
+    if weight_name is not None or not isinstance(weight, Value):
+        an.scales.append(ScaleSite(node.name, weight_name, None, "rms", eps, offset=offset))
     return Value([list(a) for a in x.axes])
 
 
