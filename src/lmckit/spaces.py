@@ -30,6 +30,7 @@ from torch import Tensor
 
 from lmckit.groups import Group, Role
 from lmckit.head_circuits import CircuitPart, HeadCircuits
+from lmckit.space_rules import fit_problems, structural_problems
 
 __all__ = [
     "CircuitPart",
@@ -187,6 +188,10 @@ class Space:
     names a space that moves whole units (attention heads) in every unit of which this
     one acts alike (the value basis of the one key/value head every query head reads):
     not nested, it commutes with that space's permutation and shares its axes.
+    ``inside`` says where a space lives that is nested in no space: in unit
+    ``inside.unit`` of units whose order is fixed (no space of their own: the heads of
+    BLOOM, whose ALiBi slopes fix their order), ``inside.parent`` naming them; it acts
+    on its unit's slices alone, like any space with parts.
     """
 
     name: str
@@ -197,12 +202,14 @@ class Space:
     circuits: HeadCircuits | None = None
     nest: Nest | None = None
     within: str | None = None
+    inside: Nest | None = None
 
     @property
     def enclosed(self) -> bool:
         """Whether the space lives inside the units of another (nested in one unit, or
-        alike in all): a basis inside heads, not a stream or a set of units."""
-        return self.nest is not None or self.within is not None
+        alike in all, or in one of units whose order is fixed): a basis inside heads,
+        not a stream or a set of units."""
+        return self.nest is not None or self.within is not None or self.inside is not None
 
     @property
     def params(self) -> tuple[str, ...]:
@@ -234,113 +241,9 @@ class SymmetrySpec:
     meta: Mapping[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        names = [s.name for s in self.spaces]
-        dupes = {n for n in names if names.count(n) > 1}
-        if dupes:
-            raise ValueError(f"duplicate space names: {sorted(dupes)}")
-        order = {name: i for i, name in enumerate(names)}
-        for space in self.spaces:
-            if not space.uses:
-                raise ValueError(f"space {space.name!r} has no uses")
-            if space.nest is not None:
-                self._check_nest(space, order)
-        self._check_families()
-        seen: dict[tuple[str, int], list[tuple[Space, Use]]] = {}
-        for space in self.spaces:
-            for use in space.uses:
-                key = (use.param, use.axis)
-                for other, other_use in seen.get(key, []):
-                    if not (
-                        _disjoint(use, other_use)
-                        or self._related(space, other)
-                        or _alike_in_every_unit(space, use, other, other_use)
-                    ):
-                        raise ValueError(
-                            f"axis {use.axis} of {use.param!r} is used by both "
-                            f"{other.name!r} and {space.name!r}"
-                        )
-                seen.setdefault(key, []).append((space, use))
-
-    def _check_nest(self, space: Space, order: Mapping[str, int]) -> None:
-        nest = space.nest
-        assert nest is not None
-        if nest.parent not in order or order[nest.parent] >= order[space.name]:
-            raise ValueError(
-                f"space {space.name!r} is nested in {nest.parent!r}, which is not a space "
-                "listed before it"
-            )
-        parent = self.spaces[order[nest.parent]]
-        if parent.nest is not None:
-            raise ValueError(
-                f"space {space.name!r} is nested in {parent.name!r}, itself nested: "
-                "spaces nest one level deep"
-            )
-        units = parent.group.units(parent.n)
-        if units is None:
-            raise ValueError(
-                f"space {space.name!r} is nested in {parent.name!r}, whose "
-                f"{parent.group.name} group does not move whole units"
-            )
-        if nest.unit is None:
-            if space.n != units:
-                raise ValueError(
-                    f"space {space.name!r} spans the units of {parent.name!r}: it needs "
-                    f"{units} units, not {space.n}"
-                )
-            return
-        if not 0 <= nest.unit < units:
-            raise ValueError(
-                f"space {space.name!r} is nested in unit {nest.unit} of {parent.name!r}, "
-                f"which has {units} units"
-            )
-
-    def _check_families(self) -> None:
-        """Each parent unit holds one space of each kind; a kind's spaces are alike."""
-        families: dict[tuple[str, str], list[Space]] = {}
-        for space in self.spaces:
-            if space.nest is not None:
-                families.setdefault((space.nest.parent, space.nest.kind), []).append(space)
-        for (parent, kind), members in families.items():
-            units = sorted(
-                -1 if s.nest.unit is None else s.nest.unit for s in members if s.nest is not None
-            )
-            if units == [-1]:
-                continue  # one space spanning the parent's units
-            if units != list(range(len(units))) or len(units) != self[parent].group.units(
-                self[parent].n
-            ):
-                raise ValueError(
-                    f"nested spaces of kind {kind!r} in {parent!r} must be one per unit "
-                    f"of it; units {units}"
-                )
-            first = members[0]
-            for other in members[1:]:
-                if other.n != first.n or other.group != first.group:
-                    raise ValueError(
-                        f"nested spaces {first.name!r} and {other.name!r} of kind {kind!r} "
-                        "differ in size or group"
-                    )
-
-    def _related(self, a: Space, b: Space) -> bool:
-        """Whether ``a`` and ``b`` may share a slice of a parameter axis: one is nested
-        (at any depth) in the other, or both are nested in the same parent unit."""
-
-        def chain(space: Space) -> list[tuple[str, int | None]]:
-            out: list[tuple[str, int | None]] = [(space.name, None)]
-            while space.nest is not None:
-                out.append((space.nest.parent, space.nest.unit))
-                space = self[space.nest.parent]
-            return out
-
-        names_a = [name for name, _ in chain(a)]
-        names_b = [name for name, _ in chain(b)]
-        if a.name in names_b or b.name in names_a:
-            return True
-        return (
-            a.nest is not None
-            and b.nest is not None
-            and (a.nest.parent, a.nest.unit) == (b.nest.parent, b.nest.unit)
-        )
+        problems = structural_problems(self.spaces)
+        if problems:
+            raise ValueError(problems[0][1])
 
     def nested_in(self, parent: str) -> list[Space]:
         """The spaces nested directly in space ``parent`` (in spec order)."""
@@ -384,50 +287,6 @@ class SymmetrySpec:
 
     def validate(self, params: Mapping[str, Tensor]) -> None:
         """Raise ``ValueError`` naming the first use that does not fit ``params``."""
-        for space in self.spaces:
-            for use in space.uses:
-                if use.param not in params:
-                    raise ValueError(f"space {space.name!r} uses missing parameter {use.param!r}")
-                space.check_axis(use, params[use.param].shape)
-                if use.role == "elementwise" and not space.group.elementwise_ok:
-                    raise ValueError(
-                        f"{type(space.group).__name__} space {space.name!r} cannot act on "
-                        f"elementwise parameter {use.param!r}"
-                    )
-
-
-def _ranges(use: Use) -> dict[int, tuple[int, int]]:
-    """Per part axis, the absolute ``[start, stop)`` range the use's parts select."""
-    out: dict[int, tuple[int, int]] = {}
-    for part in use.parts:
-        lo = out.get(part.axis, (0, 0))[0] + part.start
-        out[part.axis] = (lo, lo + part.length)
-    return out
-
-
-def _alike_in_every_unit(a: Space, use_a: Use, b: Space, use_b: Use) -> bool:
-    """Whether ``a`` or ``b`` acts alike in every unit of the other (:attr:`Space.within`),
-    laid out so on this axis: the two maps commute, so they may share the axis."""
-    for mover, use_m, inside, use_i in ((a, use_a, b, use_b), (b, use_b, a, use_a)):
-        units = mover.group.units(mover.n)
-        if inside.within != mover.name or units is None or use_m.parts != use_i.parts:
-            continue
-        if (
-            use_i.outer == use_m.outer * units
-            and use_i.inner * inside.n * units == use_m.inner * mover.n
-        ):
-            return True
-    return False
-
-
-def _disjoint(a: Use, b: Use) -> bool:
-    """Whether two uses of one parameter axis cover disjoint slices, read off their
-    parts along a common part axis (without shapes, negative and positive axes are not
-    compared)."""
-    ranges_b = _ranges(b)
-    for axis, (lo, hi) in _ranges(a).items():
-        if axis in ranges_b:
-            lo_b, hi_b = ranges_b[axis]
-            if hi <= lo_b or hi_b <= lo:
-                return True
-    return False
+        problems = fit_problems(self.spaces, params)
+        if problems:
+            raise ValueError(problems[0][1])

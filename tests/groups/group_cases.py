@@ -14,6 +14,7 @@ from lmckit.groups import (
     Orthogonal,
     PaddedPermutation,
     Permutation,
+    PlaneSigns,
     RotaryPlanes,
     Scaling,
     SemiPermutation,
@@ -47,4 +48,6 @@ CASES = {
     "rotary": Case(RotaryPlanes(6), 6, 6),
     "rotary-partial-interleaved": Case(RotaryPlanes(4, interleaved=True), 7, 7),
     "scaling": Case(Scaling(), 6, 6),
+    "plane-signs": Case(PlaneSigns(4), 6, 6),
+    "plane-signs-interleaved": Case(PlaneSigns(4, interleaved=True), 7, 7),
 }

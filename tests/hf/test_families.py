@@ -102,8 +102,8 @@ def components(spec: SymmetrySpec) -> set[str]:
     (``query``, ``value``, ``qk``, ``basis``, ``units`` of experts)."""
     found = set()
     for space in spec:
-        if space.nest is not None:
-            found.add(re.sub(r"\d+$", "", space.nest.kind))
+        if (where := space.nest or space.inside) is not None:  # inside: heads of fixed order
+            found.add(re.sub(r"\d+$", "", where.kind))
         elif shared := re.fullmatch(r"heads\.\d+\.([a-z]+)", space.name):
             found.add(shared.group(1))  # a basis every head shares (multi-query attention)
         elif space.name.startswith("residual"):

@@ -1,6 +1,6 @@
 """A space the function refuses is left out and reported, not the whole spec: BLOOM's
-attention heads carry per-head ALiBi slopes, so their order is fixed; the residual stream
-and the MLP units are still aligned."""
+attention heads carry per-head ALiBi slopes, so their order is fixed (read off the graph);
+the bases inside each head, the residual stream and the MLP units are still aligned."""
 
 from __future__ import annotations
 
@@ -32,12 +32,17 @@ def test_heads_fixed_by_alibi_are_left_out_with_the_reason() -> None:
     analysis = analyze_symmetries(model, (x,))
     names = analysis.spec.names
     assert "residual" in names and sum("mlp" in n for n in names) == 2
-    assert not any(n.startswith("heads.") for n in names)
+    # no head permutation: the graph says the slopes fix the order (not only the check)
+    assert not any(s.name.startswith("heads.") and s.group.units(s.n) for s in analysis.spec)
     for layer in (0, 1):
         assert any(
-            line.startswith(f"heads.{layer} (") and "changes the outputs" in line
+            line.startswith(f"heads.{layer} (") and "fixed by a constant" in line
             for line in analysis.left_out
         ), analysis.left_out
+        # the bases inside each head outlive the head permutation: a space per head
+        for kind in ("qk", "value"):
+            per_head = [s for s in analysis.spec if s.name.startswith(f"heads.{layer}.{kind}.")]
+            assert len(per_head) == 4 and all(s.nest is None for s in per_head)
     # what is kept keeps the function
     assert lmckit.check_spec(model, analysis.spec, (x,))["all"] < 1e-12
 

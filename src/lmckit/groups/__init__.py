@@ -12,6 +12,7 @@ from lmckit.groups.invertible import Invertible
 from lmckit.groups.orthogonal import Orthogonal
 from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
 from lmckit.groups.permutation import Permutation, sinkhorn
+from lmckit.groups.plane_signs import PlaneSigns
 from lmckit.groups.rotary import RotaryPlanes
 from lmckit.groups.scaling import Scaling
 from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
@@ -25,6 +26,7 @@ __all__ = [
     "PaddedPermutation",
     "PaddedPermutationElement",
     "Permutation",
+    "PlaneSigns",
     "Role",
     "RotaryPlanes",
     "Scaling",

@@ -82,6 +82,9 @@ class Group(abc.ABC, Generic[E]):
     #: elementwise parameters (norm scales, statistics) may live in the space: only
     #: groups that move units without mixing or rescaling them allow that.
     elementwise_ok: ClassVar[bool] = True
+    #: elements are diagonal: they commute with a scale of each unit, so a parameter
+    #: scaling the units (a norm's weight) stays as it is and is no use of the space
+    keeps_scales: ClassVar[bool] = False
     #: readers are contracted with the element's own matrix (``T^{-T} = T``, true for
     #: orthonormal columns): a dense, differentiable stand-in can be applied to every
     #: use alike, which is what learned matching does.

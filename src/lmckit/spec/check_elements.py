@@ -17,10 +17,20 @@ from lmckit.symmetry import Space
 __all__ = ["polar", "random_check_element"]
 
 
+#: draws of a random element that may be the identity before one that is not is kept
+REDRAWS = 16
+
+
 def random_check_element(space: Space, generator: torch.Generator) -> object:
-    """A random element of ``space``'s group for the check: in float64 when it is a
-    matrix, and orthogonal to float64's round-off when the group is orthogonal."""
+    """A random element of ``space``'s group for the check, never the identity where the
+    group has others (two heads are swapped, not left in place half of the time: the
+    identity checks nothing): in float64 when it is a matrix, and orthogonal to
+    float64's round-off when the group is orthogonal."""
     element = space.group.random(space.n, generator)
+    for _ in range(REDRAWS):
+        if not _is_identity(space, element):
+            break
+        element = space.group.random(space.n, generator)
     if isinstance(element, Tensor) and element.is_floating_point():
         element = element.double()
         if space.group.self_dual and not space.group.gathers:
@@ -28,6 +38,17 @@ def random_check_element(space: Space, generator: torch.Generator) -> object:
             # runs in float64
             element = polar(element)
     return element
+
+
+def _is_identity(space: Space, element: object) -> bool:
+    """Whether ``element`` is the identity: read off the units it moves (permutations),
+    or off a small matrix (signs); a continuous group's draw never is."""
+    if space.group.units(space.n) is not None:
+        index = space.group.unit_index(element)
+        return bool((index == torch.arange(len(index))).all())
+    if isinstance(element, Tensor) and element.ndim == 2 and element.shape[0] <= 64:
+        return bool(torch.equal(element, torch.eye(element.shape[0], dtype=element.dtype)))
+    return False
 
 
 def polar(x: Tensor, tol: float = 1e-13) -> Tensor:

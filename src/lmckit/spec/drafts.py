@@ -116,6 +116,9 @@ class SpaceDraft:
     inner: dict[int, tuple[Var, list[Inner]]] = field(default_factory=dict)
     #: pinned query/key variables batched by this space: nested spaces to propose
     pending: dict[int, tuple[Var, list[Inner]]] = field(default_factory=dict)
+    #: of those, the ones a norm's weight shared by all units scales (nested only once
+    #: that weight is not counted: see ``proposed`` in :func:`read_drafts`)
+    scaled: set[int] = field(default_factory=set)
     #: for a variable every unit of a head space holds alike: that space's unit variable
     shared_in: Var | None = None
 
@@ -176,7 +179,10 @@ class LooseBasis:
 
 
 def read_drafts(
-    an: Analysis, together: dict[int, set[int]], kinds: Mapping[int, str]
+    an: Analysis,
+    together: dict[int, set[int]],
+    kinds: Mapping[int, str],
+    proposed: dict[int, set[int]] | None = None,
 ) -> tuple[list[SpaceDraft], list[LooseBasis]]:
     """The drafts of every live variable of a parameter axis (in parameter order), and
     the pinned query/key bases that heads share, to be proposed like nested ones.
@@ -184,8 +190,11 @@ def read_drafts(
     ``together`` says which variables are batched by which
     (:func:`~lmckit.spec.nesting.batched_by`),
     ``kinds`` which are query/key or value features
-    (:func:`~lmckit.spec.nesting.head_kinds`).
+    (:func:`~lmckit.spec.nesting.head_kinds`), ``proposed`` the same as ``together``
+    but for a norm's weight (``but_scales``): which pinned query/key bases to propose
+    per unit (default ``together``).
     """
+    proposed = together if proposed is None else proposed
     drafts: dict[int, SpaceDraft] = {}
     loose: dict[int, LooseBasis] = {}
     traced = an.traced
@@ -219,8 +228,10 @@ def read_drafts(
                     nested = nests(an, unit, child, together)
                     if child in live and nested:
                         found = draft.inner
-                    elif kinds.get(id(child)) == "qk" and nested:
+                    elif kinds.get(id(child)) == "qk" and nests(an, unit, child, proposed):
                         found = draft.pending  # pinned by positions: check decides
+                        if not nested:
+                            draft.scaled.add(id(child))
                     elif unit.heads and piece is None and (child in live or id(child) in loose):
                         # every head holds it alike: a space of its own beside the heads
                         if child in live:

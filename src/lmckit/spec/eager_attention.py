@@ -8,8 +8,9 @@ queries, keys and values -- is what names the bases inside heads (query/key, val
 proposes rotary-plane rotations where positions pin the query/key basis, and gives the
 heads their QK/OV circuits. :func:`eager_site` reads it off the product that applies
 the attention weights to the values: its first operand is a softmax (through dropout
-and casts), whose input is a product of two activations (through scalings, masks and
-added position terms), the second of them the keys transposed.
+and casts), whose input is a product of two activations (through scalings, masks,
+added position terms and functions of each score, such as a soft cap), the second of
+them the keys transposed.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ __all__ = ["eager_site"]
 #: leading axes: heads into the batch, as DeBERTa does)
 _TO_VALUES = {"dropout", "to", "_to_copy", "contiguous", "clone", "alias", "detach", "type_as",
               "view", "reshape", "_unsafe_view"}  # fmt: skip
-#: ops between the scores' product and the softmax (the scale, masks, position terms)
-_TO_SOFTMAX = _TO_VALUES | {"mul", "div", "add", "sub", "masked_fill", "where"}
+#: ops between the scores' product and the softmax (the scale, masks, position terms,
+#: and functions of each score: Gemma 2 caps them with ``c * tanh(s / c)``)
+_TO_SOFTMAX = _TO_VALUES | {"mul", "div", "add", "sub", "masked_fill", "where", "tanh",
+                            "clamp", "clamp_min", "clamp_max"}  # fmt: skip
 _SOFTMAX = {"softmax", "_softmax", "_safe_softmax"}
-_PRODUCTS = {"matmul", "bmm"}
+#: products of queries and keys: ``baddbmm(bias, q, k^T)`` adds a table to them (ALiBi)
+_PRODUCTS = {"matmul", "bmm", "baddbmm"}
 #: ops a key may pass through after its transpose (a scale applied to ``k^T``)
 _KEY_SCALE = _TO_VALUES | {"mul", "div"}
 
@@ -76,7 +80,8 @@ def eager_site(an: Analysis, node: Node) -> AttentionSite | None:
     scores = _back(softmax.args[0], _TO_SOFTMAX, _PRODUCTS)
     if scores is None:
         return None
-    queries, keys_t = scores.args[0], scores.args[1]
+    first = 1 if op_name(scores) == "baddbmm" else 0
+    queries, keys_t = scores.args[first], scores.args[first + 1]
     keys = _untransposed(keys_t)
     if keys is None or not (an.is_activation(queries) and an.is_activation(keys)):
         return None

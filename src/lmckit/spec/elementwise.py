@@ -25,7 +25,7 @@ from lmckit.spec.graph import TRANSPARENT, is_inplace, op_name
 from lmckit.spec.lattice import Level, Var
 from lmckit.spec.rules import _ops, axis_size, out_shapes, register
 
-__all__: list[str] = []
+__all__ = ["scale_parameter"]
 
 aten = torch.ops.aten
 
@@ -165,7 +165,7 @@ def _record_scale(an: Analysis, node: Node, args: tuple[Any, ...]) -> None:
     if "mul" not in str(node.target) or len(node.args) != 2:
         return
     for arg, other in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
-        found = _scale_parameter(an, arg) if isinstance(arg, Node) else None
+        found = scale_parameter(an, arg) if isinstance(arg, Node) else None
         if found is None or not isinstance(other, Node):
             continue
         name, offset = found
@@ -173,7 +173,7 @@ def _record_scale(an: Analysis, node: Node, args: tuple[Any, ...]) -> None:
             an.scales.append(ScaleSite(node.name, name, None, "scale", offset=offset))
 
 
-def _scale_parameter(an: Analysis, node: Node) -> tuple[str, float] | None:
+def scale_parameter(an: Analysis, node: Node) -> tuple[str, float] | None:
     """``(parameter node, offset)`` when ``node`` is ``offset + parameter`` (through
     casts and views), e.g. Gemma's ``1 + w``; else None."""
     offset = 0.0
@@ -215,9 +215,10 @@ def _neg(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
     return Value([list(a) for a in x.axes], list(x.src), x.square, x.const)
 
 
-@register(aten.pow)
+@register(aten.pow, aten.square)
 def _pow(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
-    x, exponent = args[0], args[1]
+    x = args[0]
+    exponent = 2 if "square" in str(node.target) else args[1]
     if isinstance(x, Value) and exponent == 2 and not x.square:
         return Value([list(a) for a in x.axes], square=True, const=x.const)
     tensors = [a for a in args if isinstance(a, Value)]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from lmckit.spec.analysis import Analysis
 from lmckit.spec.drafts import Inner, SpaceDraft, read_drafts, settle
@@ -60,6 +60,12 @@ class Candidate:
     cuts: tuple[int, ...]
     #: one space for all the parent's units (``units`` holds its uses), not nested
     shared: bool = False
+    #: the spaces nest in the parent (False: the parent is heads whose order is fixed,
+    #: and there is one space per head, nested in none)
+    nested: bool = True
+    #: a norm's weight that every unit shares scales the basis, and is no use of it: only
+    #: groups that keep such scales as they are may be proposed
+    scaled: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,12 +89,13 @@ def _group(unit: Var, uses: list[Use]) -> tuple[Group, int, list[Use]]:
     return Permutation(blocks=unit.blocks), unit.size, uses
 
 
-def _nested_uses(var: Var, places: list[Inner], units: int, unit: int) -> list[Use]:
-    """The uses of nested variable ``var`` inside unit ``unit`` of ``units``: per outer
-    block of each axis, the slice that unit holds, laid out ``(middle, var, after)``."""
+def _nested_uses(size: int, places: list[Inner], units: int, unit: int) -> list[Use]:
+    """The uses of a nested variable of ``size`` units inside unit ``unit`` of ``units``:
+    per outer block of each axis, the slice that unit holds, laid out
+    ``(middle, var, after)``."""
     uses = []
     for p in places:
-        span = p.unit_span or p.middle * var.size * p.after
+        span = p.unit_span or p.middle * size * p.after
         piece = () if p.piece is None else (Part(p.axis, p.piece.start, p.piece.length),)
         for block in range(p.outer):
             parts = (*p.pre, Part(p.axis, (block * units + unit) * span, span), *piece)
@@ -130,44 +137,104 @@ def _hinted(draft: SpaceDraft, names: Mapping[str, str]) -> bool:
 
 
 def _nested_spaces(
-    parent: Space,
+    parent: str,
     draft: SpaceDraft,
     kinds: Mapping[int, str],
     circuits: HeadCircuits | None,
 ) -> list[Space]:
-    """One space per unit of ``parent`` for each variable nested in it."""
+    """One space per unit of ``parent`` for each variable nested in it (but heads whose
+    order is fixed: the query heads of a group, under ALiBi)."""
     units = draft.var.size
     out = []
     taken: set[str] = set()
     for var, places in draft.inner.values():
+        if var.fixed:
+            continue
         base = "query" if var.heads else kinds.get(id(var), "units")
         kind, k = base, 1
         while kind in taken:  # two variables of one kind in a unit (extra projections)
             kind, k = f"{base}{k}", k + 1
         taken.add(kind)
         for unit in range(units):
-            group, n, uses = _group(var, _nested_uses(var, places, units, unit))
+            group, n, uses = _group(var, _nested_uses(var.size, places, units, unit))
             out.append(
                 Space(
-                    f"{parent.name}.{kind}.{unit}",
+                    f"{parent}.{kind}.{unit}",
                     n,
                     group,
                     tuple(uses),
                     circuits=circuits if var.heads else None,
-                    nest=Nest(parent.name, unit, kind),
+                    nest=Nest(parent, unit, kind),
                 )
             )
     return out
 
 
-def _candidates(an: Analysis, parent: Space, draft: SpaceDraft) -> list[Candidate]:
+def _fixed_heads(
+    an: Analysis, name: str, draft: SpaceDraft, kinds: Mapping[int, str]
+) -> tuple[list[Space], list[Candidate]]:
+    """Heads whose order a constant fixes are no space, but the bases inside each head
+    still move head by head (they are batched by the heads): one space per head, nested
+    in none, and the query/key bases to propose likewise."""
+    an.note(
+        f"{name} ({draft.var.size} heads): their order is fixed by a constant that differs "
+        f"from head to head ({draft.var.fixed}); the bases inside each head are kept, one "
+        "space per head"
+    )
+    inner = _nested_spaces(name, draft, kinds, None)
+    inner = [replace(s, nest=None, inside=s.nest) for s in inner]
+    proposed = [replace(c, nested=False) for c in _candidates(an, name, draft)]
+    return inner, proposed
+
+
+def _candidates(an: Analysis, parent: str, draft: SpaceDraft) -> list[Candidate]:
     units = draft.var.size
     out = []
-    for var, places in draft.pending.values():
-        cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) is var})
-        per_unit = tuple(tuple(_nested_uses(var, places, units, u)) for u in range(units))
-        out.append(Candidate(parent.name, "qk", per_unit, var.size, tuple(cuts)))
+    for k, (size, places, factors) in enumerate(_whole_bases(list(draft.pending.values()))):
+        cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) in factors})
+        per_unit = tuple(tuple(_nested_uses(size, places, units, u)) for u in range(units))
+        kind = "qk" if k == 0 else f"qk{k}"  # two bases in one head: each its own name
+        scaled = any(id(v) in draft.scaled for v in factors)
+        out.append(Candidate(parent, kind, per_unit, size, tuple(cuts), scaled=scaled))
     return out
+
+
+def _whole_bases(
+    pending: list[tuple[Var, list[Inner]]],
+) -> list[tuple[int, list[Inner], list[Var]]]:
+    """The query/key bases to propose: ``(size, places, factors)``. Consecutive factors of
+    one head dimension (interleaved rotary embeddings view it as ``(planes, 2)``, which
+    splits its variable in two) are one basis: their product, laid out where they are."""
+    bases = [(var.size, list(places), [var]) for var, places in pending]
+    merged = True
+    while merged:
+        merged = False
+        for i, j in ((i, j) for i in range(len(bases)) for j in range(len(bases)) if i != j):
+            joined = _adjacent(bases[i], bases[j])
+            if joined is not None:
+                first, second = bases[i], bases[j]
+                bases = [b for b in bases if b is not first and b is not second] + [joined]
+                merged = True
+                break
+    return bases
+
+
+def _adjacent(
+    a: tuple[int, list[Inner], list[Var]], b: tuple[int, list[Inner], list[Var]]
+) -> tuple[int, list[Inner], list[Var]] | None:
+    """``a`` and ``b`` as one basis when ``b`` comes right after ``a`` on every axis they
+    live on (``a``'s ``after`` is ``b``'s extent), else None."""
+    size_a, places_a, vars_a = a
+    size_b, places_b, vars_b = b
+    if len(places_a) != len(places_b):
+        return None
+    joined = []
+    for pa, pb in zip(places_a, places_b, strict=True):
+        same = replace(pb, middle=pa.middle, after=pa.after)
+        if same != pa or pa.after != size_b * pb.after or pb.middle != pa.middle * size_a:
+            return None
+        joined.append(replace(pa, after=pb.after))
+    return size_a * size_b, joined, vars_a + vars_b
 
 
 def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted:
@@ -176,7 +243,7 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
     together = batched_by(an)
     settle(an, together)
     kinds = head_kinds(an)
-    drafts, loose = read_drafts(an, together, kinds)
+    drafts, loose = read_drafts(an, together, kinds, batched_by(an, but_scales=True))
     circuits = head_circuits(an)
     spaces: list[Space] = []
     candidates: list[Candidate] = []
@@ -184,6 +251,7 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
     shared = [d for d in drafts if d.var.residual and not d.var.heads]
     head_count = 0
     by_unit: dict[int, str] = {}
+    fixed: set[str] = set()  # heads whose order is fixed: no space of their own
     for draft in drafts:
         if draft.shared_in is not None:
             continue  # named after its head space, below
@@ -199,29 +267,46 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             if is_shared and len(shared) > 1 and name == "residual":
                 name = f"residual.{shared.index(draft)}"
         taken.add(name)
+        by_unit[id(draft.var)] = name
+        if draft.var.heads and draft.var.fixed:
+            fixed.add(name)
+            inner, proposed = _fixed_heads(an, name, draft, kinds)
+            spaces += inner
+            candidates += proposed
+            continue
         head = None
         if draft.var.heads:
             head = next((circuits[u.param] for u in uses if u.param in circuits), None)
         space = Space(name, n, group, tuple(uses), tuple(probes(an, draft.var, n)), head)
         spaces.append(space)
-        by_unit[id(draft.var)] = name
-        spaces += _nested_spaces(space, draft, kinds, head)
-        candidates += _candidates(an, space, draft)
+        spaces += _nested_spaces(name, draft, kinds, head)
+        candidates += _candidates(an, name, draft)
     for draft in drafts:
         parent = by_unit.get(id(draft.shared_in)) if draft.shared_in is not None else None
         if parent is not None:
             group, n, uses = _group(draft.var, draft.uses)
-            name = base = f"{parent}.{kinds.get(id(draft.var), 'units')}"
+            kind = kinds.get(id(draft.var), "units")
+            name = base = f"{parent}.{kind}"
             while name in taken:  # two bases of one kind (extra projections)
                 name = f"{base}{len(taken)}"
             taken.add(name)
-            at = max(i for i, s in enumerate(spaces) if s.name == parent or (
-                s.nest is not None and s.nest.parent == parent))  # fmt: skip
-            spaces.insert(at + 1, Space(name, n, group, tuple(uses), within=parent))
+            family = [i for i, s in enumerate(spaces) if s.name == parent or (
+                s.nest is not None and s.nest.parent == parent)]  # fmt: skip
+            at = family[-1] if family else len(spaces) - 1
+            if parent in fixed:  # alike in every head, and no head space to commute with
+                alike = Space(name, n, group, tuple(uses), inside=Nest(parent, None, kind))
+            else:
+                alike = Space(name, n, group, tuple(uses), within=parent)
+            spaces.insert(at + 1, alike)
     for lo in loose:
         parent = by_unit.get(id(lo.heads))
         if parent is not None:
             cuts = sorted({cut for v, cut in an.cuts if an.lattice.find(v) is lo.var})
             units = (tuple(lo.uses),)
-            candidates.append(Candidate(parent, "qk", units, lo.var.size, tuple(cuts), True))
+            k = sum(c.parent == parent and c.shared for c in candidates)
+            kind = "qk" if k == 0 else f"qk{k}"
+            nested = parent not in fixed
+            candidates.append(
+                Candidate(parent, kind, units, lo.var.size, tuple(cuts), True, nested)
+            )
     return Emitted(spaces, candidates)

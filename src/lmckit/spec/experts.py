@@ -22,8 +22,9 @@ from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, ExpertSite
 from lmckit.spec.check import FunctionCheck
+from lmckit.spec.conflicts import admissible
 from lmckit.spec.graph import op_name
-from lmckit.symmetry import Nest, Part, Permutation, Space, SymmetrySpec, Use
+from lmckit.symmetry import Nest, Part, Permutation, Space, Use
 
 __all__ = ["DRAWS", "decide_experts", "first_choices", "understood"]
 
@@ -216,7 +217,9 @@ def decide_experts(
             continue
         parent, inner, shared, router = found
         for candidate in _tries(spaces, parent, inner, shared, router.groups):
-            spec = SymmetrySpec(tuple(candidate))
+            spec = admissible(candidate, check.layout)
+            if spec is None:  # clashes with another space: not added
+                continue
             moved = [parent.name, *(s.name for s in inner if s in candidate)]
             # a few draws: one random permutation may fix the experts that break it
             tolerance = RTOL * check.scale

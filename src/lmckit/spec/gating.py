@@ -18,9 +18,10 @@ from torch.fx import Node
 from lmckit.groups import Scaling
 from lmckit.spec.analysis import Analysis
 from lmckit.spec.check import FunctionCheck
+from lmckit.spec.conflicts import admissible
 from lmckit.spec.graph import TRANSPARENT, op_name
 from lmckit.spec.readers import readers_of
-from lmckit.symmetry import Nest, Space, SymmetrySpec, Use
+from lmckit.symmetry import Nest, Space, Use
 
 __all__ = ["decide_gates", "first_choices"]
 
@@ -90,7 +91,9 @@ def decide_gates(
     proposals = _proposals(an, spaces)
 
     def passes(added: list[Space]) -> bool:
-        spec = SymmetrySpec(tuple(spaces + added))
+        spec = admissible(spaces + added, check.layout)
+        if spec is None:  # clashes with another space: not added
+            return False
         tolerance = RTOL * check.scale
         error = check.random_error(spec, [s.name for s in added], seed, keep_within=tolerance)
         return error <= tolerance

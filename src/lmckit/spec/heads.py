@@ -3,11 +3,14 @@ key and value, which layer reads its output, and so the heads' QK/OV circuits.
 
 From each operand of a scaled-dot-product attention the graph is walked back to the
 projection that made it, through views, casts, broadcasts (grouped-query key/value
-heads), scalings by constants, and rotary position embeddings (``x cos + rot(x) sin``:
-a sum whose one term reaches the projection whole, the other through slices of the head
-dimension). An operand that reaches a projection only through slices (a block of a fused
-projection cut out by offsets, or the rotary part of partially rotary heads) has no
-circuit here: its rows are not a block of one weight that this walk can name.
+heads), scalings by constants, norms of the queries and keys (a scale per row and a
+weight per feature: the circuits then leave the norm out, which mixes no features;
+they tell heads apart, they are not the exact score), and rotary position embeddings
+(``x cos + rot(x) sin``: a sum whose one term reaches the projection whole, the other
+through slices of the head dimension). An operand that reaches a projection only through
+slices (a block of a fused projection cut out by offsets, or the rotary part of
+partially rotary heads) has no circuit here: its rows are not a block of one weight
+that this walk can name.
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from dataclasses import dataclass
 
 from torch.fx import Node
 
-from lmckit.spec.analysis import Analysis
+from lmckit.spec.analysis import Analysis, Value
 from lmckit.spec.graph import TRANSPARENT, op_name
 from lmckit.symmetry import CircuitPart, HeadCircuits
 
 __all__ = ["head_circuits"]
 
 #: ops an operand may pass through on its way back to its projection
-_PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive"}
+_PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive", "type_as"}
 _SCALE = {"mul", "div"}
 _SUM = {"add", "sub"}
 
@@ -47,6 +50,21 @@ class _Source:
 def _is_constant(an: Analysis, arg: object) -> bool:
     value = an.values.get(arg.name) if isinstance(arg, Node) else None
     return not isinstance(arg, Node) or getattr(value, "const", False)
+
+
+def _scales(an: Analysis, arg: Node, node: Node) -> bool:
+    """Whether ``arg`` only scales the features of the product ``node``: one number per
+    row (a norm's ``1 / rms(x)``, size one along the features) or a parameter vector (a
+    norm's weight). A norm of the queries and keys (qk-norm) mixes no features, so the
+    heads are still told apart by the circuits of their projections."""
+    shape = getattr(arg.meta.get("val"), "shape", None)
+    out = getattr(node.meta.get("val"), "shape", None)
+    if shape is None or out is None or not len(shape) or not len(out):
+        return False
+    if shape[-1] == 1 and out[-1] > 1:
+        return True
+    value = an.values.get(arg.name)
+    return len(shape) == 1 and isinstance(value, Value) and any(value.src)
 
 
 def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> set[_Source]:
@@ -81,7 +99,7 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
     if op in _PASS or op in ("split", "chunk"):
         nexts = tensors[:1]
     elif op in _SCALE:
-        nexts = [a for a in tensors if not _is_constant(an, a)]
+        nexts = [a for a in tensors if not _is_constant(an, a) and not _scales(an, a, node)]
         if len(nexts) != 1:
             return set()
     elif op in _SUM:

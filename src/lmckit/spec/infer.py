@@ -16,9 +16,10 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from lmckit.params import module_params
+from lmckit.params import layout, module_params
 from lmckit.spec.analysis import Analysis, AttentionSite, ScaleSite
 from lmckit.spec.check import FunctionCheck
+from lmckit.spec.conflicts import admissible, resolve
 from lmckit.spec.emit import Emitted, emit_spaces
 from lmckit.spec.experts import DRAWS, decide_experts, understood
 from lmckit.spec.experts import first_choices as experts_first_choices
@@ -124,7 +125,11 @@ def analyze_symmetries(
             raise SpecInferenceError(f"uniform parameter {key!r} is missing or not constant")
     analysis = interpret(traced, uniform=constant)
     emitted = emit_spaces(analysis, names)
-    spaces = emitted.spaces
+    # a space the graph proposes that clashes with the others is left out, not the spec
+    shapes = layout(values)
+    spaces, clashes = resolve(emitted.spaces, shapes)
+    for line in clashes:
+        analysis.note(line)
     proposals = decide and bool(emitted.candidates or analysis.experts or analysis.products)
     was_training = module.training
     module.eval()
@@ -139,9 +144,11 @@ def analyze_symmetries(
         if proposals and function is not None:
             # first, every proposal in its first choice and every space at once: one pass
             # that, when it holds, decides all of them and verifies the whole spec
-            hopeful, routers = decide_all_at_once(analysis, spaces, emitted, function, seed)
+            hopeful, routers, notes = decide_all_at_once(analysis, spaces, emitted, function, seed)
             if hopeful is not None:
                 spaces, verified = hopeful, True
+                for note in notes:
+                    analysis.note(note)
                 for topk in routers:
                     understood(analysis, topk)
             else:
@@ -150,9 +157,11 @@ def analyze_symmetries(
                 spaces = decide_gates(analysis, spaces, function, seed=seed)
                 for note in notes + more:
                     analysis.note(note)
+        spaces, clashes = resolve(spaces, shapes)
+        for line in clashes:
+            analysis.note(line)
         spec = SymmetrySpec(tuple(spaces))
         if check and len(spec) and function is not None and not verified:
-            spec.validate(dict(module_params(module) if params is None else params))
             # a space the function refuses is left out and reported, not the whole spec
             spec, dropped = drop_failing(function, module, spec, seed=seed)
             for line in dropped:
@@ -175,23 +184,25 @@ def decide_all_at_once(
     emitted: Emitted,
     function: FunctionCheck,
     seed: int,
-) -> tuple[list[Space] | None, list[str]]:
+) -> tuple[list[Space] | None, list[str], list[str]]:
     """Every proposal in its first choice, checked together with every other space: the
     spaces if random elements of all of them keep the function (the mixtures' expert
     permutations with a few draws, as :func:`~lmckit.spec.experts.decide_experts`
-    does), else ``None``; and the routers whose top-k the experts explain."""
-    hopeful = qk_first_choices(spaces, emitted.candidates)
+    does), else ``None``; the routers whose top-k the experts explain; and a note per
+    proposal that could not be added at all."""
+    hopeful, notes = qk_first_choices(spaces, emitted.candidates, function.layout)
     hopeful, routers = experts_first_choices(analysis, hopeful)
     hopeful = gates_first_choices(analysis, hopeful)
-    spec = SymmetrySpec(tuple(hopeful))
-    spec.validate(function.layout)
+    spec = admissible(hopeful, function.layout)
+    if spec is None:  # proposals that clash: decided one by one instead
+        return None, [], []
     tolerance = 1e-5 * function.scale
     draws = DRAWS if routers else 1
     for k in range(draws):
         error = function.random_error(spec, spec.names, seed + k, keep_within=tolerance)
         if not error <= tolerance:
-            return None, []
-    return hopeful, routers
+            return None, [], []
+    return hopeful, routers, notes
 
 
 def infer_spec(

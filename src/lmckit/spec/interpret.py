@@ -89,7 +89,7 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
             if packet not in SQUARE_SAFE:
                 squares = [v for v in _tensors([args, kwargs]) if v.square]
                 an.lower(squares, f"{node.target} (node {node.name!r}) uses a square")
-            an.values[node.name] = rule(an, node, args, kwargs)
+            an.values[node.name] = _apply(rule, an, node, args, kwargs)
         elif node.op == "output":
             judged = list(node.args[0])
             if traced.outputs is not None:  # the prediction only (see lmckit.spec.trace)
@@ -98,6 +98,20 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
         else:  # get_attr (submodules of higher-order ops): handled by their users
             an.values[node.name] = None
     return an
+
+
+def _apply(rule: Any, an: Analysis, node: Node, args: Any, kwargs: dict[str, Any]) -> Any:
+    """``rule``'s value of ``node``; an op whose rule cannot read it (a layout no rule
+    foresaw) is treated as an op without a rule: what it touches is left out, said in
+    one line, and the rest of the graph is read on."""
+    try:
+        return rule(an, node, args, kwargs)
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as err:
+        first = (str(err).splitlines() or [""])[0][:200]
+        an.note(
+            f"{node.target} (node {node.name!r}): its rule failed ({type(err).__name__}: {first})"
+        )
+        return unknown_op(an, node, args, kwargs)
 
 
 def _live_nodes(traced: TracedGraph) -> set[Node]:

@@ -50,8 +50,8 @@ class Var:
     """
 
     __slots__ = (
-        "blocks", "direct", "factored", "heads", "id", "joined", "leads", "level", "parent",
-        "parts", "pieces", "reasons", "residual", "size", "whole",
+        "blocks", "direct", "factored", "fixed", "heads", "id", "joined", "leads", "level",
+        "parent", "parts", "pieces", "reasons", "residual", "size", "whole",
     )  # fmt: skip
 
     def __init__(self, vid: int, size: int, level: Level) -> None:
@@ -81,6 +81,10 @@ class Var:
         self.blocks = 1
         #: the batch axis of attention (heads): permuted as whole heads.
         self.heads = False
+        #: heads whose order a constant fixes (one that differs from head to head, added
+        #: to or multiplying their scores: ALiBi slopes), and where: not a space, but what
+        #: each head holds may still move head by head
+        self.fixed: str | None = None
         #: two activations are added along it (a residual stream).
         self.residual = False
 
@@ -198,6 +202,7 @@ class Lattice:
             part.reasons = list(root.reasons)
             part.heads = root.heads
             part.residual = root.residual
+            part.fixed = root.fixed
             parts.append(part)
         if root.blocks > 1 and root.level > Level.FREE:
             # a GroupNorm's blocks cannot be cut by a reshape we do not understand
@@ -243,7 +248,7 @@ class Lattice:
             for part, old in zip(new, factors, strict=True):
                 part.level = min(part.level, old.level)
                 part.reasons += [r for r in old.reasons if r not in part.reasons]
-                part.heads, part.residual = old.heads, old.residual
+                part.heads, part.residual, part.fixed = old.heads, old.residual, old.fixed
         return [self.find(v) for v in piece.parts or []]
 
     def join(self, blocks: Sequence[Sequence[Var]], reason: str) -> Var | None:
@@ -333,6 +338,7 @@ class Lattice:
         ra.blocks = math.lcm(ra.blocks, rb.blocks)
         ra.heads = ra.heads or rb.heads
         ra.residual = ra.residual or rb.residual
+        ra.fixed = ra.fixed or rb.fixed
         ra.whole = ra.whole or rb.whole
         if kept is not None:
             rb.pieces, rb.direct = None, False
@@ -354,7 +360,9 @@ class Lattice:
         with (aligned as in :meth:`unify`), without making them the same units: an
         activation multiplied by a table of constants keeps what the table allows, but
         two activations that meet the same table (rotary angles shared by every layer)
-        stay free of each other."""
+        stay free of each other. Attention heads meeting a table that varies from head
+        to head (ALiBi slopes) are :attr:`Var.fixed` instead: their order is fixed, what
+        each holds is not."""
         self._align(a, b, reason, merge=False)
 
     def _align(self, a: Sequence[Var], b: Sequence[Var], reason: str, *, merge: bool) -> None:
@@ -379,6 +387,8 @@ class Lattice:
             elif x.size == y.size:
                 if merge:
                     self._union(x, y)
+                elif x.heads and y.level == Level.FREE:
+                    x.fixed = x.fixed or reason
                 else:  # as for the whole axis, so for each of its blocks
                     self.lower([x], y.level, reason)
                 left.popleft()

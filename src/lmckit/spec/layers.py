@@ -18,6 +18,7 @@ from torch.fx import Node
 
 from lmckit.spec.analysis import Analysis, AttentionSite, ExpertSite, ScaleSite, Value
 from lmckit.spec.eager_attention import eager_site
+from lmckit.spec.elementwise import scale_parameter
 from lmckit.spec.lattice import Level, Var
 from lmckit.spec.rules import _ops, axis_size, out_shapes, register, register_named
 
@@ -115,7 +116,12 @@ def _addmm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
     bias, a, b = args[0], args[1], args[2]
     la, lb, lo = _matmul_letters(a.ndim, b.ndim)
     out = contract(an, node, [(a, la), (b, lb)], lo)
-    _add_bias(an, node, out, bias)
+    if isinstance(bias, Value) and (bias.const or not any(bias.src)):
+        # a table added to every product (BLOOM's ALiBi slopes added to the scores of
+        # each head): it meets the product on every axis it does not broadcast along
+        _broadcast_meet(an, bias, out, f"{node.target} (node {node.name!r})")
+    else:
+        _add_bias(an, node, out, bias)
     return out
 
 
@@ -142,14 +148,20 @@ def _einsum(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any])
 # --------------------------------------------------------------------------- attention
 
 
-def _broadcast_unify(an: Analysis, small: Value, big: Value, what: str) -> None:
-    """``small`` added to ``big`` (a mask or bias added to attention scores): the axes
-    they share are unified, and a parameter's axis among them writes them (a relative
-    position table's heads)."""
+def _broadcast_meet(an: Analysis, small: Value, big: Value, what: str) -> None:
+    """``small`` added to ``big`` (broadcast from the right). A table of constants
+    constrains the axes it varies along (a mask, ALiBi's per-head slopes: see
+    :meth:`~lmckit.spec.lattice.Lattice.constrain`) without tying together the
+    activations that meet it (T5's cross-attention layers share one bias of zeros); any
+    other tensor is the same units as ``big`` (a learned position bias shared by every
+    layer ties their heads)."""
     for i in range(1, min(small.ndim, big.ndim) + 1):
         if axis_size(small, -i) > 1 and axis_size(big, -i) > 1:
-            an.unify(small.axes[-i], big.axes[-i], what)
-            an.mark(small, small.ndim - i, "write")
+            if small.const and not big.const:
+                an.lattice.constrain(big.axes[-i], small.axes[-i], what)
+            else:
+                an.unify(small.axes[-i], big.axes[-i], what)
+                an.mark(small, small.ndim - i, "write")  # a learned table's heads, say
 
 
 def _grouped(an: Analysis, kv: Value, heads_q: int) -> Value:
@@ -175,7 +187,7 @@ def _sdpa(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -
     batch = _letters(q.ndim - 2)
     scores = contract(an, node, [(q, batch + "LE"), (k, batch + "SE")], batch + "LS")
     if isinstance(mask, Value):
-        _broadcast_unify(an, mask, scores, f"attention mask of {node.name!r}")
+        _broadcast_meet(an, mask, scores, f"attention mask of {node.name!r}")
     an.lower([scores], f"softmax of {node.name!r}")
     out = contract(an, node, [(scores, batch + "LS"), (v, batch + "SV")], batch + "LV")
     names = [a.name if isinstance(a, Node) else "" for a in node.args[:3]]
@@ -283,6 +295,16 @@ def _name(arg: Any) -> str | None:
     return arg.name if isinstance(arg, Node) else None
 
 
+def _scale_of(an: Analysis, arg: Any) -> tuple[str | None, float]:
+    """The parameter node a norm's weight argument is, and the number added to it
+    (Nemotron's ``F.layer_norm(x, shape, weight + 1, ...)``); ``(None, 0.0)`` for no
+    weight or one computed otherwise (it is then no scale to fold)."""
+    if not isinstance(arg, Node):
+        return None, 0.0
+    found = scale_parameter(an, arg)
+    return found if found is not None else (None, 0.0)
+
+
 @register(aten.layer_norm, aten.native_layer_norm)
 def _layer_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x, shape = args[0], args[1]
@@ -304,9 +326,11 @@ def _layer_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, A
         # after a uniform scale the shift is a vector added to the stream: it writes it
         an.unify(x.axes[dims[0]], bias.axes[0], f"{node.name!r}")
         an.mark(bias, 0, "write")
-    weight_name = _name(node.args[2] if len(node.args) > 2 else None)
+    weight_name, offset = _scale_of(an, node.args[2] if len(node.args) > 2 else None)
     bias_name = _name(node.args[3] if len(node.args) > 3 else None)
-    an.scales.append(ScaleSite(node.name, weight_name, bias_name, "layer", eps))
+    if weight_name is not None or not scaled:
+        site = ScaleSite(node.name, weight_name, bias_name, "layer", eps, offset=offset)
+        an.scales.append(site)
     out = Value([list(a) for a in x.axes])
     if "native" in str(node.target):
         shapes = out_shapes(node)
@@ -323,8 +347,9 @@ def _rms_norm(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any
         axis = x.axes[x.ndim - 1]
         an.lattice.lower(axis, Level.PERM, f"RMSNorm {node.name!r} scales each unit")
         _unit_params(an, node, axis, [weight])
-    weight_name = _name(node.args[2] if len(node.args) > 2 else None)
-    an.scales.append(ScaleSite(node.name, weight_name, None, "rms", eps))
+    weight_name, offset = _scale_of(an, node.args[2] if len(node.args) > 2 else None)
+    if weight_name is not None or not isinstance(weight, Value):
+        an.scales.append(ScaleSite(node.name, weight_name, None, "rms", eps, offset=offset))
     return Value([list(a) for a in x.axes])
 
 

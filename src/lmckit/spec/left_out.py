@@ -1,21 +1,46 @@
-"""Spaces that fail the symmetry check, found and left out.
+"""Spaces that fail the symmetry check: left out, or replaced by what of them holds.
 
 Inference proposes spaces from the graph; the function has the last word. A space whose
-random element changes the outputs (heads whose order ALiBi slopes fix, say) is left
-out with the spaces nested in it, and a one-line reason, instead of failing the whole
-spec (:func:`drop_failing`, used by :func:`lmckit.spec.infer.analyze_symmetries`).
+random element changes the outputs is not kept, and is not allowed to take the rest of
+the spec with it (:func:`drop_failing`, used by
+:func:`lmckit.spec.infer.analyze_symmetries`):
+
+* a space that moves whole units (attention heads) is left out, and the spaces nested in
+  it stay, one per unit, nested in nothing: the bases inside heads whose order is fixed
+  still move head by head (they are verified again);
+* a space whose group has a smaller one (an orthogonal map: a permutation) is kept in
+  that group if the check accepts it (nested spaces of one kind change together: they
+  must stay alike);
+* anything else is left out, with the spaces nested in it.
+
+Each gets a one-line reason. Spaces that keep the outputs alone but not together are
+kept in spec order as long as they keep them together.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
+from lmckit.groups import CenteredOrthogonal, Group, Invertible, Orthogonal, Permutation
 from lmckit.spec.check import FunctionCheck, SpecCheckError, verify
 from lmckit.spec.check_elements import random_check_element
-from lmckit.symmetry import SymmetrySpec, Transform
+from lmckit.spec.conflicts import resolve
+from lmckit.symmetry import Space, SymmetrySpec, Transform
 
-__all__ = ["drop_failing"]
+__all__ = ["drop_failing", "smaller_group"]
+
+
+def smaller_group(group: Group) -> Group | None:
+    """The largest proper subgroup worth trying when ``group`` fails the check (an
+    invertible map: orthogonal; an orthogonal map: a permutation), else None."""
+    if isinstance(group, Invertible):
+        return Orthogonal()
+    if isinstance(group, Orthogonal | CenteredOrthogonal):
+        return Permutation()
+    return None
 
 
 def drop_failing(
@@ -26,39 +51,84 @@ def drop_failing(
     seed: int = 0,
     rtol: float = 1e-5,
 ) -> tuple[SymmetrySpec, list[str]]:
-    """``spec`` without the spaces whose random elements change the outputs (and the
-    spaces nested in them), and one line per space left out, saying why.
-
-    For inference: a space the graph analysis proposed but the function refuses (e.g.
-    heads whose order per-head constants such as ALiBi slopes fix) is left out, not the
-    whole spec; nothing that changes the function is kept. The rest is verified again.
+    """``spec`` without what of it changes the outputs (see the module docstring), and
+    one line per space left out or made smaller, saying why. What is kept is verified.
 
     Raises:
-        SpecCheckError: outputs that are not deterministic (nothing can be checked), or
-            random elements of the remaining spaces that still change the outputs
-            together although each keeps them alone.
+        SpecCheckError: outputs that are not deterministic (nothing can be checked).
     """
     dropped: list[str] = []
-    for _ in range(len(spec) + 1):
+    for _ in range(2 * len(spec) + 2):
         try:
             verify(check, module, spec, (), None, seed=seed, rtol=rtol, diagnose=False)
             return spec, dropped
-        except SpecCheckError as err:
+        except SpecCheckError:
+            if check.repeat_error() > rtol * check.scale:
+                raise
             failing = _failing_spaces(check, spec, seed, rtol)
-            if not failing:
-                raise SpecCheckError(f"{err} (every space keeps the outputs alone)") from None
-        gone = set()
-        for name, error in failing.items():
-            inner = [s.name for s in spec.nested_in(name)]
-            gone |= {name, *inner}
-            also = f" (with {len(inner)} spaces nested in it)" if inner else ""
-            group = type(spec[name].group).__name__
-            dropped.append(
-                f"{name} ({group}, n={spec[name].n}){also}: a random element changes the "
-                f"outputs (relative error {error:.2g}), so it is left out"
-            )
-        spec = SymmetrySpec(tuple(s for s in spec if s.name not in gone))
+        if failing:
+            spaces, lines = _degrade(spec, failing)
+        else:
+            spaces, lines = _kept_together(check, spec, seed, rtol)
+        spaces, clashes = resolve(spaces, check.layout)
+        dropped += lines + clashes
+        spec = SymmetrySpec(tuple(spaces))
     raise SpecCheckError("the spec does not settle: spaces keep failing")  # pragma: no cover
+
+
+def _describe(space: Space, error: float) -> str:
+    group = type(space.group).__name__
+    return (
+        f"{space.name} ({group}, n={space.n}): a random element changes the outputs "
+        f"(relative error {error:.2g})"
+    )
+
+
+def _degrade(spec: SymmetrySpec, failing: dict[str, float]) -> tuple[list[Space], list[str]]:
+    """``spec``'s spaces with each failing one left out, its nested spaces kept on their
+    own, or its group made smaller (a nested family all at once)."""
+    lines: list[str] = []
+    gone: set[str] = set()
+    free: set[str] = set()  # nested spaces whose parent is left out
+    smaller: dict[str, Group] = {}
+    for name, error in failing.items():
+        space = spec[name]
+        family = _family(spec, space)
+        inner = spec.nested_in(name)
+        sub = smaller_group(space.group)
+        if inner and space.group.units(space.n):
+            gone.add(name)
+            free |= {s.name for s in inner}
+            lines.append(
+                f"{_describe(space, error)}, so it is left out; the {len(inner)} spaces "
+                "nested in it are kept, each on its own"
+            )
+        elif sub is not None and not any(u.role == "elementwise" for u in space.uses):
+            smaller |= {s.name: sub for s in family}
+            lines.append(f"{_describe(space, error)}, so it is kept as {sub.name} only")
+        else:
+            gone |= {s.name for s in family} | {s.name for s in inner}
+            also = f" (with {len(inner)} spaces nested in it)" if inner else ""
+            kind = f" and the {len(family) - 1} spaces alike in its parent" * (len(family) > 1)
+            lines.append(f"{_describe(space, error)}{also}{kind}, so it is left out")
+    spaces = []
+    for space in spec:
+        if space.name in gone:
+            continue
+        if space.name in free:
+            space = dataclasses.replace(space, nest=None, inside=space.nest)
+        if space.name in smaller:
+            space = dataclasses.replace(space, group=smaller[space.name])
+        spaces.append(space)
+    return spaces, lines
+
+
+def _family(spec: SymmetrySpec, space: Space) -> list[Space]:
+    """``space`` and the spaces of its kind nested in the other units of its parent
+    (they must stay alike), or ``space`` alone."""
+    if space.nest is None or space.nest.unit is None:
+        return [space]
+    return spec.family(space.nest.parent, space.nest.kind)
 
 
 def _failing_spaces(
@@ -77,3 +147,35 @@ def _failing_spaces(
         if error > tolerance:
             failing[space.name] = error
     return failing
+
+
+def _kept_together(
+    check: FunctionCheck, spec: SymmetrySpec, seed: int, rtol: float
+) -> tuple[list[Space], list[str]]:
+    """Spaces that each keep the outputs alone but not together: added in spec order (a
+    kind of nested spaces all at once) while a random element of the ones added keeps
+    the outputs with those before them already moved."""
+    tolerance = rtol * check.scale
+    generator = torch.Generator().manual_seed(seed + 2)
+    kept: list[Space] = []
+    lines = []
+    done: set[str] = set()
+    for space in spec:
+        if space.name in done:
+            continue
+        members = _family(spec, space)
+        done |= {s.name for s in members}
+        names = {s.name for s in kept}
+        if space.nest is not None and space.nest.parent not in names:
+            continue  # its parent was not kept
+        trial = SymmetrySpec((*kept, *members))
+        elements = {s.name: random_check_element(s, generator) for s in members}
+        error = check.error(trial, Transform(trial, elements), keep_within=tolerance)
+        if error <= tolerance:
+            kept += members
+        else:
+            lines.append(
+                f"{_describe(space, error)} once the spaces before it are moved (it keeps "
+                "them alone), so it is left out"
+            )
+    return kept, lines

@@ -38,15 +38,23 @@ def _values(obj: object) -> Iterable[Value]:
             yield from _values(item)
 
 
-def batched_by(an: Analysis) -> dict[int, set[int]]:
+def batched_by(an: Analysis, *, but_scales: bool = False) -> dict[int, set[int]]:
     """Per leaf variable (by ``id``), the leaf variables that every tensor holding it
-    also holds (itself included)."""
+    also holds (itself included).
+
+    ``but_scales``: parameters that only scale units (a norm's weight) are not counted.
+    A map of a group that commutes with such scales (signs) leaves them as they are, so
+    a weight all heads share does not keep each head from its own element; a group that
+    would move the weight is refused by the check.
+    """
     together: dict[int, set[int]] = {}
     for obj in an.values.values():
         for value in _values(obj):
             if value.const:
                 # a table of constants (positions, masks) constrains a variable's level,
                 # which the lattice records; a check decides what else it allows
+                continue
+            if but_scales and _only_scales(an, value):
                 continue
             # a glued axis (a concatenation) holds the units of each of its pieces
             leaves = {id(v) for axis in value.axes for v in an.lattice.atoms(axis)}
@@ -56,6 +64,12 @@ def batched_by(an: Analysis) -> dict[int, set[int]]:
                 else:
                     together[leaf] = set(leaves)
     return together
+
+
+def _only_scales(an: Analysis, value: Value) -> bool:
+    """Whether ``value`` is a view of parameters whose every use scales units."""
+    axes = [axis for src in value.src for axis in src]
+    return bool(axes) and all(an.roles.get(axis) == {"elementwise"} for axis in axes)
 
 
 def head_kinds(an: Analysis) -> dict[int, str]:

@@ -128,6 +128,15 @@ def _as_range(entries: Sequence[int], size: int) -> int | None:
 def _select(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x: Value = args[0]
     dim = args[1] % x.ndim
+    if not _is_free(an, x.axes[dim]) and not x.const and dim + 1 < x.ndim:
+        # one entry of the leading factor of a product viewed just before (BLOOM's
+        # fused projection viewed as (heads, 3, head_dim), its query taken by index 0):
+        # a block of that product, with a head dimension of its own
+        index = args[2] % axis_size(x, dim)
+        block = _product_block(an, x, dim, index, 1)
+        if block is not None:
+            keep = [i for i in range(x.ndim) if i != dim]
+            return Value([list(block.axes[i]) for i in keep], [block.src[i] for i in keep])
     if not _is_free(an, x.axes[dim]):
         an.pin([Value([x.axes[dim]])], f"select {node.name!r} picks a feature", notable=not x.const)
     keep = [i for i in range(x.ndim) if i != dim]

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from lmckit.groups import HeadPermutation, Permutation, RotaryPlanes
+from lmckit.groups import HeadPermutation, Permutation, PlaneSigns, RotaryPlanes
 from lmckit.io import LoadedModel
 from lmckit.models import ZooModel
 from lmckit.plan.form import choose_model_form, model_form
@@ -36,7 +36,8 @@ class SpaceSummary:
         params: the parameters with an axis in the space, in spec order.
         parent, kind: for a space nested in one unit of another (a head's value basis),
             that space and what the nested space moves (``"value"``, ``"qk"``,
-            ``"query"``: the query heads of a key/value group).
+            ``"query"``: the query heads of a key/value group); for a space inside one
+            of heads whose order is fixed (no space of their own), those heads.
     """
 
     name: str
@@ -108,18 +109,35 @@ class SymmetryReport:
 
 def _rows(spaces: tuple[SpaceSummary, ...]) -> list[tuple[str, str, int, int]]:
     """Table rows: each space not nested in another, then one row per kind of space
-    nested in its units (``value x4``: four spaces, one per unit), indented."""
+    nested in its units (``value x4``: four spaces, one per unit), indented. Heads whose
+    order is fixed get a row of their own (group ``order fixed``) before the spaces
+    inside them."""
     rows = []
-    for space in (s for s in spaces if s.parent is None):
-        rows.append((space.name, space.group, space.n, len(space.params)))
-        kinds: dict[str, list[SpaceSummary]] = {}
-        for inner in (s for s in spaces if s.parent == space.name):
-            kinds.setdefault(inner.kind or "", []).append(inner)
-        for kind, members in kinds.items():
-            first = members[0]
-            # one space spanning every unit (a scale per unit) is not "one of each"
-            label = f"  {kind} x{len(members)}" if len(members) > 1 else f"  {kind}"
-            rows.append((label, first.group, first.n, len(first.params)))
+    names = {s.name for s in spaces}
+    fixed: set[str] = set()
+    for space in spaces:
+        if space.parent is None:
+            rows.append((space.name, space.group, space.n, len(space.params)))
+            rows += _inner_rows(spaces, space.name)
+        elif space.parent not in names and space.parent not in fixed:
+            fixed.add(space.parent)
+            inner = [s for s in spaces if s.parent == space.parent]
+            units = max(len([s for s in inner if s.kind == k]) for k in {s.kind for s in inner})
+            rows.append((space.parent, "order fixed", units, 0))
+            rows += _inner_rows(spaces, space.parent)
+    return rows
+
+
+def _inner_rows(spaces: tuple[SpaceSummary, ...], parent: str) -> list[tuple[str, str, int, int]]:
+    kinds: dict[str, list[SpaceSummary]] = {}
+    for inner in (s for s in spaces if s.parent == parent):
+        kinds.setdefault(inner.kind or "", []).append(inner)
+    rows = []
+    for kind, members in kinds.items():
+        first = members[0]
+        # one space spanning every unit (a scale per unit) is not "one of each"
+        label = f"  {kind} x{len(members)}" if len(members) > 1 else f"  {kind}"
+        rows.append((label, first.group, first.n, len(first.params)))
     return rows
 
 
@@ -133,7 +151,7 @@ def _group(space: Space) -> str:
     group = space.group
     if isinstance(group, HeadPermutation):
         return f"{group.name}({group.heads} x {group.head_dim})"
-    if isinstance(group, RotaryPlanes):
+    if isinstance(group, RotaryPlanes | PlaneSigns):
         rotary = str(group.rotary) if group.rotary == space.n else f"{group.rotary} of {space.n}"
         return f"{group.name}({rotary}{', interleaved' if group.interleaved else ''})"
     if isinstance(group, Permutation) and group.blocks > 1:
@@ -149,8 +167,8 @@ def _spaces(spec: SymmetrySpec) -> tuple[SpaceSummary, ...]:
             _group(s),
             s.n,
             tuple(dict.fromkeys(u.param for u in s.uses)),
-            s.nest.parent if s.nest else None,
-            s.nest.kind if s.nest else None,
+            where.parent if (where := s.nest or s.inside) else None,
+            where.kind if (where := s.nest or s.inside) else None,
         )
         for s in spec
     )
