@@ -304,8 +304,10 @@ def test_a_trace_that_fails_logs_no_traceback() -> None:
                           timeout=300, check=True)  # fmt: skip
     assert done.stderr == ""
     assert done.stdout.splitlines() == [
-        "SpecInferenceError cannot trace Sequential on a tensor (2, 5): RuntimeError: a and b "
-        "must have same reduction dim, but got [2, 5] X [4, 6].",
+        "SpecInferenceError cannot trace Sequential on a tensor (2, 5): Sequential does not "
+        "run on these inputs in module '0' (Linear): RuntimeError: mat1 and mat2 shapes cannot "
+        "be multiplied (2x5 and 4x6) (it fails without tracing too: its configuration or the "
+        "inputs do not fit it)",
         "DataMismatchError example_inputs (a tensor (2, 5) of torch.float32) do not fit "
         "Sequential: RuntimeError: mat1 and mat2 shapes cannot be multiplied (2x5 and 4x6)",
     ]

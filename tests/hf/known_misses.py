@@ -20,12 +20,6 @@ from __future__ import annotations
 
 import pytest
 
-_SIGLIP = (
-    "refused: example inputs take image_size from the top-level SiglipConfig (224), not "
-    "its vision_config (16): cannot trace"
-)
-_WHISPER = "refused: no example inputs for main input 'input_features'"
-
 KNOWN_MISSES: dict[str, str] = {
     # --- the independent plant (permutations, value and query/key bases)
     "modernbert": "'unbind' splits the fused Wqkv unevenly: heads and bases left out; left 0.64",
@@ -34,20 +28,13 @@ KNOWN_MISSES: dict[str, str] = {
     "deepseek_v3": "latent attention (slices, copy_): its heads and bases are left out "
     "(q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj not undone); left 0.24",
     "deepseek_v3/orthogonal": "as without rotation: left 0.28",
-    "siglip": _SIGLIP,
-    "siglip/orthogonal": _SIGLIP,
-    "whisper": _WHISPER,
     # --- what inference finds, against what the architecture has (EXPECTED)
     "albert/found": "its one layer runs twice: activation matching has no probe for that "
     "layer's heads and MLP units",
     "modernbert/found": "'unbind' splits the fused Wqkv unevenly: no heads",
-    "siglip/found": _SIGLIP,
-    "whisper/found": _WHISPER,
     # --- the plant of lmckit's own inferred group
     "deepseek_v3/inferred": "the latent attention's spaces (o_proj's units, the latents) "
     "are not undone from the inferred group's own plant; left 0.28",
-    "siglip/inferred": _SIGLIP,
-    "whisper/inferred": _WHISPER,
 }
 
 
