@@ -36,11 +36,12 @@ from typing import Any
 import torch
 
 from lmckit.data import Dataset, batches
-from lmckit.evaluate import evaluate_path
-from lmckit.merge import has_batchnorm, reset_batchnorm
+from lmckit.measure._evaluate import evaluate_path
+from lmckit.merging._merge import has_batchnorm, reset_batchnorm
 from lmckit.models import create_model
-from lmckit.paths import BandConfig, evaluate_plane, fit_band, fit_curve, plane_axes, plane_frame
-from lmckit.train import TrainConfig
+from lmckit.paths import BandConfig, evaluate_plane, fit_band, fit_curve, plane_frame
+from lmckit.paths._plane import plane_axes
+from lmckit.training._train import TrainConfig
 
 STEPS = 20
 PIVOTS = 3

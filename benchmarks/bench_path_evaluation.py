@@ -29,9 +29,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from lmckit.batched import Batching
 from lmckit.data import batches
-from lmckit.evaluate import evaluate_path
+from lmckit.measure._batched import Batching
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
 
 POINTS = 11

@@ -1,7 +1,7 @@
 """Weight matching at real sizes: a GPT-2 of 124M-parameter shape and a ViT-B/16.
 
 For each model: two zoo models with random weights (seeds 0 and 1) at the real shape,
-put in their alignment form by ``lmckit.recipe.aligned_form(module, a, b,
+put in their alignment form by ``lmckit.forms.aligned_form(module, a, b,
 symmetry=...)`` (``orthogonal``: LayerNorm -> RMSNorm rewrite, an orthogonal residual
 stream, heads compared by their QK/OV circuits, FFN units permuted) and written as
 safetensors files to a temporary folder. A fresh process then reads both files, aligns
@@ -33,9 +33,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.forms._recipe import aligned_form
 from lmckit.models import create_model
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import apply
+from lmckit.symmetry._transform import apply
 
 SHAPES = {
     "gpt2": {

@@ -38,10 +38,10 @@ from trained_llama import TEXT, load_pair
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.data import batches
-from lmckit.evaluate import PathResult
 from lmckit.groups import Permutation
-from lmckit.groups.base import Subproblem
-from lmckit.symmetry import apply
+from lmckit.groups._base import Subproblem
+from lmckit.measure._evaluate import PathResult
+from lmckit.symmetry._transform import apply
 
 POINTS = [i / 10 for i in range(11)]
 Params = dict[str, Tensor]

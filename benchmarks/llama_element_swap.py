@@ -42,13 +42,13 @@ from lmckit.aligners import (
     weight_matching,
 )
 from lmckit.data import batches
-from lmckit.evaluate import evaluate_path
-from lmckit.symmetry import Space, SymmetrySpec, Transform, apply
+from lmckit.measure._evaluate import evaluate_path
+from lmckit.symmetry._transform import Space, SymmetrySpec, Transform, apply
 
 Elements = dict[str, Tensor]
 
 
-#: labels of the nested spaces' kinds (:class:`lmckit.spaces.Nest`)
+#: labels of the nested spaces' kinds (:class:`lmckit.symmetry.Nest`)
 NESTED = {"query": "query heads", "value": "value bases", "qk": "rotary planes",
           "scale": "up-branch scales"}  # fmt: skip
 

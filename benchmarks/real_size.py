@@ -158,9 +158,9 @@ def floor_align(work: Path, symmetry: str) -> float:
     import numpy as np
     import torch
 
+    from lmckit.formats._io import load_model
+    from lmckit.forms._recipe import aligned_form
     from lmckit.groups import Orthogonal
-    from lmckit.io import load_model
-    from lmckit.recipe import aligned_form
 
     model = load_model(work / "a", dtype=None)
     form = aligned_form(model.module, model.params, model.params, symmetry=symmetry)

@@ -8,7 +8,7 @@ averaging, weight matching with permutations only, orthogonal weight matching an
 ``--learned``) learned orthogonal matching; a test-loss barrier (11 points) and the wall
 time of the alignment for each side.
 
-One evaluator serves both sides (:func:`lmckit.evaluate.evaluate_along`, lmckit's
+One evaluator serves both sides (:func:`lmckit.measure._evaluate.evaluate_along`, lmckit's
 circuit-form GPT-2 on the test blocks). The reference hands back its two aligned models
 in its circuit layout; they are read into lmckit's (query/key circuits, output/value
 circuits; per-head value biases summed into the output bias; key-side score terms, which
@@ -50,13 +50,13 @@ from torch import Tensor
 from lmckit.aligners import LearnedMatchingConfig, WeightMatchingConfig, learned_matching
 from lmckit.aligners import weight_matching as wm
 from lmckit.data import Dataset, batches
-from lmckit.data.token_stats import seen_token_masks, text_prefix, token_counts
-from lmckit.evaluate import evaluate_along, linear_grid
+from lmckit.data._token_stats import seen_token_masks, text_prefix, token_counts
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import zoo_from_hf
+from lmckit.measure._evaluate import evaluate_along, linear_grid
 from lmckit.models import ZooModel
-from lmckit.params import Params
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import Permutation, SymmetrySpec, Transform, apply
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import Permutation, SymmetrySpec, Transform, apply
 
 HERE = Path(__file__).resolve().parent
 #: a residual vector added after each RMSNorm (the LayerNorm bias over its gain)

@@ -4,7 +4,7 @@
 configuration (12 layers, 12 heads, width 768, vocabulary 50,257). ``--family llama``:
 a ``LlamaForCausalLM`` of TinyLlama's shape (22 layers, width 2048, 32 query heads on
 4 key/value heads, MLP 5632, vocabulary 32,000; 1.1B parameters). Random weights;
-then ``lmckit.spec.analyze_symmetries`` (trace with ``torch.export``, abstract
+then ``lmckit.inference.analyze_symmetries`` (trace with ``torch.export``, abstract
 interpretation, spaces, and the checks that decide rotary query/key bases, experts and
 gated scales) and ``check_spec`` (random elements of every space, outputs compared in
 float64) on a batch of 2 x 8 tokens. The float64 check holds one float64 copy of the
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from lmckit.spec import analyze_symmetries, check_spec
+from lmckit.inference import analyze_symmetries, check_spec
 
 
 def main() -> None:

@@ -20,8 +20,8 @@ from trained_llama import TEXT, load_pair
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.data import batches
-from lmckit.evaluate import evaluate_path
-from lmckit.symmetry import apply
+from lmckit.measure._evaluate import evaluate_path
+from lmckit.symmetry._transform import apply
 
 
 def main() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 
 from safetensors.torch import load_file
 
-from lmckit.experiments.datasets import char_dataset
-from lmckit.experiments.llama_shakespeare import LlamaShakespeareConfig, _build
-from lmckit.recipe import AlignForm, aligned_form
+from lmckit.experiments._datasets import char_dataset
+from lmckit.experiments._llama_shakespeare import LlamaShakespeareConfig, _build
+from lmckit.forms._recipe import AlignForm, aligned_form
 
 TEXT = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tinyshakespeare"
 

@@ -1,4 +1,4 @@
-"""Benchmark: the peak memory of ``train_model`` against what ``lmckit.models.memory`` counts.
+"""Benchmark: the peak memory of ``train_model`` against what ``lmckit.models._memory`` counts.
 
 Each run trains a zoo model for 3 steps (weight decay 0.01, one thread) in a process of
 its own and reads its resident peak from ``/proc/self/status`` (``VmHWM``, reset with
@@ -63,9 +63,9 @@ def measure(name: str, folder: Path) -> dict[str, object]:
     import torch
 
     from lmckit.data import load_data
-    from lmckit.models.memory import training_memory
-    from lmckit.models.sizing import ModelOptions, sized_config
-    from lmckit.train import TrainConfig
+    from lmckit.models._memory import training_memory
+    from lmckit.models._sizing import ModelOptions, sized_config
+    from lmckit.training._train import TrainConfig
     from lmckit.workflow import train_model
 
     arch, source, options, batch, optimizer, validate = RUNS[name]

@@ -20,9 +20,9 @@ import time
 import torch
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.models import create_model
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
-from lmckit.symmetry import Permutation
+from lmckit.symmetry._transform import Permutation
 
 CONFIG = {"vocab_size": 50257, "n_layer": 6, "n_head": 4, "n_embd": 256, "n_inner": 1024}
 

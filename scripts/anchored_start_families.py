@@ -1,6 +1,6 @@
 """Weight matching from the identity vs from the anchored start, on several model families.
 
-The anchored start (:mod:`lmckit.aligners.weight.anchored`) is weight matching's default; it
+The anchored start (:mod:`lmckit.aligners._weight.anchored`) is weight matching's default; it
 must not make any family worse. For each pair this trains (and caches under OUT) two
 models with lmckit's trainer, aligns B to A by weight matching from both starts (and with
 ``start="best"``, which picks one by the midpoint's training loss), and
@@ -24,16 +24,16 @@ from pathlib import Path
 
 import torch
 
-from lmckit import checkpoint
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.weight.objective import total_objective
+from lmckit.aligners._weight.objective import total_objective
 from lmckit.data import Dataset, load_mnist
-from lmckit.data.token_stats import EMBEDDING, LM_HEAD, token_counts
-from lmckit.measure import EvalSettings, measure_path
+from lmckit.data._token_stats import EMBEDDING, LM_HEAD, token_counts
+from lmckit.formats import _checkpoint as checkpoint
+from lmckit.forms._recipe import aligned_form
+from lmckit.measure._measure import EvalSettings, measure_path
 from lmckit.models import create_model
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import Orthogonal, Permutation, apply
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._transform import Orthogonal, Permutation, apply
+from lmckit.training._train import TrainConfig, fit
 
 
 def _mnist(root: Path) -> Dataset:

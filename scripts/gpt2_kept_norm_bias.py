@@ -23,12 +23,12 @@ from torch import Tensor
 from torch.func import functional_call
 from torch.nn.functional import cross_entropy
 
-from lmckit import checkpoint
 from lmckit.aligners import weight_matching
 from lmckit.data import batches
-from lmckit.data.token_stats import seen_token_masks, token_row_weights
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import apply
+from lmckit.data._token_stats import seen_token_masks, token_row_weights
+from lmckit.formats import _checkpoint as checkpoint
+from lmckit.forms._recipe import aligned_form
+from lmckit.symmetry._transform import apply
 
 
 def main() -> None:

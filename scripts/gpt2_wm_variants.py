@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 
-from lmckit import checkpoint
 from lmckit.aligners import (
     LearnedMatchingConfig,
     WeightMatchingConfig,
@@ -49,12 +48,13 @@ from lmckit.aligners import (
     weight_matching,
 )
 from lmckit.data import Dataset, batches
-from lmckit.data.token_stats import seen_token_masks, text_prefix, token_row_weights
-from lmckit.evaluate import evaluate_path, linear_grid
+from lmckit.data._token_stats import seen_token_masks, text_prefix, token_row_weights
+from lmckit.formats import _checkpoint as checkpoint
+from lmckit.forms._recipe import aligned_form
+from lmckit.measure._evaluate import evaluate_path, linear_grid
 from lmckit.models import create_model
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import Permutation, SymmetrySpec, apply
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._transform import Permutation, SymmetrySpec, apply
+from lmckit.training._train import TrainConfig, fit
 
 EMBEDDINGS = ("transformer.wte", "transformer.wpe", "lm_head")
 

@@ -4,7 +4,7 @@ For one pair of models (lmckit checkpoints or Hugging Face folders) and one data
 ``lmckit.plan.plan_alignment`` (run on B) for every symmetry, form (``lmckit.forms.FORMS``) and
 weight-matching start, with unseen-token masks, and measures the test-loss barrier of
 each result on both paths (heads interpolated as projections where the form allows, and
-as QK/OV circuits). ``lmckit.forms.PREFERRED_FORMS`` and the command line's ``--start``
+as QK/OV circuits). ``lmckit.forms._choice.PREFERRED_FORMS`` and the command line's ``--start``
 default are read off these tables (``docs/experiments/reference_comparison.md``).
 
     nice -n 10 .venv/bin/python scripts/measure_forms.py A B --data SPEC --json out.json
@@ -23,13 +23,13 @@ from torch import nn
 
 from lmckit.aligners import WeightMatchingConfig
 from lmckit.data import load_data
+from lmckit.formats._io import LoadedModel, load_model, save_model
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import zoo_from_hf
-from lmckit.io import LoadedModel, load_model, save_model
-from lmckit.measure import EvalSettings, measure_path
+from lmckit.measure._measure import EvalSettings, measure_path
 from lmckit.models import ZooModel
-from lmckit.params import Params
 from lmckit.plan import AlignRequest, plan_alignment
-from lmckit.recipe import aligned_form
+from lmckit.symmetry._params import Params
 
 SYMMETRIES = ("permutation", "orthogonal", None)
 STARTS = ("anchored", "identity", "best")

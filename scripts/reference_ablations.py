@@ -50,10 +50,10 @@ from reference_comparison import (  # noqa: E402
 )
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching  # noqa: E402
-from lmckit.aligners.weight.anchored import anchored_start  # noqa: E402
+from lmckit.aligners._weight.anchored import anchored_start  # noqa: E402
 from lmckit.data import Dataset  # noqa: E402
-from lmckit.data.token_stats import seen_token_masks, token_row_weights  # noqa: E402
-from lmckit.symmetry import Permutation, SymmetrySpec, Transform, apply  # noqa: E402
+from lmckit.data._token_stats import seen_token_masks, token_row_weights  # noqa: E402
+from lmckit.symmetry._transform import Permutation, SymmetrySpec, Transform, apply  # noqa: E402
 
 ROWS = ("transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight")
 

@@ -5,7 +5,7 @@ both lmckit and the paper's code read the same folders. Training uses ``transfor
 ``GPT2LMHeadModel`` (eager attention, tied embeddings, GPT-2's initialisation) in a plain
 loop: AdamW, linear warm-up then cosine decay, gradient clipping at 1, early stopping on
 the validation loss (the best model is kept). The data are lmckit's
-(:func:`lmckit.data.token_stats.text_prefix`: contiguous 90/5/5 split, blocks of
+(:func:`lmckit.data._token_stats.text_prefix`: contiguous 90/5/5 split, blocks of
 ``--context`` tokens), at the character level (``--tokenizer char``: a ``tokenizer.json``
 over the text's 65 characters is written beside the model) or with a BPE
 ``tokenizer.json`` (``--tokens N`` keeps the first N ids and compacts the vocabulary).
@@ -30,7 +30,7 @@ import torch
 from torch.nn.functional import cross_entropy
 
 from lmckit.data import Dataset
-from lmckit.data.token_stats import text_prefix
+from lmckit.data._token_stats import text_prefix
 
 CHAR_TOKENIZER = "tokenizer.json"
 

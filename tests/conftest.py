@@ -17,8 +17,8 @@ from torch.func import functional_call
 
 from lmckit.data import Dataset, load_digits
 from lmckit.models import ZooModel, create_model
-from lmckit.params import Params
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._params import Params
+from lmckit.training._train import TrainConfig, fit
 
 #: Hidden widths of the fixture MLPs (64 -> 64 -> 64 -> 10).
 PAIR_HIDDEN = [64, 64]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from lmckit.params import LazyParams
+from lmckit.symmetry._params import LazyParams
 
 
 class RecordedParams(LazyParams):

@@ -18,10 +18,10 @@ from torch import nn
 import lmckit
 from lmckit.aligners import weight_matching
 from lmckit.data import Dataset
-from lmckit.evaluate import evaluate_path
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
-from lmckit.params import interpolate
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._params import interpolate
+from lmckit.training._train import TrainConfig, fit
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -271,7 +271,7 @@ def test_mistakes_are_named_before_any_work(
     with pytest.raises(ValueError, match="method='activation' needs training data: give data"):
         lmckit.align(a, b, method="activation", example_inputs=digits.x_test[:4])
     other, _ = create_model("mlp", in_features=64, hidden=[48, 48], out_features=10)
-    with pytest.raises(lmckit.params.IncompatibleModelsError, match="different architectures"):  # type: ignore[attr-defined]
+    with pytest.raises(lmckit.symmetry.IncompatibleModelsError, match="different architectures"):  # type: ignore[attr-defined]
         lmckit.align(a, other)
     aligned = lmckit.align(a, b, example_inputs=digits.x_test[:4])
     batches = [(digits.x_test, digits.y_test)]

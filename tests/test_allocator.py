@@ -8,14 +8,14 @@ import textwrap
 
 import pytest
 
-from lmckit.allocator import keep_large_blocks_mapped
+from lmckit.runtime._allocator import keep_large_blocks_mapped
 
 #: allocates 40 blocks of 8 MiB after one was mapped and freed (glibc then serves that
 #: size from the heap), frees all but the last, and prints the MiB still resident
 _SCRIPT = textwrap.dedent(
     """
     import sys, torch
-    from lmckit.allocator import keep_large_blocks_mapped
+    from lmckit.runtime._allocator import keep_large_blocks_mapped
     def rss():
         for line in open("/proc/self/status"):
             if line.startswith("VmRSS:"):

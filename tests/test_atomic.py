@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lmckit.atomic import atomic_dir, atomic_path, write_json, write_text
+from lmckit.outputs._atomic import atomic_dir, atomic_path, write_json, write_text
 
 
 class Boom(Exception):

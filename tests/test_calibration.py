@@ -6,14 +6,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from lmckit.calibration import (
+from lmckit.data import batches
+from lmckit.merging._calibration import (
     calibrate,
     calibrated_metrics,
     collect_logits,
     evaluate_path_calibrated,
     fit_inverse_temperature,
 )
-from lmckit.data import batches
 from lmckit.models import create_model
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from lmckit.checkpoint import (
+from lmckit.formats._checkpoint import (
     CheckpointError,
     CheckpointFormat,
     load,
@@ -21,7 +21,7 @@ from lmckit.checkpoint import (
     save,
 )
 from lmckit.models import ModelConfig, create_model
-from lmckit.params import Params
+from lmckit.symmetry._params import Params
 
 MLP_KWARGS = {"in_features": 8, "hidden": [16, 16], "out_features": 3, "norm": "batch"}
 

@@ -13,10 +13,10 @@ import torch
 from click.testing import CliRunner, Result
 
 import lmckit
-from lmckit.checkpoint import load_metadata
 from lmckit.cli import main
 from lmckit.data import batches, load_digits
-from lmckit.evaluate import evaluate
+from lmckit.formats._checkpoint import load_metadata
+from lmckit.measure._evaluate import evaluate
 
 TINY = ["--data", "digits", "--epochs", "2", "--lr", "0.01", "--batch-size", "64", "--quiet"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -148,7 +148,7 @@ def test_progress_bars_only_when_stderr_is_a_terminal(ckpts, tmp_path, monkeypat
     import subprocess
     import sys
 
-    from lmckit.cli.common import _no_bars_off_a_terminal
+    from lmckit.cli._common import _no_bars_off_a_terminal
 
     class Stream:
         def __init__(self, tty: bool) -> None:
@@ -334,13 +334,13 @@ def test_truncated_safetensors_is_a_clear_error(ckpt_copy, ckpts) -> None:
 
 
 def test_interrupted_write_leaves_no_partial_output(ckpts, tmp_path, monkeypatch) -> None:
-    import lmckit.checkpoint
+    import lmckit.formats._checkpoint
 
     def half_write(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"half a file")
         raise OSError("disk full")
 
-    monkeypatch.setattr(lmckit.checkpoint, "save_file", half_write)
+    monkeypatch.setattr(lmckit.formats._checkpoint, "save_file", half_write)
     out_root = tmp_path / "outputs"
     out_root.mkdir()
     result = _invoke("align", ckpts / "a", ckpts / "b", "--out", out_root / "b_al", "--quiet")

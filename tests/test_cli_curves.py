@@ -13,8 +13,8 @@ from click.testing import CliRunner, Result
 
 from lmckit.cli import main
 from lmckit.data import batches, load_digits
-from lmckit.evaluate import evaluate
-from lmckit.io import load_model
+from lmckit.formats._io import load_model
+from lmckit.measure._evaluate import evaluate
 from lmckit.paths import evaluate_curve
 from lmckit.workflow import load_curve
 

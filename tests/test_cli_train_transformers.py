@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from lmckit.checkpoint import load
 from lmckit.cli import main
 from lmckit.data import batches, load_data
-from lmckit.evaluate import evaluate
+from lmckit.formats._checkpoint import load
+from lmckit.measure._evaluate import evaluate
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"

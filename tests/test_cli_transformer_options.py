@@ -9,12 +9,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from lmckit.checkpoint import load, save
 from lmckit.cli import main
 from lmckit.data import Dataset
+from lmckit.formats._checkpoint import load, save
 from lmckit.models import create_model
-from lmckit.symmetry import Orthogonal
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._transform import Orthogonal
+from lmckit.training._train import TrainConfig, fit
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from lmckit.checkpoint import save
-from lmckit.curve_folder import (
+from lmckit.formats._checkpoint import save
+from lmckit.formats._curve_folder import (
     EndpointRecord,
     check_endpoint,
     params_digest,
@@ -18,7 +18,8 @@ from lmckit.curve_folder import (
     write_curve_folder,
 )
 from lmckit.models import create_model
-from lmckit.outputs import CURVE_MARKER, OutputError, check_output_dir, is_lmckit_output
+from lmckit.outputs import OutputError, check_output_dir
+from lmckit.outputs._folders import CURVE_MARKER, is_lmckit_output
 
 
 def test_the_digest_follows_the_values_not_the_dtype_they_are_read_in() -> None:

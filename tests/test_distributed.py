@@ -2,7 +2,7 @@
 
 The same computation (:func:`_compute`) runs once in this process without a process
 group and once in each of two processes started with ``torch.multiprocessing.spawn``
-and joined into a gloo group through :func:`lmckit.distributed.init_from_env` (what
+and joined into a gloo group through :func:`lmckit.runtime.init_from_env` (what
 ``torchrun`` sets up). Path evaluation (batched and point by point), a single
 evaluation, a simplex, activation statistics, activation matching, learned matching
 (with and without BatchNorm) and weight matching (both schedules) must agree.
@@ -27,13 +27,18 @@ from lmckit.aligners import (
     LearnedMatchingConfig,
     WeightMatchingConfig,
     activation_matching,
-    collect_cross_statistics,
     learned_matching,
     weight_matching,
 )
-from lmckit.batched import Batching
+from lmckit.aligners._activation import collect_cross_statistics
 from lmckit.data import batches, load_digits
-from lmckit.distributed import (
+from lmckit.forms._recipe import spec_of
+from lmckit.forms._rewrites import layernorm_to_rmsnorm
+from lmckit.measure._batched import Batching
+from lmckit.measure._evaluate import evaluate, evaluate_path
+from lmckit.models import create_model
+from lmckit.paths import evaluate_simplex
+from lmckit.runtime._distributed import (
     any_rank,
     computed_once,
     init_from_env,
@@ -45,11 +50,6 @@ from lmckit.distributed import (
     sum_over_ranks,
     world,
 )
-from lmckit.evaluate import evaluate, evaluate_path
-from lmckit.models import create_model
-from lmckit.paths import evaluate_simplex
-from lmckit.recipe import spec_of
-from lmckit.rewrites import layernorm_to_rmsnorm
 
 PROCESSES = 2
 # identity start and a large step: the learned permutations move within a few steps

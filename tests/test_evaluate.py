@@ -10,9 +10,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from lmckit.evaluate import Batching, Metrics, PathResult, evaluate, evaluate_path, linear_grid
+from lmckit.measure._evaluate import (
+    Batching,
+    Metrics,
+    PathResult,
+    evaluate,
+    evaluate_path,
+    linear_grid,
+)
 from lmckit.models import create_model
-from lmckit.params import IncompatibleModelsError, interpolate
+from lmckit.symmetry._params import IncompatibleModelsError, interpolate
 
 
 def test_loss_barrier_of_a_bump() -> None:
@@ -211,7 +218,7 @@ def _hf_gpt2_pair():
     transformers = pytest.importorskip("transformers")
     from transformers.utils import logging as hf_logging
 
-    from lmckit.params import module_params
+    from lmckit.symmetry._params import module_params
 
     config = transformers.GPT2Config(
         vocab_size=40, n_positions=8, n_embd=16, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0
@@ -283,7 +290,7 @@ BATCHED_CASES = {
 def test_batched_path_equals_the_point_loop(case: str, caplog) -> None:
     model, a, b, data = BATCHED_CASES[case]()
     loop = evaluate_path(model, a, b, lambda: data, points=5, batching=Batching(mode="loop"))
-    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+    with caplog.at_level(logging.DEBUG, logger="lmckit.measure._batched"):
         batched = evaluate_path(
             model, a, b, lambda: data, points=5, batching=Batching(mode="batched")
         )
@@ -296,7 +303,7 @@ def test_batched_path_equals_the_point_loop(case: str, caplog) -> None:
 def test_batched_in_chunks_and_under_a_memory_budget(caplog) -> None:
     model, a, b, data = BATCHED_CASES["resnet20"]()
     loop = evaluate_path(model, a, b, lambda: data, points=5, batching=Batching(mode="loop"))
-    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+    with caplog.at_level(logging.DEBUG, logger="lmckit.measure._batched"):
         chunks = evaluate_path(
             model, a, b, lambda: data, points=5, batching=Batching("batched", points_per_call=2)
         )
@@ -306,13 +313,13 @@ def test_batched_in_chunks_and_under_a_memory_budget(caplog) -> None:
     # room for the stacked parameters and two points' activations, not five
     params = sum(v.numel() * v.element_size() for v in a.values())
     budget = 2 * 5 * params + 2 * 4 * 20 * 16 * 8 * 8 * 4
-    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+    with caplog.at_level(logging.DEBUG, logger="lmckit.measure._batched"):
         fitted = evaluate_path(
             model, a, b, lambda: data, points=5, batching=Batching("batched", memory_bytes=budget)
         )
     assert "5 points batched, 2 per call" in caplog.text
     assert fitted.loss == pytest.approx(loop.loss, rel=1e-5, abs=1e-5)
-    with caplog.at_level(logging.INFO, logger="lmckit.batched"):
+    with caplog.at_level(logging.INFO, logger="lmckit.measure._batched"):
         tiny = evaluate_path(
             model, a, b, lambda: data, points=5, batching=Batching("batched", memory_bytes=1000)
         )
@@ -356,7 +363,7 @@ def test_modules_vmap_cannot_run_fall_back_to_the_loop(cls, caplog) -> None:
     gen = torch.Generator().manual_seed(0)
     data = [(torch.randn(10, 4, generator=gen), torch.randint(0, 3, (10,), generator=gen))]
     loop = evaluate_path(model, a, b, lambda: data, points=4, batching=Batching(mode="loop"))
-    with caplog.at_level(logging.WARNING, logger="lmckit.batched"):
+    with caplog.at_level(logging.WARNING, logger="lmckit.measure._batched"):
         batched = evaluate_path(
             model, a, b, lambda: data, points=4, batching=Batching(mode="batched")
         )
@@ -365,7 +372,7 @@ def test_modules_vmap_cannot_run_fall_back_to_the_loop(cls, caplog) -> None:
 
 
 def test_batched_with_a_batchnorm_reset_at_each_point(caplog) -> None:
-    from lmckit.merge import reset_prepare
+    from lmckit.merging._merge import reset_prepare
 
     model, a, b, data = BATCHED_CASES["resnet20"]()
     inputs = lambda: [x for x, _ in data]  # noqa: E731
@@ -380,7 +387,7 @@ def test_batched_with_a_batchnorm_reset_at_each_point(caplog) -> None:
     )
     assert seen == [0.0, 0.5, 1.0]
     seen.clear()
-    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+    with caplog.at_level(logging.DEBUG, logger="lmckit.measure._batched"):
         batched = evaluate_path(
             model, a, b, lambda: data, points=3, prepare=prepare, batching=Batching("batched")
         )
@@ -410,7 +417,7 @@ def test_mixed_precision_runs_the_forward_in_bfloat16(caplog) -> None:
     full = evaluate_path(model, a, b, lambda: data, points=3, batching=Batching("batched"))
     assert model.dtypes == {torch.float32}
     model.dtypes.clear()
-    with caplog.at_level(logging.WARNING, logger="lmckit.batched"):
+    with caplog.at_level(logging.WARNING, logger="lmckit.measure._batched"):
         half = evaluate_path(
             model, a, b, lambda: data, points=3, batching=Batching("batched", precision="bfloat16")
         )
@@ -427,7 +434,7 @@ def test_batched_non_finite_point_and_settings_errors(caplog) -> None:
     data = [(torch.zeros(3, 4), torch.zeros(3, dtype=torch.long))]
     broken = dict(params)
     broken["head.bias"] = torch.full((3,), float("inf"))  # 0 * inf: NaN already at t = 0
-    with caplog.at_level(logging.WARNING, logger="lmckit.batched"):
+    with caplog.at_level(logging.WARNING, logger="lmckit.measure._batched"):
         with pytest.raises(FloatingPointError, match="not finite at t=0.0"):
             evaluate_path(
                 module, params, broken, lambda: data, points=3, batching=Batching("batched")
@@ -445,7 +452,7 @@ def test_batched_non_finite_point_and_settings_errors(caplog) -> None:
 
 def test_auto_runs_point_by_point_on_the_cpu(caplog) -> None:
     model, a, b, data = BATCHED_CASES["mlp"]()
-    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+    with caplog.at_level(logging.DEBUG, logger="lmckit.measure._batched"):
         auto = evaluate_path(model, a, b, lambda: data, points=3)
     assert "batched" not in caplog.text
     loop = evaluate_path(model, a, b, lambda: data, points=3, batching=Batching(mode="loop"))

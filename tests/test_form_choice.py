@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch import nn
 
-from lmckit.forms import FORMS, PREFERRED_FORMS, FormChoice, choose_form
+from lmckit.forms._choice import FORMS, PREFERRED_FORMS, FormChoice, choose_form
+from lmckit.forms._recipe import aligned_form
 from lmckit.models import create_model
-from lmckit.recipe import aligned_form
 
 X = torch.randn(4, 6)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.head_circuits import CircuitPart
+from lmckit.symmetry._head_circuits import CircuitPart
 
 
 def test_blocks_of_the_whole_axis_and_rows_by_offsets() -> None:

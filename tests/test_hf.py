@@ -17,7 +17,9 @@ import torch
 from safetensors.torch import save_file
 from tests.tiny_models import auto_load, build_hf_folder
 
-from lmckit.hf import HFError, read_hf_weights, zoo_from_hf, zoo_model_kwargs
+from lmckit.hf import HFError, zoo_from_hf
+from lmckit.hf._files import read_hf_weights
+from lmckit.hf._zoo import zoo_model_kwargs
 from lmckit.models import create_model
 
 GPT2_SIZES = dict(vocab_size=61, n_positions=12, n_embd=16, n_layer=2, n_head=2, n_inner=24)

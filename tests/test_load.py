@@ -10,10 +10,10 @@ from safetensors.torch import save_file
 from torch import nn
 
 import lmckit
-from lmckit.io import held_model
+from lmckit._errors import ParameterError
+from lmckit.formats._io import held_model
 from lmckit.models import create_model
-from lmckit.parameter_error import ParameterError
-from lmckit.params import IncompatibleModelsError
+from lmckit.symmetry._params import IncompatibleModelsError
 
 
 def _module(seed: int) -> nn.Module:

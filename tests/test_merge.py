@@ -7,18 +7,18 @@ import torch
 
 from lmckit.aligners import weight_matching
 from lmckit.data import batches
-from lmckit.evaluate import evaluate
-from lmckit.merge import channel_statistics, has_batchnorm, repair, reset_batchnorm
-from lmckit.merge_methods import (
+from lmckit.measure._evaluate import evaluate
+from lmckit.measure._streamed import LinearPoint
+from lmckit.merging._merge import channel_statistics, has_batchnorm, repair, reset_batchnorm
+from lmckit.merging._methods import (
     get_merge_method,
     list_merge_methods,
     merge_info,
     path_prepare,
 )
 from lmckit.models import create_model
-from lmckit.params import Params, interpolate
-from lmckit.streamed import LinearPoint
-from lmckit.symmetry import apply
+from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._transform import apply
 
 
 def _gen(seed: int) -> torch.Generator:

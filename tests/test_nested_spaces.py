@@ -1,4 +1,4 @@
-"""Nested spaces and uses in slices of a parameter (lmckit.spaces.Nest, Part).
+"""Nested spaces and uses in slices of a parameter (lmckit.symmetry.Nest, Part).
 
 The model is grouped-query attention written out by hand (no lmckit spec inference): two
 key/value groups of two query heads each. Its symmetries, as nested spaces: the
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.symmetry import (
+from lmckit.symmetry._transform import (
     HeadPermutation,
     Invertible,
     Nest,
@@ -199,7 +199,7 @@ def test_a_part_outside_the_parameter_is_refused_on_apply() -> None:
 
 def test_models_of_different_widths_are_refused_when_slices_would_not_line_up() -> None:
     from lmckit.aligners import weight_matching
-    from lmckit.params import IncompatibleModelsError
+    from lmckit.symmetry._params import IncompatibleModelsError
 
     # an input space that B embeds into a wider A, beside spaces living in slices of wk:
     # the slices are laid out for B's shape, which A does not share

@@ -11,13 +11,8 @@ from click.testing import CliRunner
 import lmckit
 from lmckit.cli import main
 from lmckit.models import create_model
-from lmckit.outputs import (
-    RUN_MARKER,
-    OutputError,
-    check_output_dir,
-    check_output_file,
-    is_lmckit_output,
-)
+from lmckit.outputs import OutputError, check_output_dir, check_output_file
+from lmckit.outputs._folders import RUN_MARKER, is_lmckit_output
 
 
 def snapshot(root: Path) -> dict[str, bytes | None]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from lmckit._registry import Registry, summary
 from lmckit.experiments import get_experiment
 from lmckit.models import get_model_class
-from lmckit.registry import Registry, summary
 
 
 def test_a_name_is_taken_once_and_keeps_its_first_entry() -> None:

@@ -8,10 +8,17 @@ import torch
 from tests.tiny_models import TINY
 from torch import Tensor
 
+from lmckit.forms._rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.models import ZooModel, create_model
-from lmckit.params import Params
-from lmckit.rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
-from lmckit.symmetry import Orthogonal, Space, SymmetrySpec, Transform, apply, random_transform
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import (
+    Orthogonal,
+    Space,
+    SymmetrySpec,
+    Transform,
+    apply,
+    random_transform,
+)
 
 VARIANTS = [
     ("gpt2", {}),

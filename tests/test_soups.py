@@ -7,11 +7,11 @@ import torch
 from torch import nn
 
 from lmckit.data import batches, make_gmm
+from lmckit.merging._soups import greedy_soup, uniform_soup
 from lmckit.models import create_model
-from lmckit.params import interpolate
-from lmckit.soups import greedy_soup, uniform_soup
-from lmckit.task import Task, classification, mse
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._params import interpolate
+from lmckit.training._task import Task, classification, mse
+from lmckit.training._train import TrainConfig, fit
 
 
 def test_uniform_soup_closed_forms():

@@ -9,10 +9,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.batched import Batching
-from lmckit.evaluate import evaluate_path
-from lmckit.params import interpolate
-from lmckit.streamed import LinearPoint, streamed_call
+from lmckit.measure._batched import Batching
+from lmckit.measure._evaluate import evaluate_path
+from lmckit.measure._streamed import LinearPoint, streamed_call
+from lmckit.symmetry._params import interpolate
 
 transformers = pytest.importorskip("transformers")
 
@@ -139,7 +139,7 @@ def test_a_module_reading_anothers_weight_fails_streamed_and_the_path_builds_poi
     with pytest.raises(RuntimeError):  # the empty stand-in, never a wrong weight
         streamed_call(model, LinearPoint(a, b, 0.5, None), x)
     data = [(x, torch.randint(0, 6, (5,)))]
-    with caplog.at_level(logging.INFO, logger="lmckit.batched"):
+    with caplog.at_level(logging.INFO, logger="lmckit.measure._batched"):
         streamed = evaluate_path(model, a, b, data, points=3, batching=STREAM)
     assert "building each point whole" in caplog.text
     whole = evaluate_path(model, a, b, data, points=3, batching=WHOLE)

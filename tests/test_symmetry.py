@@ -11,8 +11,8 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.models import create_model
-from lmckit.params import Params, layout
-from lmckit.symmetry import (
+from lmckit.symmetry._params import Params, layout
+from lmckit.symmetry._transform import (
     Group,
     HeadPermutation,
     Invertible,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmckit.workflow import SpaceSummary, SymmetryReport
+from lmckit.workflow._symmetries import SpaceSummary, SymmetryReport
 
 
 def _report(fixed: int, folded: int = 0) -> SymmetryReport:

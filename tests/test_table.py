@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lmckit.table import Column, format_table, percent
+from lmckit.measure._table import Column, format_table, percent
 
 
 def test_table_columns() -> None:

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from lmckit.data import batches
-from lmckit.data.regression import RegressionData
-from lmckit.diagnostics.curvature import loss_function, top_hessian_eigenvalue
-from lmckit.evaluate import PathResult, evaluate, evaluate_path
-from lmckit.paths.curves import fit_curve
-from lmckit.task import Task, accuracy, cross_entropy, mse
-from lmckit.train import TrainConfig, fit
+from lmckit.data._regression import RegressionData
+from lmckit.diagnostics._curvature import loss_function, top_hessian_eigenvalue
+from lmckit.measure._evaluate import PathResult, evaluate, evaluate_path
+from lmckit.paths._curves import fit_curve
+from lmckit.training._task import Task, accuracy, cross_entropy, mse
+from lmckit.training._train import TrainConfig, fit
 
 
 def _linear(weight: list[float], bias: float = 0.0) -> tuple[nn.Module, dict]:

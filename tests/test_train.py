@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from lmckit.data import batches
-from lmckit.evaluate import evaluate
+from lmckit.measure._evaluate import evaluate
 from lmckit.models import create_model
-from lmckit.params import Params
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._params import Params
+from lmckit.training._train import TrainConfig, fit
 
 SMALL = TrainConfig(epochs=2, batch_size=64, lr=3e-3)
 

@@ -9,10 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.data import Dataset
-from lmckit.evaluate import evaluate
+from lmckit.measure._evaluate import evaluate
 from lmckit.models import create_model
-from lmckit.params import Params
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._params import Params
+from lmckit.training._train import TrainConfig, fit
 
 
 def _toy(*, val_labels: str = "same") -> Dataset:

@@ -7,12 +7,12 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lmckit.aligners import ActivationMatchingConfig, activation_matching, collect_cross_statistics
-from lmckit.aligners.activation import CrossStatistics
+from lmckit.aligners import ActivationMatchingConfig, activation_matching
+from lmckit.aligners._activation import CrossStatistics, collect_cross_statistics
 from lmckit.data import Dataset
 from lmckit.models import create_model
-from lmckit.params import Params
-from lmckit.symmetry import (
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import (
     Invertible,
     Orthogonal,
     Permutation,

@@ -7,18 +7,16 @@ import torch
 from tests.tiny_models import FOUR_HEADS
 from torch.func import functional_call
 
-from lmckit.aligners import (
+from lmckit.aligners import WeightMatchingConfig, head_bases_matching, weight_matching
+from lmckit.aligners._head_bases import (
     HeadBases,
-    WeightMatchingConfig,
     align_head_bases,
     apply_head_bases,
-    head_bases_matching,
     match_head_bases,
-    weight_matching,
 )
+from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.models import create_model
-from lmckit.rewrites import layernorm_to_rmsnorm
-from lmckit.symmetry import Orthogonal, apply, random_transform
+from lmckit.symmetry._transform import Orthogonal, apply, random_transform
 
 
 def _model(name: str, seed: int = 0):

@@ -9,14 +9,14 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmckit.aligners import LearnedMatchingConfig, learned_matching, weight_matching
-from lmckit.aligners.dense import reader_matrices
-from lmckit.aligners.learned import apply_dense, sinkhorn, validation_split
+from lmckit.aligners._dense import reader_matrices
+from lmckit.aligners._learned import apply_dense, sinkhorn, validation_split
 from lmckit.data import Dataset, batches
-from lmckit.evaluate import evaluate_path
 from lmckit.groups import Scaling
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
-from lmckit.params import Params
-from lmckit.symmetry import (
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import (
     Invertible,
     Nest,
     Orthogonal,
@@ -353,7 +353,7 @@ def test_spaces_left_out_stay_at_weight_matching(mlp_pair) -> None:
 
 @pytest.mark.parametrize("circuits", [False, True], ids=["heads", "circuits"])
 def test_tiny_gpt2_rms_form_learns_an_orthogonal_residual_map(circuits: bool) -> None:
-    from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
+    from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
 
     kwargs = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
     module, params = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
@@ -400,7 +400,7 @@ def test_learned_on_cuda_matches_the_cpu_run(bn_mlp_pair) -> None:
 
 @_CUDA
 def test_tiny_gpt2_orthogonal_map_is_learned_on_cuda() -> None:
-    from lmckit.rewrites import layernorm_to_rmsnorm
+    from lmckit.forms._rewrites import layernorm_to_rmsnorm
 
     kwargs = {"vocab_size": 40, "n_layer": 1, "n_head": 2, "n_embd": 16, "context": 8}
     module, params = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))
@@ -440,7 +440,7 @@ def test_time_limit_stops_early_and_still_validates(mlp_pair) -> None:
 
 
 def test_row_masks_reach_the_weight_matching_start() -> None:
-    from lmckit.rewrites import layernorm_to_rmsnorm
+    from lmckit.forms._rewrites import layernorm_to_rmsnorm
 
     kwargs = {"vocab_size": 17, "n_layer": 1, "n_head": 2, "n_embd": 8, "context": 4}
     module, a = layernorm_to_rmsnorm(*create_model("gpt2", seed=0, **kwargs))

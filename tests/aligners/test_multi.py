@@ -9,8 +9,8 @@ from lmckit.aligners import UniverseConfig, UniverseResult, universe_matching
 from lmckit.data import Dataset, batches
 from lmckit.models import create_model
 from lmckit.paths import evaluate_simplex
-from lmckit.symmetry import Orthogonal, Transform, apply, random_transform
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._transform import Orthogonal, Transform, apply, random_transform
+from lmckit.training._train import TrainConfig, fit
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +127,7 @@ def _noisy_unseen_rows(params: dict, seen: torch.Tensor, seed: int) -> dict:
 
 
 def test_universe_row_masks_ignore_unseen_token_rows() -> None:
-    from lmckit.rewrites import layernorm_to_rmsnorm
+    from lmckit.forms._rewrites import layernorm_to_rmsnorm
 
     kwargs = {"vocab_size": 17, "n_layer": 1, "n_head": 2, "n_embd": 8, "n_inner": 16}
     models = []

@@ -14,13 +14,13 @@ from lmckit.aligners import (
     list_aligners,
     register_aligner,
 )
-from lmckit.aligners.head_bases import HeadBases, apply_head_bases
-from lmckit.aligners.registry import _check_signature
+from lmckit.aligners._head_bases import HeadBases, apply_head_bases
+from lmckit.aligners._registry import _check_signature
 from lmckit.data import Dataset
+from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model
-from lmckit.rewrites import layernorm_to_rmsnorm
-from lmckit.symmetry import apply, random_transform
+from lmckit.symmetry._transform import apply, random_transform
 
 #: quick settings for methods whose defaults are minutes, not seconds
 QUICK = {"learned_matching": LearnedMatchingConfig(steps=10, eval_every=5)}

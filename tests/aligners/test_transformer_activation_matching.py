@@ -10,13 +10,13 @@ from tests.tiny_models import FOUR_HEADS
 from torch import Tensor
 
 from lmckit.aligners import ActivationMatchingConfig, activation_matching
-from lmckit.experiments.transformers import char_dataset, units_in_heads
-from lmckit.measure import EvalSettings, measure_path
+from lmckit.experiments._transformers import char_dataset, units_in_heads
+from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.measure._measure import EvalSettings, measure_path
 from lmckit.models import ZooModel, create_model
-from lmckit.params import Params
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
-from lmckit.symmetry import Permutation, apply, random_transform
-from lmckit.train import TrainConfig, fit
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import Permutation, apply, random_transform
+from lmckit.training._train import TrainConfig, fit
 
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 
@@ -155,13 +155,13 @@ def test_tiny_trained_gpt2_pair_activation_matching_beats_vanilla() -> None:
 
 
 def test_a_model_computed_when_read_is_matched_like_its_built_copy() -> None:
-    # a Llama with its RMSNorm scales folded is a lmckit.spec.fold.FoldedParams: a
+    # a Llama with its RMSNorm scales folded is a lmckit.inference._fold.FoldedParams: a
     # mapping whose readers are computed when read, not a dict torch.func can run
     transformers = pytest.importorskip("transformers")
     from lmckit.data import Dataset
-    from lmckit.params import module_params
-    from lmckit.recipe import aligned_form
-    from lmckit.spec.fold import FoldedParams
+    from lmckit.forms._recipe import aligned_form
+    from lmckit.inference._fold import FoldedParams
+    from lmckit.symmetry._params import module_params
 
     config = transformers.LlamaConfig(
         vocab_size=17, hidden_size=16, intermediate_size=24, num_hidden_layers=1,

@@ -11,15 +11,15 @@ from torch import Tensor
 from torch.func import functional_call
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.solvers import solve
-from lmckit.aligners.weight.circuits import head_circuits, head_similarity, head_similarity_matrix
+from lmckit.aligners._solvers import solve
+from lmckit.aligners._weight.circuits import head_circuits, head_similarity, head_similarity_matrix
 from lmckit.data import batches
-from lmckit.evaluate import evaluate_path
-from lmckit.experiments.transformers import char_dataset, compare_transformer_alignments
+from lmckit.experiments._transformers import char_dataset, compare_transformer_alignments
+from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import ZooModel, create_model
-from lmckit.params import Params
-from lmckit.rewrites import heads_to_circuits, layernorm_to_rmsnorm
-from lmckit.symmetry import (
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import (
     HeadPermutation,
     Permutation,
     SymmetrySpec,
@@ -27,7 +27,7 @@ from lmckit.symmetry import (
     apply,
     random_transform,
 )
-from lmckit.train import TrainConfig, fit
+from lmckit.training._train import TrainConfig, fit
 
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"
 

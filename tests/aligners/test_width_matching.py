@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from lmckit.aligners import PaddedPermutation, WidthMatchingConfig, naive_embedding, width_matching
-from lmckit.aligners.width import space_widths
+from lmckit.aligners import WidthMatchingConfig, width_matching
+from lmckit.aligners._width import PaddedPermutation, naive_embedding, space_widths
 from lmckit.data import Dataset, batches
-from lmckit.evaluate import evaluate_path
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
-from lmckit.params import Params
-from lmckit.symmetry import (
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import (
     Orthogonal,
     Permutation,
     SemiPermutation,
@@ -22,7 +22,7 @@ from lmckit.symmetry import (
     apply,
     random_transform,
 )
-from lmckit.train import TrainConfig, fit
+from lmckit.training._train import TrainConfig, fit
 
 
 def _mlp(width: int, seed: int, activation: str = "relu"):

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from lmckit.data import load_mnist, read_idx
+from lmckit.data import load_mnist
+from lmckit.data._mnist import read_idx
 
 SHARED_MNIST = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "mnist"
 

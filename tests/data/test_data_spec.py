@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import lmckit.data
-import lmckit.data.spec
-from lmckit.data import DATA_SPEC_HELP, load_data, make_gmm
+import lmckit.data._source
+from lmckit.data import load_data, make_gmm
+from lmckit.data._source import DATA_SPEC_HELP
 
 
 def _write_idx(path: Path, array: np.ndarray) -> None:
@@ -93,14 +94,13 @@ def test_help_text() -> None:
     assert "\n" not in DATA_SPEC_HELP
     for form in ("'digits'", "'mnist:PATH'", "'cifar10:PATH'", "'gmm'", "'gmm:KEY=VALUE"):
         assert form in DATA_SPEC_HELP
-    doc = lmckit.data.spec.__doc__
+    doc = lmckit.data._source.__doc__
     assert doc is not None and "gmm:KEY=VALUE" in doc and "mnist:PATH" in doc
 
 
 def test_public_api() -> None:
     assert sorted(lmckit.data.__all__) == sorted(
         [
-            "DATA_SPEC_HELP",
             "Dataset",
             "RegressionData",
             "batches",
@@ -109,7 +109,6 @@ def test_public_api() -> None:
             "load_digits",
             "load_mnist",
             "make_gmm",
-            "read_idx",
         ]
     )
     for name in lmckit.data.__all__:

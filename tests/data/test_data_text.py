@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lmckit.data import Dataset, load_data
-from lmckit.data.text import load_text, make_blocks, split_tokens, tokenize_file
+from lmckit.data._text import load_text, make_blocks, split_tokens, tokenize_file
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 SHAKESPEARE = SHARED / "tinyshakespeare" / "input.txt"

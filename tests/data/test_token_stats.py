@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lmckit.data import Dataset
-from lmckit.data.text import tokenize_file
-from lmckit.data.token_stats import (
+from lmckit.data._text import tokenize_file
+from lmckit.data._token_stats import (
     seen_token_masks,
     seen_tokens,
     text_prefix,
@@ -66,7 +66,7 @@ def test_text_prefix_renumbers_without_changing_the_stream() -> None:
 
 
 def test_token_row_masks_find_the_token_tables_by_structure() -> None:
-    from lmckit.data.token_stats import token_row_masks
+    from lmckit.data._token_stats import token_row_masks
     from lmckit.models import create_model
 
     data = _tokens()  # id 5 never occurs in training
@@ -93,7 +93,7 @@ def test_token_row_masks_find_the_token_tables_by_structure() -> None:
 def test_token_row_masks_without_token_tables_use_the_vocabulary_size() -> None:
     from torch import nn
 
-    from lmckit.data.token_stats import token_row_masks
+    from lmckit.data._token_stats import token_row_masks
 
     module = nn.Sequential(nn.Embedding(6, 4), nn.Linear(4, 5), nn.Linear(5, 6))
     params = {k: v.detach() for k, v in module.state_dict().items()}

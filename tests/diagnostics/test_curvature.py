@@ -6,14 +6,14 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from lmckit.diagnostics.curvature import (
+from lmckit.diagnostics._curvature import (
     hessian_vector_product,
     loss_function,
     path_top_eigenvalues,
     top_hessian_eigenvalue,
 )
 from lmckit.models import create_model
-from lmckit.params import interpolate
+from lmckit.symmetry._params import interpolate
 
 
 def _spd(n: int, eigenvalues: list[float], seed: int = 0) -> torch.Tensor:

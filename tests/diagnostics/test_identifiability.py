@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from lmckit.diagnostics.identifiability import (
+from lmckit.diagnostics._identifiability import (
     activation_matching_objectives,
     center_gaps,
     chord_deviation,
@@ -25,7 +25,7 @@ from lmckit.diagnostics.identifiability import (
     swap_costs,
 )
 from lmckit.models import create_model
-from lmckit.symmetry import Transform, apply
+from lmckit.symmetry._transform import Transform, apply
 
 
 def _layer(seed: int, *, d: int = 10, k: int = 3, n: int = 5, keep: float = 0.6):

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lmckit.diagnostics.similarity import endpoint_cka, linear_cka, path_cka
+from lmckit.diagnostics._similarity import endpoint_cka, linear_cka, path_cka
 from lmckit.models import create_model
-from lmckit.params import interpolate
-from lmckit.symmetry import apply, random_transform
+from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._transform import apply, random_transform
 
 
 def _gen(seed: int = 0) -> torch.Generator:

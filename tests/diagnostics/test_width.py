@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lmckit.diagnostics.width import (
+from lmckit.diagnostics._width import (
     effective_rank,
     lewc_cosine,
     mean_cosine,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmckit.experiments.compare import METHODS, align_pair, compare_alignments
-from lmckit.measure import EvalSettings, measure_path, path_table, train_inputs
+from lmckit.experiments._compare import METHODS, align_pair, compare_alignments
+from lmckit.measure._measure import EvalSettings, measure_path, path_table, train_inputs
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_one_evaluation_batch_rule_bounds_language_model_logits() -> None:
     import torch
 
     from lmckit.data import Dataset
-    from lmckit.measure import LM_EVAL_LOGITS, eval_batch_size
+    from lmckit.measure._measure import LM_EVAL_LOGITS, eval_batch_size
 
     tokens = torch.zeros(4, 16, dtype=torch.int64)
     lm = Dataset("lm", tokens, tokens, tokens, tokens, num_classes=50257)
@@ -92,7 +92,7 @@ def test_one_evaluation_batch_rule_bounds_language_model_logits() -> None:
 
 
 def test_fix_resolution(mlp_pair, bn_mlp_pair) -> None:
-    from lmckit.measure import resolve_fix
+    from lmckit.measure._measure import resolve_fix
 
     assert resolve_fix(mlp_pair.model, "auto") == "none"
     assert resolve_fix(bn_mlp_pair.model, "auto") == "reset_bn"
@@ -102,7 +102,7 @@ def test_fix_resolution(mlp_pair, bn_mlp_pair) -> None:
 def test_data_fit_of_a_module_outside_the_zoo_names_both_numbers(digits) -> None:
     from torch import nn
 
-    from lmckit.datafit import DataMismatchError, check_data_fits
+    from lmckit.data._fit import DataMismatchError, check_data_fits
 
     check_data_fits(nn.Sequential(nn.Flatten(), nn.Linear(64, 10)), digits)
     with pytest.raises(DataMismatchError, match=r"has 7 outputs \(classes\) but digits has 10"):
@@ -115,9 +115,9 @@ def test_data_fit_of_a_module_outside_the_zoo_names_both_numbers(digits) -> None
 def test_simplex_vertices_are_the_models_with_the_fix(bn_mlp_pair, fix: str) -> None:
     from pathlib import Path
 
-    from lmckit.io import LoadedModel
-    from lmckit.measure import evaluate_split
-    from lmckit.merge import reset_batchnorm
+    from lmckit.formats._io import LoadedModel
+    from lmckit.measure._measure import evaluate_split
+    from lmckit.merging._merge import reset_batchnorm
     from lmckit.workflow import simplex_barrier
 
     model, a, b, data = bn_mlp_pair

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
-from lmckit.experiments.gpt2_shakespeare import GPT2ShakespeareConfig, paper_config, quick_config
+from lmckit.experiments._gpt2_shakespeare import GPT2ShakespeareConfig, paper_config, quick_config
 
 DATA_ROOT = Path(__file__).resolve().parents[3] / "shared" / "data"
 TEXT = DATA_ROOT / "tinyshakespeare" / "input.txt"
@@ -119,7 +119,7 @@ def test_quick_writes_figures_and_reuses_its_cache(quick_run) -> None:
 def test_dropout_models_embed_exactly_and_stages_run_data_free_first(tmp_path: Path) -> None:
     from dataclasses import replace
 
-    from lmckit.experiments.gpt2_shakespeare import run_gpt2_shakespeare
+    from lmckit.experiments._gpt2_shakespeare import run_gpt2_shakespeare
 
     config = replace(quick_config(), dropout=0.1, simplex_resolution=2, universe_sweeps=1)
     config = replace(config, learned=replace(config.learned, steps=2, eval_every=1))

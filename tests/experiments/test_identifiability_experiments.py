@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lmckit.diagnostics.identifiability import coherence, input_subspace
+from lmckit.diagnostics._identifiability import coherence, input_subspace
 from lmckit.experiments import ExperimentContext, list_experiments, run_experiment
-from lmckit.experiments.identifiability import coherence_embedding, swap_cost_summary
+from lmckit.experiments._identifiability import coherence_embedding, swap_cost_summary
 
 DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 needs_mnist = pytest.mark.skipif(

@@ -11,12 +11,12 @@ from torch import nn
 
 import lmckit
 from lmckit.data import Dataset
-from lmckit.data.regression import RegressionData
+from lmckit.data._regression import RegressionData
 from lmckit.experiments import ExperimentContext
-from lmckit.experiments.runner import Runner, choose_device, config_hash
+from lmckit.experiments._runner import Runner, choose_device, config_hash
 from lmckit.models import create_model
-from lmckit.task import mse
-from lmckit.train import TrainConfig, fit
+from lmckit.training._task import mse
+from lmckit.training._train import TrainConfig, fit
 
 FAST = TrainConfig(epochs=1, batch_size=64, lr=3e-3)
 

@@ -17,7 +17,7 @@ from torch.func import functional_call
 
 import lmckit
 from lmckit.models import create_model
-from lmckit.symmetry import Transform
+from lmckit.symmetry._transform import Transform
 
 SEEDS = range(16)
 

@@ -29,18 +29,18 @@ from click.testing import CliRunner
 from torch import nn
 
 import lmckit
-import lmckit.hf.model
-import lmckit.hf.validate
-import lmckit.models.sizing
-import lmckit.workflow.train
+import lmckit.hf._model
+import lmckit.hf._validate
+import lmckit.models._sizing
+import lmckit.workflow._train
 from lmckit.aligners import WeightMatchingConfig
 from lmckit.cli import main
 from lmckit.data import load_data
-from lmckit.datafit import DataMismatchError
+from lmckit.data._fit import DataMismatchError
 from lmckit.hf import HFError
 from lmckit.models import create_model
-from lmckit.models.sizing import ModelOptions, sized_config
-from lmckit.train import TrainConfig
+from lmckit.models._sizing import ModelOptions, sized_config
+from lmckit.training._train import TrainConfig
 
 DIGITS = load_data("digits")
 
@@ -78,15 +78,15 @@ def test_training_is_refused_below_its_measured_peak_not_its_four_copies(
                           options=ModelOptions(n_layer=1, n_head=2, n_embd=8,
                                                context=1_000_000))  # fmt: skip
     copy = 1_000_000 * 8 * 4
-    monkeypatch.setattr(lmckit.models.sizing, "memory_bytes", lambda: 6 * copy)
+    monkeypatch.setattr(lmckit.models._sizing, "memory_bytes", lambda: 6 * copy)
 
     def allocates(*args: object, **kwargs: object) -> None:
         raise AssertionError("the model was built before its memory was counted")
 
-    monkeypatch.setattr(lmckit.workflow.train, "create_model", allocates)
+    monkeypatch.setattr(lmckit.workflow._train, "create_model", allocates)
     tokens = _token_data()
     with pytest.raises(ValueError) as info:
-        lmckit.workflow.train.train_model(config, tokens, TrainConfig(epochs=1, batch_size=4))
+        lmckit.workflow.train_model(config, tokens, TrainConfig(epochs=1, batch_size=4))
     _one_line(info, "GiB available")
     assert "activations of a batch of 4" in str(info.value)
 
@@ -94,9 +94,9 @@ def test_training_is_refused_below_its_measured_peak_not_its_four_copies(
 _PEAK = """
 import json, torch
 from lmckit.data import Dataset
-from lmckit.models.memory import training_memory
-from lmckit.models.sizing import ModelOptions, sized_config
-from lmckit.train import TrainConfig
+from lmckit.models._memory import training_memory
+from lmckit.models._sizing import ModelOptions, sized_config
+from lmckit.training._train import TrainConfig
 from lmckit.workflow import train_model
 
 def rss(field):
@@ -132,7 +132,7 @@ def test_the_counted_peak_is_above_a_measured_one() -> None:
 def test_the_count_holds_what_a_batch_keeps_for_backward() -> None:
     # an MLP 64 -> 256 -> 10 keeps its hidden activations (256 floats an example, at least)
     # for the backward pass, and everything it keeps grows with the batch
-    from lmckit.models.memory import training_memory
+    from lmckit.models._memory import training_memory
 
     config = sized_config("mlp", input_shape=(64,), num_classes=10, tokens=False,
                           options=ModelOptions(width=256, depth=1))  # fmt: skip
@@ -162,12 +162,12 @@ def test_a_config_sized_buffer_counts_against_the_memory(
     folder = build_hf_folder("gptj", tmp_path / "gptj")
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "n_positions": 10**7}))
-    monkeypatch.setattr(lmckit.hf.validate, "memory_bytes", lambda: 100 * 2**20)
+    monkeypatch.setattr(lmckit.hf._validate, "memory_bytes", lambda: 100 * 2**20)
 
     def allocates(*args: object, **kwargs: object) -> None:
         raise AssertionError("the module was built before its buffers were counted")
 
-    monkeypatch.setattr(lmckit.hf.model, "build_module", allocates)
+    monkeypatch.setattr(lmckit.hf._model, "build_module", allocates)
     with pytest.raises(HFError) as info:
         lmckit.load_model(folder)
     _one_line(info, "152.6 MiB of buffers the config sizes), more than the 100.0 MiB")

@@ -19,9 +19,9 @@ from torch import nn
 
 import lmckit
 from lmckit.cli import main
-from lmckit.io import held_model
-from lmckit.params import IncompatibleModelsError
+from lmckit.formats._io import held_model
 from lmckit.plan import plan_alignment
+from lmckit.symmetry._params import IncompatibleModelsError
 
 #: the largest relative change of B's outputs an aligned B may show
 LIMIT = 1e-4
@@ -207,8 +207,8 @@ class _Twins(nn.Module):
 
 
 def test_spaces_that_keep_b_alone_but_not_together_align_nothing() -> None:
-    from lmckit.symmetry import Transform
-    from lmckit.workflow.b_function import BFunctionError, check_b_function
+    from lmckit.symmetry._transform import Transform
+    from lmckit.workflow._b_function import BFunctionError, check_b_function
 
     x = torch.randn(8, 5, generator=torch.Generator().manual_seed(0))
     with torch.random.fork_rng(devices=[]):

@@ -28,22 +28,22 @@ def _barrier(x: str, y: str, *extra: str, data: str = "digits") -> list[str]:
 
 
 def _disk_full(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmckit.checkpoint
+    import lmckit.formats._checkpoint
 
     def half_write(tensors, filename, metadata=None):
         Path(filename).write_bytes(b"half a file")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(lmckit.checkpoint, "save_file", half_write)
+    monkeypatch.setattr(lmckit.formats._checkpoint, "save_file", half_write)
 
 
 def _ctrl_c(monkeypatch: pytest.MonkeyPatch) -> None:
-    import lmckit.workflow.train
+    import lmckit.workflow._train
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(lmckit.workflow.train, "fit", interrupted)
+    monkeypatch.setattr(lmckit.workflow._train, "fit", interrupted)
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import lmckit
-import lmckit.hf.files
-import lmckit.hf.model
-import lmckit.hf.validate
+import lmckit.hf._files
+import lmckit.hf._model
+import lmckit.hf._validate
+from lmckit.formats._io import check_same_architecture
 from lmckit.hf import HFError, load_hf
-from lmckit.io import check_same_architecture
-from lmckit.params import IncompatibleModelsError
+from lmckit.symmetry._params import IncompatibleModelsError
 
 
 @pytest.mark.parametrize(
@@ -40,8 +40,8 @@ def test_a_config_larger_than_its_weights_is_refused_at_once(
     def allocates(*args: object, **kwargs: object) -> None:
         raise AssertionError("a weight read or a module built before the config was checked")
 
-    monkeypatch.setattr(lmckit.hf.model, "read_hf_weights", allocates)
-    monkeypatch.setattr(lmckit.hf.model, "build_module", allocates)
+    monkeypatch.setattr(lmckit.hf._model, "read_hf_weights", allocates)
+    monkeypatch.setattr(lmckit.hf._model, "build_module", allocates)
     with pytest.raises(HFError) as info:
         load_hf(world / "hf" / folder)
     assert fragment in str(info.value)
@@ -66,7 +66,7 @@ def test_renamed_weights_are_bounded_by_their_count(world: Path, tmp_path: Path)
 def test_a_config_beyond_the_free_memory_names_both_numbers(
     world: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lmckit.hf.validate, "memory_bytes", lambda: 1000)
+    monkeypatch.setattr(lmckit.hf._validate, "memory_bytes", lambda: 1000)
     with pytest.raises(HFError, match=r"needs \d+\.\d KiB \([\d,]+ parameters\), more than "
                        r"the 1000 bytes of memory available"):  # fmt: skip
         load_hf(world / "hf" / "gpt_a")
@@ -126,7 +126,7 @@ def test_extra_files_are_size_capped(
     folder = shutil.copytree(world / "hf" / "gpt_a", tmp_path / "src")
     (folder / "notes.txt").write_bytes(b"x" * 2000)
     (folder / "small.txt").write_bytes(b"y" * 10)
-    monkeypatch.setattr(lmckit.hf.files, "MAX_EXTRA_BYTES", 1000)
+    monkeypatch.setattr(lmckit.hf._files, "MAX_EXTRA_BYTES", 1000)
     source = lmckit.load_model(folder)
     out = lmckit.save_model(tmp_path / "out", source, source.params)
     assert (out / "small.txt").exists() and not (out / "notes.txt").exists()

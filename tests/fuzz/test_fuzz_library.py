@@ -21,20 +21,20 @@ import pytest
 import torch
 
 import lmckit
-from lmckit.atomic import remove_stale
-from lmckit.bounded import FileLimitError, read_bytes
-from lmckit.checkpoint import CheckpointError
 from lmckit.data import load_data, load_digits
-from lmckit.data.mnist import read_idx
-from lmckit.datafit import DataMismatchError, check_data_fits
-from lmckit.evaluate import PathResult
-from lmckit.measure import EvalSettings, eval_batch_size, resolve_fix
+from lmckit.data._fit import DataMismatchError, check_data_fits
+from lmckit.data._mnist import read_idx
+from lmckit.formats._bounded import FileLimitError, read_bytes
+from lmckit.formats._checkpoint import CheckpointError
+from lmckit.inference import SpecCheckError
+from lmckit.measure._evaluate import PathResult
+from lmckit.measure._measure import EvalSettings, eval_batch_size, resolve_fix
 from lmckit.models import create_model
-from lmckit.models.sizing import ModelOptions, check_fits_in_memory, sized_config
-from lmckit.paths.simplex import SimplexResult, simplex_grid
-from lmckit.spec import SpecCheckError
-from lmckit.symmetry import Transform
-from lmckit.train import TrainConfig
+from lmckit.models._sizing import ModelOptions, check_fits_in_memory, sized_config
+from lmckit.outputs._atomic import remove_stale
+from lmckit.paths._simplex import SimplexResult, simplex_grid
+from lmckit.symmetry._transform import Transform
+from lmckit.training._train import TrainConfig
 
 MLP, PARAMS = create_model("mlp", seed=0, in_features=64, hidden=[6], out_features=10)
 SPEC = MLP.symmetry_spec()
@@ -326,7 +326,7 @@ def _idx_file(path: Path, shape: tuple[int, ...], payload: bytes, *, gz: bool) -
 
 
 def test_mnist_raw_and_gz_side_by_side_read_a_consistent_pair(tmp_path: Path) -> None:
-    from lmckit.data.mnist import load_mnist
+    from lmckit.data._mnist import load_mnist
 
     # the download (gzipped pair) and, beside it, a decompressed copy of other images
     n = 2010

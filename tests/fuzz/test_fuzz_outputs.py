@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 import lmckit
-from lmckit.evaluate import PathResult
+from lmckit.measure._evaluate import PathResult
+from lmckit.measure._plot import plot_paths
 from lmckit.models import create_model
 from lmckit.outputs import OutputError
-from lmckit.plot import plot_paths
 
 MLP, PARAMS = create_model("mlp", seed=0, in_features=64, hidden=[6], out_features=10)
 

@@ -25,16 +25,17 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 import lmckit
-from lmckit.aligned import Aligned
-from lmckit.atomic import atomic_dir, atomic_path, write_json
-from lmckit.checkpoint import CheckpointError
 from lmckit.cli import main
 from lmckit.data import load_data
-from lmckit.data.spec import check_data_spec, data_spec_paths
-from lmckit.evaluate import PathResult
+from lmckit.data._source import check_data_spec, data_spec_paths
+from lmckit.formats._checkpoint import CheckpointError
 from lmckit.hf import HFError
+from lmckit.measure._evaluate import PathResult
 from lmckit.models import create_model
-from lmckit.outputs import RUN_MARKER, OutputError, check_output_file
+from lmckit.outputs import OutputError, check_output_file
+from lmckit.outputs._atomic import atomic_dir, atomic_path, write_json
+from lmckit.outputs._folders import RUN_MARKER
+from lmckit.plan._aligned import Aligned
 
 DIGITS = ["--data", "digits", "--points", "3", "--quiet"]
 
@@ -258,7 +259,7 @@ def _fake_demo(**_kwargs: object) -> dict[str, PathResult]:
 def test_json_and_plot_never_go_into_a_model_folder(
     ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, snap
 ) -> None:
-    monkeypatch.setattr("lmckit.experiments.demo.run_demo", _fake_demo)
+    monkeypatch.setattr("lmckit.experiments._demo.run_demo", _fake_demo)
     monkeypatch.chdir(tmp_path)
     before = snap(ckpts)
     c = ckpts / "c"  # an lmckit checkpoint that is not an input of the command
@@ -310,7 +311,7 @@ def test_an_existing_file_is_replaced_only_if_lmckit_wrote_it_or_with_force(
 
 def _experiment_folder(root: Path) -> tuple[Path, Path, Path]:
     """An lmckit experiment folder whose run folder is a link to a user's folder."""
-    from lmckit.experiments.runner import config_hash
+    from lmckit.experiments._runner import config_hash
 
     out, victim = root / "runs" / "probe", root / "mine"
     out.mkdir(parents=True)
@@ -324,9 +325,9 @@ def _experiment_folder(root: Path) -> tuple[Path, Path, Path]:
 def test_reproduce_never_writes_through_a_link_in_its_folder(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from lmckit.experiments import registry
-    from lmckit.experiments.registry import ExperimentContext, ExperimentResult
-    from lmckit.experiments.runner import Runner
+    from lmckit.experiments import _registry as registry
+    from lmckit.experiments._registry import ExperimentContext, ExperimentResult
+    from lmckit.experiments._runner import Runner
 
     def probe(ctx: ExperimentContext) -> ExperimentResult:
         Runner(ctx, {"probe": 1}).stage("s", lambda: {"value": 1})
@@ -419,7 +420,7 @@ def test_merge_force_is_the_force_used_at_write_time(ckpts: Path, tmp_path: Path
 def test_json_dash_is_stdout_and_the_table_goes_to_stderr(
     ckpts: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("lmckit.experiments.demo.run_demo", _fake_demo)
+    monkeypatch.setattr("lmckit.experiments._demo.run_demo", _fake_demo)
     monkeypatch.chdir(tmp_path)
     barrier = _ok(_cli("barrier", ckpts / "a", ckpts / "b", *DIGITS, "--json", "-"))
     assert json.loads(barrier.stdout)["t"] == [0.0, 0.5, 1.0]

@@ -7,7 +7,7 @@ import torch
 from group_cases import Case
 
 from lmckit.groups import HeadPermutation, Invertible, Permutation, SemiPermutation
-from lmckit.groups.base import MatrixGroup
+from lmckit.groups._base import MatrixGroup
 
 
 def _gen(seed: int) -> torch.Generator:

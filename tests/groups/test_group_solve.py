@@ -9,13 +9,13 @@ import pytest
 import torch
 from group_cases import CASES, Case
 
-from lmckit.groups.head_permutation import HeadPermutation
-from lmckit.groups.invertible import Invertible
-from lmckit.groups.orthogonal import Orthogonal
-from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
-from lmckit.groups.permutation import Permutation, sinkhorn
-from lmckit.groups.rotary import RotaryPlanes
-from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
+from lmckit.groups._head_permutation import HeadPermutation
+from lmckit.groups._invertible import Invertible
+from lmckit.groups._orthogonal import Orthogonal
+from lmckit.groups._padded_permutation import PaddedPermutation, PaddedPermutationElement
+from lmckit.groups._permutation import Permutation, sinkhorn
+from lmckit.groups._rotary import RotaryPlanes
+from lmckit.groups._semi_permutation import SemiPermutation, SemiPermutationElement
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -208,7 +208,7 @@ def test_a_similarity_that_breaks_blocks_still_gets_a_block_permutation() -> Non
 
 
 def test_the_call_site_functions_are_the_groups_solvers() -> None:
-    from lmckit.aligners.solvers import objective, solve
+    from lmckit.aligners._solvers import objective, solve
 
     truth = Invertible().random(5, _gen(120)).double()
     b = torch.randn(5, 30, generator=_gen(121), dtype=torch.float64)

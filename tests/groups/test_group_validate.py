@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from lmckit.groups import HeadPermutation, Invertible, Orthogonal, Permutation
-from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
-from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
+from lmckit.groups._padded_permutation import PaddedPermutation, PaddedPermutationElement
+from lmckit.groups._semi_permutation import SemiPermutation, SemiPermutationElement
 
 
 def _orth(n: int, seed: int, m: int | None = None) -> torch.Tensor:

@@ -3,7 +3,7 @@ result: the same form (``PREFERRED_FORMS``), the same unseen-token masks, the sa
 the same path, point for point, for permutations, orthogonal maps and learned matching.
 
 The library side is written out step by step, as ``benchmarks/reference_comparison.py``
-does it: the folders converted to lmckit's GPT-2, :func:`lmckit.recipe.aligned_form`,
+does it: the folders converted to lmckit's GPT-2, :func:`lmckit.forms.aligned_form`,
 the aligner with ``row_masks`` of the tokens never seen, the path measured in that form.
 """
 
@@ -24,13 +24,13 @@ from lmckit.aligners import (
 )
 from lmckit.cli import main
 from lmckit.data import load_data
-from lmckit.data.token_stats import seen_token_masks
-from lmckit.forms import FORMS, PREFERRED_FORMS
+from lmckit.data._token_stats import seen_token_masks
+from lmckit.forms._choice import FORMS, PREFERRED_FORMS
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import load_hf, zoo_from_hf
-from lmckit.measure import EvalSettings, measure_path
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import apply
-from lmckit.workflow.pair import recorded_metadata
+from lmckit.measure._measure import EvalSettings, measure_path
+from lmckit.symmetry._transform import apply
+from lmckit.workflow._pair import recorded_metadata
 
 WORDS = "the quick brown fox jumps over a lazy dog and a cat sat on the mat".split()
 UNSEEN = 61 - len(set(WORDS))  # the tiny folders' vocabulary less the words of the text

@@ -13,7 +13,7 @@ from click.testing import CliRunner, Result
 from tests.tiny_models import build_hf_folder
 
 from lmckit.cli import main
-from lmckit.io import load_model
+from lmckit.formats._io import load_model
 
 TOKENIZER = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "gpt2_tokenizer"
 pytestmark = pytest.mark.skipif(

@@ -15,9 +15,9 @@ import torch
 from click.testing import CliRunner
 
 from lmckit.cli import main
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import example_inputs, load_hf, save_hf
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import apply, random_transform
+from lmckit.symmetry._transform import apply, random_transform
 
 RMS_NATIVE = ("llama", "mistral")
 

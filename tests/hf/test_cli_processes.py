@@ -21,8 +21,8 @@ from tests.processes import rendezvous, set_rank_environment
 from tests.tiny_models import build_hf_folder
 
 from lmckit.cli import main
-from lmckit.hf.files import read_hf_weights, shard_map, weights_path
-from lmckit.io import load_model
+from lmckit.formats._io import load_model
+from lmckit.hf._files import read_hf_weights, shard_map, weights_path
 
 PROCESSES = 2
 BROKEN = "model.layers.1.mlp.down_proj.weight"

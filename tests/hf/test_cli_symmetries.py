@@ -10,9 +10,9 @@ import torch
 from click.testing import CliRunner
 
 from lmckit.cli import main
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import load_hf
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import apply, random_transform
+from lmckit.symmetry._transform import apply, random_transform
 
 
 def _run(*args: object) -> tuple[int, str]:

@@ -21,10 +21,10 @@ from tests.hf.known_misses import known
 from tests.tiny_models import ALL_FAMILIES
 
 from lmckit.cli import main
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import example_inputs, load_hf, save_hf
-from lmckit.recipe import aligned_form
-from lmckit.spec import analyze_symmetries
-from lmckit.symmetry import SymmetrySpec, apply, random_transform
+from lmckit.inference import analyze_symmetries
+from lmckit.symmetry._transform import SymmetrySpec, apply, random_transform
 
 _ATTENTION = {"residual", "heads", "value", "qk", "units"}
 _GQA = _ATTENTION | {"query"}

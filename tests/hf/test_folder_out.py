@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from safetensors.torch import load_file, save_file
 
 from lmckit.cli import main
-from lmckit.workflow.pair import recorded_metadata
+from lmckit.workflow._pair import recorded_metadata
 
 #: B's outputs from the folder written, against B's own: at most this far apart.
 ATOL = 1e-4

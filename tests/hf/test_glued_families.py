@@ -29,11 +29,11 @@ from tests.planters import distance, orthogonal
 from torch import Tensor, nn
 
 from lmckit.cli import main
+from lmckit.forms._recipe import aligned_form
 from lmckit.groups import Orthogonal
 from lmckit.hf import example_inputs, load_hf
-from lmckit.params import module_params
-from lmckit.recipe import aligned_form
-from lmckit.spec import analyze_symmetries
+from lmckit.inference import analyze_symmetries
+from lmckit.symmetry._params import module_params
 
 Params = dict[str, Tensor]
 
@@ -334,7 +334,7 @@ def test_a_plant_from_the_architecture_keeps_the_logits_and_align_undoes_it(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="latent attention's heads have no QK/OV circuits (lmckit.spec.heads needs one "
+    reason="latent attention's heads have no QK/OV circuits (lmckit.inference._heads needs one "
     "projection per operand), so weight matching pairs them by raw weights, which the "
     "value rotations scramble: descent settles with heads and bases wrong together",
 )

@@ -11,9 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import lmckit.hf.files
-from lmckit.checkpoint import CheckpointError
-from lmckit.hf import is_hf_folder, load_hf
+import lmckit.hf._files
+from lmckit.formats._checkpoint import CheckpointError
+from lmckit.hf import load_hf
+from lmckit.hf._files import is_hf_folder
 
 
 def _copy(hf_folder, family: str, tmp_path: Path) -> Path:
@@ -104,7 +105,7 @@ def test_bad_config_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert not is_hf_folder(folder)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "pad": "x" * 2000}))
     assert is_hf_folder(folder)
-    monkeypatch.setattr(lmckit.hf.files, "MAX_CONFIG_BYTES", 1000)
+    monkeypatch.setattr(lmckit.hf._files, "MAX_CONFIG_BYTES", 1000)
     _fails(folder, "more than the 1000 bytes allowed")
     assert not is_hf_folder(folder)
     (folder / "config.json").unlink()

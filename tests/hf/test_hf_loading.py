@@ -12,7 +12,8 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 import lmckit
-from lmckit.hf import example_inputs, load_hf, read_hf_weights
+from lmckit.hf import example_inputs, load_hf
+from lmckit.hf._files import read_hf_weights
 
 
 def test_load_equals_transformers_from_pretrained(

@@ -12,8 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from lmckit.hf import HFError, example_inputs, load_hf, save_hf
-from lmckit.hf.layout import stored_layout
-from lmckit.outputs import OutputError, check_output_dir, is_lmckit_output
+from lmckit.hf._layout import stored_layout
+from lmckit.outputs import OutputError, check_output_dir
+from lmckit.outputs._folders import is_lmckit_output
 
 
 def _max_diff(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from lmckit.aligners import weight_matching
 from lmckit.groups import HeadPermutation, Permutation
 from lmckit.hf import example_inputs, load_hf
-from lmckit.spec import analyze_symmetries
-from lmckit.symmetry import apply, random_transform
+from lmckit.inference import analyze_symmetries
+from lmckit.symmetry._transform import apply, random_transform
 
 #: per family: (query heads, key/value heads, head width); GQA shares key heads
 HEADS = {"gpt2": (2, 2, 16), "bert": (4, 4, 8), "vit": (4, 4, 8), "llama": (4, 2, 8)}

@@ -9,11 +9,12 @@ import pytest
 import torch
 
 import lmckit
-from lmckit.checkpoint import CheckpointError
+from lmckit.formats._checkpoint import CheckpointError
+from lmckit.formats._io import model_format
 from lmckit.hf import example_inputs
-from lmckit.io import model_format
 from lmckit.models import create_model
-from lmckit.outputs import check_output_dir, is_lmckit_output
+from lmckit.outputs import check_output_dir
+from lmckit.outputs._folders import is_lmckit_output
 
 
 def test_lmckit_checkpoint_round_trip(tmp_path: Path) -> None:
@@ -29,7 +30,7 @@ def test_lmckit_checkpoint_round_trip(tmp_path: Path) -> None:
     assert is_lmckit_output(out, "checkpoint")
     again = lmckit.load(out)
     assert all(torch.equal(again.params[k], moved[k]) for k in moved)
-    assert lmckit.checkpoint.load_metadata(out) == {"did": "shift"}
+    assert lmckit.formats._checkpoint.load_metadata(out) == {"did": "shift"}
     with pytest.raises(ValueError, match="config_changes= is for Hugging Face folders"):
         lmckit.save_model(tmp_path / "c", loaded, moved, config_changes={"x": 1})
 

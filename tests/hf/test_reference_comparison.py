@@ -16,8 +16,8 @@ import torch
 
 from lmckit.data import Dataset
 from lmckit.hf import load_hf, save_hf
-from lmckit.spec import analyze_symmetries
-from lmckit.symmetry import apply, random_transform
+from lmckit.inference import analyze_symmetries
+from lmckit.symmetry._transform import apply, random_transform
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from lmckit.hf.shardfile import stored_dtype, write_safetensors
+from lmckit.hf._shardfile import stored_dtype, write_safetensors
 
 
 def test_every_dtype_and_shape_reads_back_with_its_metadata(tmp_path) -> None:

@@ -15,8 +15,8 @@ from tests.tiny_models import auto_load, build_hf_folder
 
 import lmckit
 from lmckit.cli import main
-from lmckit.hf.layout import INDEX_FILE, stored_layout
-from lmckit.params import interpolate
+from lmckit.hf._layout import INDEX_FILE, stored_layout
+from lmckit.symmetry._params import interpolate
 
 CARD = "---\nlicense: mit\n---\n\n# the source model\n\nTrained on nothing at all.\n"
 
@@ -95,8 +95,8 @@ def test_the_sources_tensors_go_straight_into_its_shards(sharded_pair, tmp_path,
     """Aligned weights are the source's tensors under its names and shapes: each is
     written into the source's shard files as it is read, without a transformers model
     built around them (that would hold a second copy of the model)."""
-    import lmckit.hf.save as save
-    from lmckit.io import save_model
+    import lmckit.hf._save as save
+    from lmckit.formats._io import save_model
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a module was built to write the weights")
@@ -189,10 +189,10 @@ def test_barrier_measures_bfloat16_folders_in_float32_as_stored(
     float32, so the path is the one measured on float32 loads of the same files."""
     from tests.hf.test_cli_hf import _char_tokenizer
 
-    import lmckit.cli.barrier as barrier_cli
+    import lmckit.cli._barrier as barrier_cli
     from lmckit.data import load_data
     from lmckit.hf import load_hf
-    from lmckit.measure import EvalSettings, measure_path
+    from lmckit.measure._measure import EvalSettings, measure_path
 
     seen: list[torch.dtype] = []
     measure = barrier_cli.pair_barrier

@@ -13,8 +13,8 @@ import torch
 from click.testing import CliRunner
 
 from lmckit.cli import main
+from lmckit.forms._recipe import aligned_form
 from lmckit.hf import example_inputs, load_hf
-from lmckit.recipe import aligned_form
 
 
 @pytest.mark.parametrize("name", ["gemma", "opt", "falcon"])

@@ -1,6 +1,6 @@
 """The zoo's symmetry specs as they were written by hand, kept as test oracles.
 
-The library infers every spec from the traced graph (:mod:`lmckit.spec`); these
+The library infers every spec from the traced graph (:mod:`lmckit.inference`); these
 functions spell the same specs out module by module, so the tests can check that
 inference finds exactly them (names, groups, sizes, parameter axes, head circuits).
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from torch import nn
 
 from lmckit.models import ZooModel
-from lmckit.models.norms import group_norm_groups
-from lmckit.symmetry import (
+from lmckit.models._norms import group_norm_groups
+from lmckit.symmetry._transform import (
     CircuitPart,
     Group,
     HeadCircuits,

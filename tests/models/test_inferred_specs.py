@@ -6,9 +6,9 @@ import pytest
 from tests.models.reference_specs import REFERENCE_SPECS
 from tests.models.test_zoo import SMALL, _cases
 
+from lmckit.inference import infer_spec
 from lmckit.models import create_model
-from lmckit.spec import infer_spec
-from lmckit.symmetry import SymmetrySpec
+from lmckit.symmetry._transform import SymmetrySpec
 
 
 def structure(spec: SymmetrySpec) -> dict[str, tuple]:

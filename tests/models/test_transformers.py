@@ -8,7 +8,7 @@ from tests.tiny_models import TINY
 from torch.func import functional_call
 
 from lmckit.models import create_model
-from lmckit.symmetry import (
+from lmckit.symmetry._transform import (
     HeadPermutation,
     Nest,
     Orthogonal,

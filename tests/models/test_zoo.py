@@ -19,9 +19,9 @@ from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from lmckit.models import ModelConfig, ZooModel, build_zoo_model, create_model, list_models
-from lmckit.models.norms import CONV_NORMS, group_norm_groups
-from lmckit.params import Params
-from lmckit.symmetry import (
+from lmckit.models._norms import CONV_NORMS, group_norm_groups
+from lmckit.symmetry._params import Params
+from lmckit.symmetry._transform import (
     Permutation,
     Probe,
     Space,

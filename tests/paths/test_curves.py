@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from lmckit.data import batches, make_gmm
-from lmckit.evaluate import evaluate_path
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
-from lmckit.params import interpolate
-from lmckit.paths import Curve, curve_point, evaluate_curve, fit_curve, linear_init
-from lmckit.train import TrainConfig, fit
+from lmckit.paths import Curve, curve_point, evaluate_curve, fit_curve
+from lmckit.paths._curves import linear_init
+from lmckit.symmetry._params import interpolate
+from lmckit.training._train import TrainConfig, fit
 
 
 def _pair():

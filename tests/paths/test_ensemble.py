@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 
 from lmckit.data import batches
-from lmckit.evaluate import evaluate
-from lmckit.params import interpolate
+from lmckit.measure._evaluate import evaluate
 from lmckit.paths import EnsembleResult, ensemble_metrics
-from lmckit.paths.ensemble import even_ts
-from lmckit.task import mse
+from lmckit.paths._ensemble import even_ts
+from lmckit.symmetry._params import interpolate
+from lmckit.training._task import mse
 
 
 def _logits(model, params, x):
@@ -59,7 +59,7 @@ def test_bad_groups_and_combinations_are_refused(mlp_pair) -> None:
 
 
 def test_an_ensemble_result_reads_back_its_json() -> None:
-    from lmckit.evaluate import Metrics
+    from lmckit.measure._evaluate import Metrics
 
     m = Metrics(0.5, 0.9)
     result = EnsembleResult(m, [m, Metrics(0.6, 0.8)], m, Metrics(2.0, 0.3), [0.0, 1.0], {"k": 2})

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from lmckit.data import batches
-from lmckit.evaluate import evaluate_path
-from lmckit.params import interpolate
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.paths import Band, BandConfig, evaluate_curve, fit_band
-from lmckit.paths.band_forces import improved_tangent, nudged_force, redistribute_evenly
-from lmckit.task import CLASSIFICATION
-from lmckit.train import TrainConfig
+from lmckit.paths._band_forces import improved_tangent, nudged_force, redistribute_evenly
+from lmckit.symmetry._params import interpolate
+from lmckit.training._task import CLASSIFICATION
+from lmckit.training._train import TrainConfig
 
 
 def _unit(v: torch.Tensor) -> torch.Tensor:
@@ -115,8 +115,8 @@ def test_a_finite_spring_also_trains(mlp_pair) -> None:
 
 
 def test_segment_scores_are_the_losses_above_each_segments_chord(mlp_pair) -> None:
-    from lmckit.paths.band_growth import BandState, segment_scores
-    from lmckit.paths.flat import FlatPacking
+    from lmckit.paths._band_growth import BandState, segment_scores
+    from lmckit.paths._flat import FlatPacking
 
     model, a, b = _pair(mlp_pair)
     data = mlp_pair.data

@@ -7,12 +7,13 @@ import pytest
 import torch
 
 from lmckit.data import batches
-from lmckit.evaluate import evaluate
-from lmckit.merge import reset_batchnorm
+from lmckit.measure._evaluate import evaluate
+from lmckit.merging._merge import reset_batchnorm
 from lmckit.models import create_model
-from lmckit.params import interpolate
-from lmckit.paths import PlaneResult, evaluate_plane, plane_axes, plane_frame
-from lmckit.train import TrainConfig, fit
+from lmckit.paths import PlaneResult, evaluate_plane, plane_frame
+from lmckit.paths._plane import plane_axes
+from lmckit.symmetry._params import interpolate
+from lmckit.training._train import TrainConfig, fit
 
 
 def _vectors(*rows: list[float]) -> list[dict[str, torch.Tensor]]:

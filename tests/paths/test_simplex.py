@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from lmckit.data import Dataset, batches
-from lmckit.evaluate import evaluate_path, linear_grid
+from lmckit.measure._evaluate import evaluate_path, linear_grid
+from lmckit.measure._plot import plot_simplex
 from lmckit.paths import SimplexResult, evaluate_simplex, simplex_grid
-from lmckit.plot import plot_simplex
 
 
 def test_grid_counts_sums_and_vertices() -> None:
@@ -106,13 +106,13 @@ def test_plot_simplex_writes_a_png(tmp_path: Path) -> None:
 def test_batched_grid_equals_the_point_loop(mlp_pair, digits: Dataset, caplog) -> None:
     import logging
 
-    from lmckit.batched import Batching
+    from lmckit.measure._batched import Batching
 
     model, a, b, _ = mlp_pair
     c = {k: v.flip(0) if v.ndim else v for k, v in a.items()}  # a third, different model
     test = lambda: batches(digits.x_test, digits.y_test, 100)  # noqa: E731
     loop = evaluate_simplex(model, [a, b, c], test, resolution=3, batching=Batching("loop"))
-    with caplog.at_level(logging.DEBUG, logger="lmckit.batched"):
+    with caplog.at_level(logging.DEBUG, logger="lmckit.measure._batched"):
         batched = evaluate_simplex(
             model, [a, b, c], test, resolution=3, batching=Batching("batched", points_per_call=4)
         )

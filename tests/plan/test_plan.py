@@ -10,14 +10,15 @@ import torch
 from click.testing import CliRunner
 
 import lmckit
+from lmckit._errors import ParameterError
 from lmckit.aligners import aligner_info
 from lmckit.cli import main
-from lmckit.forms import check_heads_request
-from lmckit.io import held_model
+from lmckit.formats._io import held_model
+from lmckit.forms._choice import check_heads_request
 from lmckit.models import create_model
-from lmckit.parameter_error import ParameterError
 from lmckit.plan import AlignRequest, plan_alignment
-from lmckit.workflow import check_simplex_request, merge_pair
+from lmckit.workflow import merge_pair
+from lmckit.workflow._pair import check_simplex_request
 
 TINY_GPT2 = dict(vocab_size=17, n_layer=1, n_head=2, n_embd=8, context=8)
 

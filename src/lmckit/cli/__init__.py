@@ -1,8 +1,8 @@
 """The ``lmckit`` command line: parse, validate, call one library function, write.
 
-One module per command (:mod:`lmckit.cli.demo`, ``train``, ``align``, ``barrier``,
+One module per command (:mod:`lmckit.cli._demo`, ``train``, ``align``, ``barrier``,
 ``merge``, ``curve``, ``landscape``, ``ensemble``, ``soup``, ``reproduce``), each
-exposing ``command``; :mod:`lmckit.cli.common` holds the shared options, the one
+exposing ``command``; :mod:`lmckit.cli._common` holds the shared options, the one
 function that loads models, data loading and the output checks. Command modules are
 imported only when their command runs (or ``--help`` lists them), so start-up stays
 light and an interrupt during it is handled like any other.
@@ -32,28 +32,28 @@ from typing import Any
 
 import click
 
-from lmckit.allocator import keep_large_blocks_mapped
-from lmckit.cli.flags import flag_spelling
-from lmckit.parameter_error import ParameterError
+from lmckit._errors import ParameterError
+from lmckit.cli._flags import flag_spelling
+from lmckit.runtime._allocator import keep_large_blocks_mapped
 
-__all__ = ["COMMANDS", "EXIT_INTERRUPTED", "SPLIT_COMMANDS", "LmckitGroup", "main"]
+__all__ = ["main"]
 
 #: Command name -> module under ``lmckit.cli`` defining it as ``command``.
 COMMANDS = {
-    "demo": "demo",
-    "train": "train",
-    "align": "align",
-    "barrier": "barrier",
-    "merge": "merge",
-    "curve": "curve",
-    "landscape": "landscape",
-    "ensemble": "ensemble",
-    "soup": "soup",
-    "symmetries": "symmetries",
-    "reproduce": "reproduce",
+    "demo": "_demo",
+    "train": "_train",
+    "align": "_align",
+    "barrier": "_barrier",
+    "merge": "_merge",
+    "curve": "_curve",
+    "landscape": "_landscape",
+    "ensemble": "_ensemble",
+    "soup": "_soup",
+    "symmetries": "_symmetries",
+    "reproduce": "_reproduce",
 }
 #: Commands that split their work between the processes ``torchrun`` starts
-#: (:func:`lmckit.cli.common.join_processes`); the others refuse to run under it.
+#: (:func:`lmckit.cli._common.join_processes`); the others refuse to run under it.
 SPLIT_COMMANDS = ("align", "barrier", "curve", "landscape", "ensemble")
 EXIT_INTERRUPTED = 130
 BUG_REPORT = (
@@ -202,10 +202,10 @@ class LmckitGroup(click.Group):
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Align, merge and measure linear mode connectivity between neural networks."""
-    # large tensors freed between spaces go back to the system (lmckit.allocator)
+    # large tensors freed between spaces go back to the system (lmckit.runtime._allocator)
     keep_large_blocks_mapped()
     if ctx.invoked_subcommand not in SPLIT_COMMANDS:
-        from lmckit.cli.common import fail, launched_processes
+        from lmckit.cli._common import fail, launched_processes
 
         if launched_processes() > 1:
             raise fail(

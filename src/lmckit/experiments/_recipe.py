@@ -2,15 +2,15 @@
 
 The form with an orthogonal residual stream (LayerNorm -> RMSNorm for lmckit's
 transformers), then optionally every attention head as its QK and OV circuit, through
-the library's one entry point, :func:`lmckit.recipe.aligned_form`. Both rewrites are
+the library's one entry point, :func:`lmckit.forms.aligned_form`. Both rewrites are
 exact.
 """
 
 from __future__ import annotations
 
+from lmckit.forms._recipe import aligned_form
 from lmckit.models import ZooModel
-from lmckit.params import Params
-from lmckit.recipe import aligned_form
+from lmckit.symmetry._params import Params
 
 __all__ = ["transformer_form"]
 

@@ -5,33 +5,21 @@ linear subproblem of weight matching, projection, membership). Aligners use only
 protocol, so a new group is one new module here.
 """
 
-from lmckit.groups.base import Group, Role, Statistic
-from lmckit.groups.centered_orthogonal import CenteredOrthogonal
-from lmckit.groups.head_permutation import HeadPermutation
-from lmckit.groups.invertible import Invertible
-from lmckit.groups.orthogonal import Orthogonal
-from lmckit.groups.padded_permutation import PaddedPermutation, PaddedPermutationElement
-from lmckit.groups.permutation import Permutation, sinkhorn
-from lmckit.groups.plane_signs import PlaneSigns
-from lmckit.groups.rotary import RotaryPlanes
-from lmckit.groups.scaling import Scaling
-from lmckit.groups.semi_permutation import SemiPermutation, SemiPermutationElement
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CenteredOrthogonal",
-    "Group",
-    "HeadPermutation",
-    "Invertible",
-    "Orthogonal",
-    "PaddedPermutation",
-    "PaddedPermutationElement",
-    "Permutation",
-    "PlaneSigns",
-    "Role",
-    "RotaryPlanes",
-    "Scaling",
-    "SemiPermutation",
-    "SemiPermutationElement",
-    "Statistic",
-    "sinkhorn",
-]
+from lmckit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lmckit.groups._base import Group
+    from lmckit.groups._centered_orthogonal import CenteredOrthogonal
+    from lmckit.groups._head_permutation import HeadPermutation
+    from lmckit.groups._invertible import Invertible
+    from lmckit.groups._orthogonal import Orthogonal
+    from lmckit.groups._padded_permutation import PaddedPermutation
+    from lmckit.groups._permutation import Permutation
+    from lmckit.groups._plane_signs import PlaneSigns
+    from lmckit.groups._rotary import RotaryPlanes
+    from lmckit.groups._scaling import Scaling
+    from lmckit.groups._semi_permutation import SemiPermutation
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -3,7 +3,7 @@
 * :func:`load_hf`: the format's reader (:func:`lmckit.load` reads every format): any
   local folder ``transformers`` can build from its ``config.json`` (GPT-2, BERT, ViT,
   Llama, Mistral tested) as the ``transformers`` module itself, eval mode, with the
-  folder's weights, a :class:`~lmckit.loaded.LoadedModel` of :class:`HFFormat`; nothing
+  folder's weights, a :class:`~lmckit.formats.LoadedModel` of :class:`HFFormat`; nothing
   is downloaded.
 * :func:`example_inputs`: small valid inputs for tracing, from the config.
 * :func:`save_hf`: new parameters written back as a folder of the same class that
@@ -14,30 +14,14 @@
   path; :func:`hf_from_zoo` inverts it.
 """
 
-from lmckit.hf.files import HFError, is_hf_folder, read_hf_config, read_hf_weights
-from lmckit.hf.model import HFFormat, example_inputs, held_hf, load_hf
-from lmckit.hf.save import save_hf
-from lmckit.hf.zoo import (
-    ZOO_CONVERSIONS,
-    hf_from_zoo,
-    zoo_from_hf,
-    zoo_from_state,
-    zoo_model_kwargs,
-)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ZOO_CONVERSIONS",
-    "HFError",
-    "HFFormat",
-    "example_inputs",
-    "held_hf",
-    "hf_from_zoo",
-    "is_hf_folder",
-    "load_hf",
-    "read_hf_config",
-    "read_hf_weights",
-    "save_hf",
-    "zoo_from_hf",
-    "zoo_from_state",
-    "zoo_model_kwargs",
-]
+from lmckit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lmckit.hf._files import HFError
+    from lmckit.hf._model import example_inputs, load_hf
+    from lmckit.hf._save import save_hf
+    from lmckit.hf._zoo import hf_from_zoo, zoo_from_hf
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -18,7 +18,7 @@ computes anything:
   ``overwrite=True`` in Python); an experiment folder, which is filled in place, may
   not be or hold a symbolic link (lmckit never writes through one);
 * an output file (``--json``, ``--plot``, a module's weights) replaces only a regular
-  file, and only one lmckit wrote (:mod:`lmckit.outputs.own_files`) unless ``force`` is given;
+  file, and only one lmckit wrote (:mod:`lmckit.outputs._own_files`) unless ``force`` is given;
   a symbolic link is replaced (the link itself, never what it points to) only with
   ``force``; a folder, a device, a FIFO or a socket never; nor is a file written inside
   a model folder (``config.json`` beside weights), which lmckit would corrupt;
@@ -26,41 +26,17 @@ computes anything:
 * the place must be writable: a probe file is created and removed in the nearest
   existing ancestor.
 
-The writes themselves are atomic (:mod:`lmckit.atomic`); this module decides whether a
+The writes themselves are atomic (:mod:`lmckit.outputs._atomic`); this module decides whether a
 write is allowed at all.
 """
 
-from lmckit.outputs.files import MODEL_WEIGHT_FILES, check_output_file
-from lmckit.outputs.folders import (
-    CHECKPOINT_FILES,
-    CURVE_MARKER,
-    HF_MARKER,
-    REFERENCE_DIR,
-    RUN_MARKER,
-    OutputKind,
-    check_no_links,
-    check_output_dir,
-    is_lmckit_output,
-)
-from lmckit.outputs.places import (
-    OutputError,
-    check_distinct_outputs,
-    check_replaceable,
-)
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CHECKPOINT_FILES",
-    "CURVE_MARKER",
-    "HF_MARKER",
-    "MODEL_WEIGHT_FILES",
-    "RUN_MARKER",
-    "OutputError",
-    "OutputKind",
-    "REFERENCE_DIR",
-    "check_distinct_outputs",
-    "check_no_links",
-    "check_output_dir",
-    "check_output_file",
-    "check_replaceable",
-    "is_lmckit_output",
-]
+from lmckit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lmckit.outputs._files import check_output_file
+    from lmckit.outputs._folders import OutputKind, check_output_dir
+    from lmckit.outputs._places import OutputError
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -8,33 +8,21 @@
 3. **run on B** (:meth:`AlignPlan.run`, :func:`run_plan`): B put through the same
    steps, the method, B's function checked on B, and how B aligned is written
    (:class:`Written`; a Hugging Face GPT-2 or ViT aligned in lmckit's form is lifted
-   back into its class, :mod:`lmckit.plan.lift`);
+   back into its class, :mod:`lmckit.plan._lift`);
 4. **write** (:func:`write_aligned`): the one writer, for the command line and
    :meth:`lmckit.Aligned.save`.
 
 The command line only parses these steps' arguments and prints what they say.
 """
 
-from lmckit.plan.form import choose_model_form, convertible, model_form, pair_form
-from lmckit.plan.plan import AlignPlan, OutputPlan, plan_alignment
-from lmckit.plan.request import ALIGN_METHODS, AlignRequest, method_info
-from lmckit.plan.run import AlignedPair, Written, run_plan
-from lmckit.plan.write import WrittenFiles, write_aligned
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "ALIGN_METHODS",
-    "AlignPlan",
-    "AlignRequest",
-    "AlignedPair",
-    "OutputPlan",
-    "Written",
-    "WrittenFiles",
-    "choose_model_form",
-    "convertible",
-    "method_info",
-    "model_form",
-    "pair_form",
-    "plan_alignment",
-    "run_plan",
-    "write_aligned",
-]
+from lmckit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lmckit.plan._plan import AlignPlan, OutputPlan, plan_alignment
+    from lmckit.plan._request import AlignRequest
+    from lmckit.plan._run import AlignedPair, run_plan
+    from lmckit.plan._write import write_aligned
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

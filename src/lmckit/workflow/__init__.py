@@ -5,61 +5,23 @@ files but the two that write and read a curve folder (:func:`save_curve`,
 :func:`load_curve`: its points are models in their own format). The command line is a
 thin layer over them (parse, validate, call one of these, write), and the experiments
 and library users get the same behaviour. One module per task:
-:mod:`~lmckit.workflow.train`, :mod:`~lmckit.workflow.pair` (a merged point, a pair's
-barrier, a simplex), :mod:`~lmckit.workflow.curves` (fit, write and read a curve),
-:mod:`~lmckit.workflow.landscape` (a plane through three models, a curve ensemble),
-:mod:`~lmckit.workflow.soup`, :mod:`~lmckit.workflow.symmetries` (what a model would be
+:mod:`~lmckit.workflow._train`, :mod:`~lmckit.workflow._pair` (a merged point, a pair's
+barrier, a simplex), :mod:`~lmckit.workflow._curves` (fit, write and read a curve),
+:mod:`~lmckit.workflow._landscape` (a plane through three models, a curve ensemble),
+:mod:`~lmckit.workflow._soup`, :mod:`~lmckit.workflow._symmetries` (what a model would be
 aligned under). Aligning a pair is :mod:`lmckit.plan` (plan, describe, run on B, write).
 """
 
-from lmckit.measure import MERGE_FIXES
-from lmckit.workflow.curves import (
-    CurveSettings,
-    FittedCurve,
-    LoadedCurve,
-    fit_pair_curve,
-    load_curve,
-    save_curve,
-)
-from lmckit.workflow.landscape import curve_ensemble, pair_landscape, plane_inputs
-from lmckit.workflow.pair import (
-    PathForm,
-    check_simplex_request,
-    merge_pair,
-    pair_barrier,
-    path_form,
-    recorded_form,
-    simplex_barrier,
-    written_point,
-)
-from lmckit.workflow.soup import SoupResult, make_soup
-from lmckit.workflow.symmetries import SpaceSummary, SymmetryReport, describe_symmetries
-from lmckit.workflow.train import TrainedModel, train_model
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "MERGE_FIXES",
-    "CurveSettings",
-    "FittedCurve",
-    "LoadedCurve",
-    "PathForm",
-    "SoupResult",
-    "SpaceSummary",
-    "SymmetryReport",
-    "TrainedModel",
-    "check_simplex_request",
-    "curve_ensemble",
-    "describe_symmetries",
-    "fit_pair_curve",
-    "load_curve",
-    "make_soup",
-    "merge_pair",
-    "pair_barrier",
-    "pair_landscape",
-    "path_form",
-    "plane_inputs",
-    "recorded_form",
-    "save_curve",
-    "simplex_barrier",
-    "train_model",
-    "written_point",
-]
+from lmckit._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from lmckit.workflow._curves import fit_pair_curve, load_curve
+    from lmckit.workflow._landscape import curve_ensemble, pair_landscape
+    from lmckit.workflow._pair import merge_pair, pair_barrier, simplex_barrier
+    from lmckit.workflow._soup import make_soup
+    from lmckit.workflow._symmetries import describe_symmetries
+    from lmckit.workflow._train import train_model
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

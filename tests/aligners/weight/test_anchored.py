@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.weight.anchored import anchor_stages, anchored_start
+from lmckit.aligners._weight.anchored import anchor_stages, anchored_start
+from lmckit.forms._recipe import aligned_form
 from lmckit.groups import Orthogonal, Permutation
 from lmckit.models import create_model
-from lmckit.recipe import aligned_form
-from lmckit.symmetry import (
+from lmckit.symmetry._transform import (
     Nest,
     Part,
     Space,

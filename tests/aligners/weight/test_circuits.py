@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch import Tensor
 
-from lmckit.aligners.weight.circuits import (
+from lmckit.aligners._weight.circuits import (
     head_circuits,
     head_similarity,
     residual_circuit_similarity,
 )
-from lmckit.aligners.weight.objective import space_objective, space_objectives
-from lmckit.params import module_params
-from lmckit.recipe import AlignForm, aligned_form
-from lmckit.symmetry import Space, random_transform
+from lmckit.aligners._weight.objective import space_objective, space_objectives
+from lmckit.forms._recipe import AlignForm, aligned_form
+from lmckit.symmetry._params import module_params
+from lmckit.symmetry._transform import Space, random_transform
 
 HEADS, KV_HEADS, HIDDEN = 6, 2, 24
 

@@ -8,10 +8,10 @@ import torch
 from tests.tiny_models import FOUR_HEADS
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.weight.incremental import SimilarityCache
-from lmckit.aligners.weight.schedule import independent, sweep_steps
+from lmckit.aligners._weight.incremental import SimilarityCache
+from lmckit.aligners._weight.schedule import independent, sweep_steps
 from lmckit.models import create_model
-from lmckit.symmetry import apply, random_transform
+from lmckit.symmetry._transform import apply, random_transform
 
 
 def _gpt2():

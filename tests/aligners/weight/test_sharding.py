@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from lmckit.aligners.weight.sharding import param_bytes, shard_params
+from lmckit.aligners._weight.sharding import param_bytes, shard_params
+from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.models import create_model
-from lmckit.rewrites import layernorm_to_rmsnorm
 
 GPT2 = {"vocab_size": 17, "n_layer": 4, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
 

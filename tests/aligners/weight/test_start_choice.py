@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.weight.start_choice import StartChoice, midpoint_loss
+from lmckit.aligners._weight.start_choice import StartChoice, midpoint_loss
 from lmckit.data import Dataset, batches
-from lmckit.evaluate import evaluate
+from lmckit.measure._evaluate import evaluate
 from lmckit.models import create_model
-from lmckit.train import TrainConfig, fit
+from lmckit.training._train import TrainConfig, fit
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.weight import space_similarity
-from lmckit.evaluate import evaluate_path
+from lmckit.aligners._weight import space_similarity
 from lmckit.groups import (
     Group,
     HeadPermutation,
@@ -19,9 +18,10 @@ from lmckit.groups import (
     Permutation,
     SemiPermutation,
 )
+from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
-from lmckit.params import IncompatibleModelsError, Params
-from lmckit.symmetry import (
+from lmckit.symmetry._params import IncompatibleModelsError, Params
+from lmckit.symmetry._transform import (
     Orthogonal,
     Space,
     SymmetrySpec,
@@ -377,8 +377,8 @@ def test_batchnorm_statistics_do_not_steer_the_matching() -> None:
 def test_a_sweep_that_barely_changes_the_objective_ends_the_descent() -> None:
     # an orthogonal residual approaches its optimum only in the limit: sweeping on until
     # no space improves takes sweeps whose gains are far below the similarities' round-off
-    from lmckit.aligners.weight.objective import total_objective
-    from lmckit.rewrites import layernorm_to_rmsnorm
+    from lmckit.aligners._weight.objective import total_objective
+    from lmckit.forms._rewrites import layernorm_to_rmsnorm
 
     config = {"vocab_size": 17, "n_layer": 2, "n_head": 4, "n_embd": 16, "n_inner": 24,
               "context": 8}  # fmt: skip
@@ -406,7 +406,7 @@ def test_a_sweep_that_barely_changes_the_objective_ends_the_descent() -> None:
 
 
 def test_the_sweep_limit_is_reported_not_a_silent_stop() -> None:
-    from lmckit.aligners.weight.objective import sweep_limit_note
+    from lmckit.aligners._weight.objective import sweep_limit_note
 
     module, a = create_model("mlp", in_features=12, hidden=[16, 16, 16], out_features=3, seed=0)
     _, b = create_model("mlp", in_features=12, hidden=[16, 16, 16], out_features=3, seed=1)

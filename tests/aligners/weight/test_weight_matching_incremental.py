@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
-from lmckit.aligners.weight.incremental import SimilarityCache
-from lmckit.aligners.weight.similarity import fold_single_use_params, space_problem
+from lmckit.aligners._weight.incremental import SimilarityCache
+from lmckit.aligners._weight.similarity import fold_single_use_params, space_problem
+from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model
-from lmckit.params import Float32View, LazyParams, Params
-from lmckit.rewrites import layernorm_to_rmsnorm
-from lmckit.symmetry import (
+from lmckit.symmetry._params import Float32View, LazyParams, Params
+from lmckit.symmetry._transform import (
     Permutation,
     Space,
     SymmetrySpec,
@@ -220,9 +220,9 @@ def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter(monke
     transformers = pytest.importorskip("transformers")
     from tests.tiny_models import FAMILIES
 
-    from lmckit.aligners.weight.similarity import moved_region
-    from lmckit.recipe import aligned_form
-    from lmckit.symmetry import apply_to_param
+    from lmckit.aligners._weight.similarity import moved_region
+    from lmckit.forms._recipe import aligned_form
+    from lmckit.symmetry._transform import apply_to_param
 
     family = FAMILIES["llama"]
     config = getattr(transformers, family.config)(**family.kwargs, use_cache=False)
@@ -247,7 +247,7 @@ def test_a_use_region_moved_alone_equals_the_region_of_the_moved_parameter(monke
     assert sliced >= 8  # the slices were there to be moved alone
     # heads nested in one key/value group read that group's rows only: its circuits
     # are the same from the moved rows as from the whole moved projections
-    from lmckit.aligners.weight import similarity
+    from lmckit.aligners._weight import similarity as similarity
 
     nested = [s for s in form.spec if s.circuits is not None and s.nest is not None]
     assert nested
@@ -281,7 +281,7 @@ class _RowsOnly(LazyParams):
 
 
 def test_a_large_single_use_matrix_is_folded_a_block_of_rows_at_a_time(monkeypatch) -> None:
-    from lmckit.aligners.weight import similarity
+    from lmckit.aligners._weight import similarity as similarity
 
     gen = torch.Generator().manual_seed(0)
     a = {"w": torch.randn(100, 6, generator=gen).to(torch.bfloat16), "b": torch.randn(6)}
