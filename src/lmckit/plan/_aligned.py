@@ -25,13 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmckit._arguments import (
-    align_arguments,
-    check_float_dtype,
-    check_module,
-    check_points,
-    probe_example_inputs,
-)
+from lmckit._arguments import check_float_dtype, check_module, check_points
 from lmckit.aligners._result import AlignmentResult
 from lmckit.data import Dataset, load_data
 from lmckit.data._fit import check_data_fits
@@ -44,6 +38,7 @@ from lmckit.measure._measure import EvalSettings, measure_path, resolve_fix
 from lmckit.merging._methods import check_t
 from lmckit.models import ZooModel
 from lmckit.plan import AlignedPair, AlignRequest, plan_alignment
+from lmckit.plan._arguments import align_arguments, probe_example_inputs
 from lmckit.plan._run import Written
 from lmckit.symmetry._params import IncompatibleModelsError, Params, stored_params
 from lmckit.symmetry._transform import SymmetrySpec, Transform
