@@ -32,3 +32,12 @@ def test_blocks_inside_each_head_are_read_and_written_head_by_head() -> None:
 def test_offsets_and_blocks_inside_heads_exclude_each_other() -> None:
     with pytest.raises(ValueError, match="exclude each other"):
         CircuitPart("w", 0, 3, rows=4, per_head=True)
+
+
+def test_rows_by_offsets_inside_each_head() -> None:
+    # 3 heads of 5 rows each: [3 position-free rows | 2 rotary rows] (latent attention)
+    x = torch.arange(15)
+    nope = CircuitPart("w", rows=3, per_head=True).index(15, heads=3)
+    rope = CircuitPart("w", start=3, rows=2, per_head=True).index(15, heads=3)
+    assert x[nope].tolist() == [0, 1, 2, 5, 6, 7, 10, 11, 12]
+    assert x[rope].tolist() == [3, 4, 8, 9, 13, 14]

@@ -29,6 +29,7 @@ __all__ = ["head_circuits"]
 _PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive", "type_as"}
 _SCALE = {"mul", "div"}
 _SUM = {"add", "sub"}
+_SPLITS = {"split", "split_with_sizes", "chunk"}
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
         return {_Source(node, 0, 1, sliced)}
     if op == "getitem":
         parent, index = node.args[0], node.args[1]
-        if not isinstance(parent, Node) or op_name(parent) not in ("split", "chunk"):
+        if not isinstance(parent, Node) or op_name(parent) not in _SPLITS:
             return set()
         if not isinstance(index, int):
             return set()
@@ -88,15 +89,22 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
         # the split cuts the projection's whole output features (GPT-2's c_attn), or,
         # after a view into heads (GPT-NeoX), each head's features alike
         width = int(source.meta["val"].shape[-1])
+        sizes = [int(p.shape[-1]) for p in parent.meta["val"]]
+        # blocks of unequal size (multi-head latent attention's [nope | rope] rows of
+        # each head): rows by offsets
+        span = (sum(sizes[:index]), sizes[index]) if len(set(sizes)) > 1 else None
         blocked = set()
         for s in found:
             total = int(s.node.meta["val"].shape[-1])
             if s.blocks != 1 or s.rows is not None or total % width:
                 continue
-            blocked.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
+            if span is None:
+                blocked.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
+            else:
+                blocked.add(_Source(s.node, 0, 1, s.sliced, *span, per_head=total != width))
         return blocked
     tensors = [a for a in node.args if isinstance(a, Node)]
-    if op in _PASS or op in ("split", "chunk"):
+    if op in _PASS or op in _SPLITS:
         nexts = tensors[:1]
     elif op in _SCALE:
         nexts = [a for a in tensors if not _is_constant(an, a) and not _scales(an, a, node)]
@@ -212,20 +220,80 @@ def _weight_and_bias(node: Node) -> tuple[object, object, bool]:
     return node.args[1], (node.args[2] if len(node.args) > 2 else None), False
 
 
+def _rows(source: _Source, operand: Node, total: int) -> int:
+    """How many rows of its projection's ``total`` hold ``operand`` (rows by offsets
+    inside each head: so many per head, of as many heads as the operand has)."""
+    if source.rows is not None and source.per_head:
+        shape = operand.meta["val"].shape
+        return source.rows * (int(shape[-3]) if len(shape) == 4 else 1)
+    return source.rows or total // source.blocks
+
+
+def _pieces(node: Node) -> dict[tuple[int, int], Node]:
+    """``node``'s value as pieces along its last (feature) axis: ``(start, width)`` ->
+    the node each comes from. A concatenation gives its parts; a tensor made empty and
+    filled slice by slice (``new_empty``, then ``copy_`` into slices of it: DeepSeek's
+    keys) what is copied into each; anything else is one piece."""
+    value = node.meta["val"]
+    width, ndim = int(value.shape[-1]), value.ndim
+    parts = node.args[0]
+    if op_name(node) == "cat" and node.args[-1] in (-1, ndim - 1) and isinstance(parts, list):
+        out, at = {}, 0
+        for part in parts:
+            if not isinstance(part, Node):
+                return {(0, width): node}
+            size = int(part.meta["val"].shape[-1])
+            out[(at, size)] = part
+            at += size
+        return out
+    if op_name(node) == "new_empty":
+        out = {}
+        for cut in (u for u in node.users if op_name(u) == "slice"):
+            found = _slice_range(cut, width)
+            copies = [u for u in cut.users if op_name(u) == "copy_" and u.args[0] is cut]
+            if found is None or found[0] % ndim != ndim - 1 or len(copies) != 1:
+                return {(0, width): node}
+            source = copies[0].args[1]
+            if isinstance(source, Node):
+                out[(found[1], found[2] - found[1])] = source
+        return out or {(0, width): node}
+    return {(0, width): node}
+
+
+def _scored(an: Analysis, query: Node, key: Node) -> tuple[Node, Node]:
+    """The query and key whose product the circuits read: the operands themselves, or,
+    when neither comes from one projection whole (multi-head latent attention glues
+    each head's position-free features to rotary ones shared by every head), the first
+    pieces at the same features of both that do. Like a qk-norm, the rest of the score
+    is left out: the circuits tell heads apart, they are not the exact score."""
+    if _projection(an, query) is not None and _projection(an, key) is not None:
+        return query, key
+    queries, keys = _pieces(query), _pieces(key)
+    for at, piece in sorted(queries.items(), key=lambda item: item[0]):
+        other = keys.get(at)
+        if other is None:
+            continue
+        if _projection(an, piece) is not None and _projection(an, other) is not None:
+            return piece, other
+    return query, key
+
+
 def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
     """Query weight key -> the head circuits of every attention computed by projections."""
     nodes = {n.name: n for n in an.traced.graph.nodes}
     params = an.traced.params
     out: dict[str, HeadCircuits] = {}
     for site in an.attention:
-        found = [_projection(an, nodes[name]) for name in (site.query, site.key, site.value)]
+        query, keys = _scored(an, nodes[site.query], nodes[site.key])
+        operands = (query, keys, nodes[site.value])
+        found = [_projection(an, node) for node in operands]
         output = _forward_to_linear(nodes[site.node])
         if any(f is None for f in found) or output is None:
             continue
         parts: list[CircuitPart] = []
         biases: list[CircuitPart | None] = []
         rows: list[int] = []
-        for source in (f for f in found if f is not None):
+        for source, operand in zip((f for f in found if f is not None), operands, strict=True):
             weight, bias, transposed = _weight_and_bias(source.node)
             if not isinstance(weight, Node) or weight.name not in params:
                 break
@@ -233,7 +301,7 @@ def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
             span = (source.start, source.rows, source.per_head)
             parts.append(CircuitPart(key, source.block, source.blocks, transposed, *span))
             shape = an.traced.shapes[key]
-            rows.append(source.rows or shape[1 if transposed else 0] // source.blocks)
+            rows.append(_rows(source, operand, shape[1 if transposed else 0]))
             if isinstance(bias, Node) and bias.name in params:
                 biases.append(
                     CircuitPart(params[bias.name], source.block, source.blocks, False, *span)
@@ -243,13 +311,15 @@ def head_circuits(an: Analysis) -> dict[str, HeadCircuits]:
         out_weight, _, out_transposed = _weight_and_bias(output)
         if len(parts) != 3 or not isinstance(out_weight, Node) or out_weight.name not in params:
             continue
-        query = nodes[site.query].meta["val"]
-        head_dim = int(query.shape[-1])
+        head_dim = int(query.meta["val"].shape[-1])
         # heads merged into the batch axis (DeBERTa's (batch * heads, time, dim)): the
         # query projection's rows say how many
-        heads = int(query.shape[-3]) if query.dim() == 4 else rows[0] // head_dim
-        if rows[0] != heads * head_dim or rows[1] % head_dim or rows[1] != rows[2]:
+        queries = nodes[site.query].meta["val"]
+        heads = int(queries.shape[-3]) if queries.dim() == 4 else rows[0] // head_dim
+        if rows[0] != heads * head_dim or rows[1] % head_dim:
             continue  # projections that are not whole heads of this attention
+        if rows[2] % (rows[1] // head_dim):
+            continue  # values that are not whole heads either
         out[parts[0].param] = HeadCircuits(
             parts[0],
             parts[1],

@@ -26,7 +26,10 @@ class CircuitPart:
     ``[start, start + rows)`` (blocks of unequal size: Phi-3's fused ``qkv_proj`` with
     fewer key/value heads than query heads); or, with ``per_head``, axis 0 is laid out
     head by head and each head's rows hold the ``blocks`` blocks (GPT-NeoX's
-    ``query_key_value``: head ``h``'s query, key and value rows, then head ``h + 1``'s).
+    ``query_key_value``: head ``h``'s query, key and value rows, then head ``h + 1``'s);
+    with ``per_head`` and ``rows`` both, the projection is rows ``[start, start + rows)``
+    of each head's (blocks of unequal size inside each head: the position-free query
+    rows of multi-head latent attention, before each head's rotary rows).
     ``transposed``: the weight is stored ``(in, out)`` (Hugging Face's ``Conv1D``), so
     its rows are the columns of ``param``.
     """
@@ -44,21 +47,24 @@ class CircuitPart:
             raise ValueError(f"block {self.block} out of range for {self.blocks} blocks")
         if self.start < 0 or (self.rows is not None and self.rows < 1):
             raise ValueError(f"rows [{self.start}, +{self.rows}) is not a block of rows")
-        if self.per_head and self.rows is not None:
+        if self.per_head and self.rows is not None and self.blocks != 1:
             raise ValueError("rows by offsets and blocks inside each head exclude each other")
 
     def index(self, total: int, heads: int) -> slice | Tensor:
         """The rows of a parameter of ``total`` rows that hold the projection of
         ``heads`` heads, head by head: a slice, or an index tensor when the blocks lie
         inside each head. Reads ``x[index]`` and writes ``x[index] = y`` alike."""
-        if self.rows is not None:
+        if self.rows is not None and not self.per_head:
             return slice(self.start, self.start + self.rows)
         per_block = total // self.blocks
         if not self.per_head:
             return slice(self.block * per_block, (self.block + 1) * per_block)
         per_head = total // heads
-        width = per_head // self.blocks
-        first = torch.arange(heads)[:, None] * per_head + self.block * width
+        if self.rows is not None:
+            start, width = self.start, self.rows
+        else:
+            start, width = self.block * (per_head // self.blocks), per_head // self.blocks
+        first = torch.arange(heads)[:, None] * per_head + start
         return (first + torch.arange(width)[None, :]).reshape(-1)
 
 

@@ -86,6 +86,29 @@ def test_residual_circuit_similarity_is_the_gradient_of_the_circuit_objective(
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
 
 
+@pytest.mark.parametrize("reading", [(True, False, False), (False, True, True)])
+def test_residual_circuit_similarity_of_a_space_some_projections_read(
+    pair, reading: tuple[bool, bool, bool]
+) -> None:
+    # a latent of multi-head latent attention feeds the queries alone, or the keys and
+    # values: the map turns only the inputs of the projections that read it
+    space, a, b = pair
+    (qk_a, ov_a), (qk_b, ov_b) = head_circuits(a, space), head_circuits(b, space)
+    gen = torch.Generator().manual_seed(5)
+    current, _ = torch.linalg.qr(torch.randn(HIDDEN, HIDDEN, generator=gen, dtype=torch.float64))
+    t = current.clone().requires_grad_(True)
+    one, eye = torch.ones(1, 1, dtype=torch.float64), torch.eye(HIDDEN, dtype=torch.float64)
+    t_q, t_k, t_v = (torch.block_diag(t if r else eye, one) for r in reading)
+    qk = t_q @ qk_b.double() @ t_k.T
+    ov = ov_b.double() @ t_v.T
+    objective = (qk_a.double() * qk).sum() + (ov_a.double() * ov).sum()
+    (want,) = torch.autograd.grad(objective, t)
+    got = residual_circuit_similarity(
+        space, a, b, current.float(), inputs=reading, outputs=False
+    ).double()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+
 def test_objectives_of_head_spaces_moved_once_match_each_space_solved_alone() -> None:
     # space_objectives moves a layer's projections once by the whole transform; each
     # space's own subproblem (space_objective) moves them by every other space

@@ -44,6 +44,7 @@ from lmckit.groups._assignment import assignment
 from lmckit.symmetry._transform import CircuitPart, HeadCircuits, Space
 
 __all__ = [
+    "Reading",
     "circuit_params",
     "head_circuits",
     "head_counts",
@@ -207,13 +208,17 @@ def head_similarity_matrix(
     return _spread(space, grouped)
 
 
+#: which of a head space's query, key and value projections read a space
+Reading = tuple[bool, bool, bool]
+
+
 def residual_circuit_similarity(
     space: Space,
     ref: Mapping[str, Tensor],
     other: Mapping[str, Tensor],
     current: Tensor,
     *,
-    inputs: bool = True,
+    inputs: bool | Reading = True,
     outputs: bool = True,
 ) -> Tensor:
     """Similarity ``(m, n)`` for the residual map from matched heads' circuits.
@@ -230,8 +235,11 @@ def residual_circuit_similarity(
         space: the head space (with circuits).
         ref, other: the two models' parameters.
         current: the residual map's matrix ``(m, n)`` (reference x other units).
-        inputs, outputs: whether the residual is the heads' input and/or output space.
+        inputs, outputs: whether the residual is the heads' input and/or output space;
+            ``inputs`` per projection (query, key, value) where only some read it (the
+            latents of multi-head latent attention).
     """
+    reading: Reading = (inputs, inputs, inputs) if isinstance(inputs, bool) else inputs
     circuits, h, kv_heads = head_counts(space)
     qa, ka, va, oa = _projections(ref, circuits, h, kv_heads)
     qb, kb, vb, ob = _projections(other, circuits, h, kv_heads)
@@ -240,28 +248,34 @@ def residual_circuit_similarity(
     k = qa.shape[1]
     group = _group_of(h, kv_heads, slice(None), qa.device)
 
-    def turned(x: Tensor) -> Tensor:  # X^a Ti (Ti = diag(T, 1) on the augmented inputs)
-        return torch.cat([x[..., :m] @ t, x[..., m:]], dim=-1) if inputs else x
+    def turned(x: Tensor, reads: bool) -> Tensor:  # X^a Ti (Ti = diag(T, 1), augmented)
+        return torch.cat([x[..., :m] @ t, x[..., m:]], dim=-1) if reads else x
 
     def per_group(x: Tensor) -> Tensor:  # summed over each group's query heads
         return x.new_zeros(kv_heads, *x.shape[1:]).index_add_(0, group, x)
 
     # Q^a Ti Q^b^T per query head, K^a Ti K^b^T and V^a Ti V^b^T per key/value head
-    gq, gk, gv = (turned(xa) @ xb.transpose(-1, -2) for xa, xb in ((qa, qb), (ka, kb), (va, vb)))
+    pairs = ((qa, qb), (ka, kb), (va, vb))
+    gq, gk, gv = (
+        turned(xa, r) @ xb.transpose(-1, -2) for (xa, xb), r in zip(pairs, reading, strict=True)
+    )
     grad = t.new_zeros(m, n)
-    if inputs:
+    if any(reading):
         # d/dTi of <QK^a, Ti QK^b Ti^T> = QK^a Ti QK^b^T + QK^a^T Ti QK^b and of
         # <OV^a, To OV^b Ti^T> = OV^a^T To OV^b, in low rank: sum over heads and parts of
         # X^a^T M X^b with M = (K Ti K^T, Q Ti Q^T, O^T To O) for X = (Q, K, V); a
         # key/value head shared by a group takes its query heads' M summed (one product
         # per key/value head, not per query head)
+        # (only the projections that read the space: their inputs share its width)
         o_turned = oa.transpose(1, 2) @ t if outputs else oa.transpose(1, 2)
-        left = torch.cat([
-            gk[group].transpose(-1, -2) @ qa,
-            per_group(gq).transpose(-1, -2) @ ka,
-            per_group(o_turned @ ob).transpose(-1, -2) @ va,
-        ])  # fmt: skip
-        right = torch.cat([qb, kb, vb])
+        terms = (
+            (gk[group].transpose(-1, -2) @ qa, qb),
+            (per_group(gq).transpose(-1, -2) @ ka, kb),
+            (per_group(o_turned @ ob).transpose(-1, -2) @ va, vb),
+        )
+        read = [term for term, r in zip(terms, reading, strict=True) if r]
+        left = torch.cat([x for x, _ in read])
+        right = torch.cat([y for _, y in read])
         g_in = left.reshape(-1, left.shape[-1]).T @ right.reshape(-1, right.shape[-1])
         grad += g_in[:m, :n]
     if outputs:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from lmckit.aligners._weight.circuits import (
+    Reading,
     circuit_params,
     head_counts,
     head_similarity_matrix,
@@ -299,26 +300,30 @@ def space_similarity(
 
 def circuit_partners(
     spec: SymmetrySpec, space: Space
-) -> tuple[list[tuple[Space, bool, bool]], frozenset[str]]:
+) -> tuple[list[tuple[Space, Reading, bool]], frozenset[str]]:
     """Head spaces that ``space`` feeds (``inputs``) or is fed by (``outputs``).
 
-    Returns ``(heads, inputs, outputs)`` per such head space, and the parameters whose
-    raw uses of ``space`` their circuit terms replace.
+    Returns ``(heads, inputs, outputs)`` per such head space, ``inputs`` saying which of
+    the query, key and value projections read ``space`` (all three read the residual
+    stream; a latent of multi-head latent attention feeds the queries alone, or the
+    keys and values), and the parameters whose raw uses of ``space`` their circuit
+    terms replace.
     """
     reads = {u.param for u in space.uses if u.role == "read"}
     writes = {u.param for u in space.uses if u.role == "write"}
-    partners: list[tuple[Space, bool, bool]] = []
+    partners: list[tuple[Space, Reading, bool]] = []
     replaced: set[str] = set()
     for heads in spec:
         c = heads.circuits
         # nested head spaces share their parent's circuits: counted once, by the parent
         if c is None or heads.name == space.name or heads.nest is not None:
             continue
-        projections = {c.query.param, c.key.param, c.value.param}
-        inputs, outputs = bool(projections & reads), c.output in writes
-        if not (inputs or outputs):
+        parts = (c.query.param, c.key.param, c.value.param)
+        q, k, v = (p in reads for p in parts)
+        inputs, outputs = (q, k, v), c.output in writes
+        if not (any(inputs) or outputs):
             continue
-        replaced |= (projections if inputs else set()) | ({c.output} if outputs else set())
+        replaced |= {p for p in parts if p in reads} | ({c.output} if outputs else set())
         partners.append((heads, inputs, outputs))
     return partners, frozenset(replaced)
 

@@ -1,0 +1,98 @@
+"""Multi-head latent attention (DeepSeek-V2/V3): each head's query is its position-free
+rows of a projection glued to rotary rows, its key the position-free rows of another
+glued to one rotary key shared by every head (copied into an empty tensor slice by
+slice). The heads' circuits read the position-free parts, so weight matching tells
+heads apart whatever basis each head's queries, keys and values sit in."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from tests.inference.rules.graphs import seeded, spaces
+from tests.planters import distance, orthogonal, rotary_tables
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.symmetry._params import module_params
+from lmckit.symmetry._transform import CircuitPart
+
+HEADS, NOPE, ROPE, VALUE, LATENT, WIDTH, T = 3, 4, 2, 4, 6, 8, 5
+
+
+def _interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.cat([even * cos - odd * sin, odd * cos + even * sin], dim=-1)
+
+
+class LatentAttention(nn.Module):
+    """Queries from a latent (``q_b``: per head ``[nope | rope]`` rows), keys and values
+    from another (``kv_b``: per head ``[key nope | value]`` rows), the rotary key from
+    the last rows of ``kv_a``, as ``modeling_deepseek_v3`` writes it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q_a = nn.Linear(WIDTH, LATENT, bias=False)
+        self.q_b = nn.Linear(LATENT, HEADS * (NOPE + ROPE), bias=False)
+        self.kv_a = nn.Linear(WIDTH, LATENT + ROPE, bias=False)
+        self.kv_b = nn.Linear(LATENT, HEADS * (NOPE + VALUE), bias=False)
+        self.o = nn.Linear(HEADS * VALUE, WIDTH, bias=False)
+        cos, sin = rotary_tables(ROPE, T)
+        self.register_buffer("cos", cos[:, : ROPE // 2], persistent=False)
+        self.register_buffer("sin", sin[:, : ROPE // 2], persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        q = self.q_b(self.q_a(x)).view(b, t, HEADS, NOPE + ROPE).transpose(1, 2)
+        q_nope, q_rope = torch.split(q, [NOPE, ROPE], dim=-1)
+        latent, k_rope = torch.split(self.kv_a(x), [LATENT, ROPE], dim=-1)
+        k_rope = _interleaved(k_rope.view(b, 1, t, ROPE), self.cos, self.sin)
+        query = torch.cat((q_nope, _interleaved(q_rope, self.cos, self.sin)), dim=-1)
+        kv = self.kv_b(latent).view(b, t, HEADS, NOPE + VALUE).transpose(1, 2)
+        k_nope, v = torch.split(kv, [NOPE, VALUE], dim=-1)
+        key = kv.new_empty(b, HEADS, t, NOPE + ROPE)
+        key[..., :NOPE].copy_(k_nope)
+        key[..., NOPE:].copy_(k_rope.expand(-1, HEADS, -1, -1))
+        y = F.scaled_dot_product_attention(query, key, v, is_causal=True)
+        return x + self.o(y.transpose(1, 2).reshape(b, t, HEADS * VALUE))
+
+
+def test_latent_heads_get_circuits_of_their_position_free_rows() -> None:
+    spec = spaces(seeded(LatentAttention()), torch.randn(2, T, WIDTH))
+    circuits = spec["heads.0"].circuits
+    assert circuits is not None
+    assert circuits.query == CircuitPart("q_b.weight", rows=NOPE, per_head=True)
+    assert circuits.key == CircuitPart("kv_b.weight", 0, 2, per_head=True)
+    assert circuits.value == CircuitPart("kv_b.weight", 1, 2, per_head=True)
+    assert circuits.output == "o.weight" and circuits.heads == circuits.kv_heads == HEADS
+    rows = circuits.query.index(HEADS * (NOPE + ROPE), HEADS)
+    assert rows.tolist() == [h * (NOPE + ROPE) + i for h in range(HEADS) for i in range(NOPE)]
+
+
+def _planted(a: dict[str, Tensor], seed: int) -> dict[str, Tensor]:
+    """Heads permuted (each head's rotary query rows with it), each head's position-free
+    query/key basis and value basis mapped by an orthogonal matrix of its own."""
+    gen = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(HEADS, generator=gen)
+    q = a["q_b.weight"].double().view(HEADS, NOPE + ROPE, LATENT)[perm].clone()
+    kv = a["kv_b.weight"].double().view(HEADS, NOPE + VALUE, LATENT)[perm].clone()
+    o = a["o.weight"].double().view(WIDTH, HEADS, VALUE)[:, perm].clone()
+    for h in range(HEADS):
+        qk, value = orthogonal(NOPE, gen), orthogonal(VALUE, gen)
+        q[h, :NOPE], kv[h, :NOPE] = qk @ q[h, :NOPE], qk @ kv[h, :NOPE]
+        kv[h, NOPE:], o[:, h] = value @ kv[h, NOPE:], o[:, h] @ value.T
+    moved = {"q_b.weight": q, "kv_b.weight": kv, "o.weight": o}
+    return {**a, **{k: v.reshape(a[k].shape).float() for k, v in moved.items()}}
+
+
+def test_planted_heads_and_bases_of_latent_attention_are_recovered() -> None:
+    module = seeded(LatentAttention())
+    x = torch.randn(2, T, WIDTH)
+    spec = spaces(module, x)
+    a = module_params(module)
+    b = _planted(a, seed=3)
+    torch.testing.assert_close(  # the planted map is a symmetry
+        functional_call(module, b, (x,)), functional_call(module, a, (x,)), atol=1e-5, rtol=0
+    )
+    moved = weight_matching(spec, a, b, WeightMatchingConfig(max_iter=50)).apply(b)
+    assert distance(a, moved) < 1e-4 * distance(a, b)
