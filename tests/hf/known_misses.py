@@ -25,9 +25,6 @@ KNOWN_MISSES: dict[str, str] = {
     "modernbert": "'unbind' splits the fused Wqkv unevenly: heads and bases left out; left 0.64",
     "dinov2": "embeddings.mask_token, which the forward pass reads only with "
     "bool_masked_pos, is in no space: the plant moves it with the stream; left 0.050",
-    "deepseek_v3": "latent attention: the rotary key shared by every head (the last rows "
-    "of kv_a_proj_with_mqa, each head's rotary rows of q_b_proj) is in no space, its "
-    "planes' rotation not undone; left 0.12",
     # --- what inference finds, against what the architecture has (EXPECTED)
     "albert/found": "its one layer runs twice: activation matching has no probe for that "
     "layer's heads and MLP units",

@@ -232,6 +232,13 @@ def read_drafts(
                         found = draft.pending  # pinned by positions: check decides
                         if not nested:
                             draft.scaled.add(id(child))
+                    elif unit.heads and piece is not None and _pinned_qk(kinds, child, live):
+                        # a block of every head's features that all heads share (the
+                        # rotary key of multi-head latent attention): its rows in each head
+                        basis = loose.setdefault(id(child), LooseBasis(child))
+                        basis.uses += _per_unit(here, unit.size * outer, span, piece, place)
+                        basis.heads = unit
+                        continue
                     elif unit.heads and piece is None and (child in live or id(child) in loose):
                         # every head holds it alike: a space of its own beside the heads
                         if child in live:
@@ -249,6 +256,24 @@ def read_drafts(
                     places.append(replace(here, middle=middle, after=after, piece=piece))
     shared = [lo for lo in loose.values() if lo.heads is not None]
     return sorted(drafts.values(), key=lambda d: d.order), shared
+
+
+def _pinned_qk(kinds: Mapping[int, str], var: Var, live: list[Var]) -> bool:
+    """Whether ``var`` is a query/key basis that positions pin (no space of its own)."""
+    return kinds.get(id(var)) == "qk" and var.level == Level.FREE and var not in live
+
+
+def _per_unit(
+    here: Inner, units: int, span: int, piece: Part, place: tuple[Var, int, int, Part | None]
+) -> list[Use]:
+    """The uses of block ``piece`` of each of ``units`` units of ``span`` entries along
+    ``here``'s axis, laid out as ``place`` says (``(middle, var, after)`` in the block)."""
+    _, middle, after, _ = place
+    return [
+        Use(here.param, here.axis, here.role, middle, after, here.compare,
+            (*here.pre, Part(here.axis, u * span + piece.start, piece.length)))
+        for u in range(units)
+    ]  # fmt: skip
 
 
 def _children(an: Analysis, leaves: list[Var], pos: int) -> list[tuple[Var, int, int, Part | None]]:

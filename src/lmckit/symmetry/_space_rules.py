@@ -219,7 +219,23 @@ def _alike_in_every_unit(a: Space, use_a: Use, b: Space, use_b: Use) -> bool:
             and use_i.inner * inside.n * units == use_m.inner * mover.n
         ):
             return True
-    return False
+    return _in_one_unit(a, use_a, b, use_b) or _in_one_unit(b, use_b, a, use_a)
+
+
+def _in_one_unit(mover: Space, use_m: Use, inside: Space, use_i: Use) -> bool:
+    """Whether ``inside`` acts alike in every unit of ``mover`` and ``use_i`` is a slice
+    of one unit's entries on ``use_m``'s axis (one use per unit: a block of every
+    head's features, the rotary rows of multi-head latent attention)."""
+    units = mover.group.units(mover.n)
+    if inside.within != mover.name or units is None or use_m.outer != 1:
+        return False
+    if use_i.parts[: len(use_m.parts)] != use_m.parts or len(use_i.parts) != len(use_m.parts) + 1:
+        return False
+    last = use_i.parts[-1]
+    if last.axis != use_m.axis:
+        return False
+    extent = use_m.inner * mover.n // units  # entries per unit
+    return last.start // extent == (last.start + last.length - 1) // extent
 
 
 def _disjoint(a: Use, b: Use) -> bool:
