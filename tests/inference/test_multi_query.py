@@ -121,3 +121,16 @@ def test_a_space_alike_in_every_unit_shares_the_axis_of_the_unit_permutation() -
     sliced = replace(inside, name="sliced", uses=(replace(use, parts=part),))
     with pytest.raises(ValueError, match="used by both 'heads' and 'sliced'"):
         SymmetrySpec((heads, sliced))
+
+
+def test_a_block_of_every_unit_alike_shares_the_axis_of_the_unit_permutation() -> None:
+    # one use per head, the same rows of each (the rotary rows of latent attention)
+    heads = Space("heads", HEADS * HEAD_DIM, HeadPermutation(HEADS, HEAD_DIM),
+                  (Use("o", 1, "read"),))  # fmt: skip
+    rows = [Use("o", 1, "read", parts=(Part(1, h * HEAD_DIM + 2, 2),)) for h in range(HEADS)]
+    block = Space("block", 2, Orthogonal(), tuple(rows), within="heads")
+    assert len(SymmetrySpec((heads, block))) == 2  # the maps commute
+    # not every head, or not the same rows of each: the heads' order is not kept
+    for uses in (rows[:-1], [*rows[:-1], Use("o", 1, "read", parts=(Part(1, 1, 2),))]):
+        with pytest.raises(ValueError, match="used by both 'heads' and 'block'"):
+            SymmetrySpec((heads, replace(block, uses=tuple(uses))))

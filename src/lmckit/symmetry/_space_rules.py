@@ -223,19 +223,31 @@ def _alike_in_every_unit(a: Space, use_a: Use, b: Space, use_b: Use) -> bool:
 
 
 def _in_one_unit(mover: Space, use_m: Use, inside: Space, use_i: Use) -> bool:
-    """Whether ``inside`` acts alike in every unit of ``mover`` and ``use_i`` is a slice
-    of one unit's entries on ``use_m``'s axis (one use per unit: a block of every
-    head's features, the rotary rows of multi-head latent attention)."""
+    """Whether ``inside`` acts alike in every unit of ``mover`` through one use per unit
+    on ``use_m``'s axis, each the same slice of its unit's entries (a block of every
+    head's features: the rotary rows of multi-head latent attention), ``use_i`` one of
+    them: the two maps commute."""
     units = mover.group.units(mover.n)
     if inside.within != mover.name or units is None or use_m.outer != 1:
         return False
-    if use_i.parts[: len(use_m.parts)] != use_m.parts or len(use_i.parts) != len(use_m.parts) + 1:
-        return False
-    last = use_i.parts[-1]
-    if last.axis != use_m.axis:
-        return False
     extent = use_m.inner * mover.n // units  # entries per unit
-    return last.start // extent == (last.start + last.length - 1) // extent
+
+    def slot(use: Use) -> tuple[int, int, int] | None:  # (unit, offset in it, length)
+        if use.parts[:-1] != use_m.parts or len(use.parts) != len(use_m.parts) + 1:
+            return None
+        last = use.parts[-1]
+        if (use.param, use.axis, last.axis) != (use_m.param, use_m.axis, use_m.axis):
+            return None
+        unit, offset = divmod(last.start, extent)
+        return (unit, offset, last.length) if offset + last.length <= extent else None
+
+    if slot(use_i) is None:
+        return False
+    found = [slot(u) for u in inside.uses if u.param == use_m.param and u.axis == use_m.axis]
+    slots = [f for f in found if f is not None]
+    if len(slots) != len(found) or sorted(u for u, _, _ in slots) != list(range(units)):
+        return False
+    return len({(offset, length) for _, offset, length in slots}) == 1
 
 
 def _disjoint(a: Use, b: Use) -> bool:
