@@ -22,7 +22,7 @@ from lmckit.inference import analyze_symmetries
 from lmckit.symmetry._params import module_params
 from lmckit.symmetry._transform import CircuitPart, Part
 
-HEADS, NOPE, ROPE, VALUE, LATENT, WIDTH, T = 3, 4, 4, 4, 6, 8, 5
+HEADS, NOPE, ROPE, VALUE, LATENT, WIDTH, T = 3, 4, 4, 3, 6, 8, 5  # values narrower
 
 
 def _interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

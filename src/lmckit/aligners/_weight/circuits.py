@@ -245,7 +245,6 @@ def residual_circuit_similarity(
     qb, kb, vb, ob = _projections(other, circuits, h, kv_heads)
     t = current.to(device=qa.device, dtype=qa.dtype)
     m, n = t.shape
-    k = qa.shape[1]
     group = _group_of(h, kv_heads, slice(None), qa.device)
 
     def turned(x: Tensor, reads: bool) -> Tensor:  # X^a Ti (Ti = diag(T, 1), augmented)
@@ -273,13 +272,14 @@ def residual_circuit_similarity(
             (per_group(gq).transpose(-1, -2) @ ka, kb),
             (per_group(o_turned @ ob).transpose(-1, -2) @ va, vb),
         )
-        read = [term for term, r in zip(terms, reading, strict=True) if r]
-        left = torch.cat([x for x, _ in read])
-        right = torch.cat([y for _, y in read])
-        g_in = left.reshape(-1, left.shape[-1]).T @ right.reshape(-1, right.shape[-1])
-        grad += g_in[:m, :n]
+        # (values may be narrower than queries and keys: each part's product alone)
+        for (left, right), r in zip(terms, reading, strict=True):
+            if r:
+                g_in = left.reshape(-1, left.shape[-1]).T @ right.reshape(-1, right.shape[-1])
+                grad += g_in[:m, :n]
     if outputs:
         # d/dTo of <OV^a, To OV^b Ti^T> = sum_h O^a (V^a Ti V^b^T) O^b^T
-        z = oa @ gv[group]  # (h, d_out, k)
-        grad += z.transpose(0, 1).reshape(m, h * k) @ ob.transpose(0, 1).reshape(n, h * k).T
+        z = oa @ gv[group]  # (h, d_out, value head dim)
+        dv = z.shape[-1]
+        grad += z.transpose(0, 1).reshape(m, h * dv) @ ob.transpose(0, 1).reshape(n, h * dv).T
     return grad
