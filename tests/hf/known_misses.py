@@ -28,8 +28,6 @@ KNOWN_MISSES: dict[str, str] = {
     "(q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj not undone); left 0.24",
     "deepseek_v3/orthogonal": "as without rotation: left 0.28",
     # --- what inference finds, against what the architecture has (EXPECTED)
-    "albert/found": "its one layer runs twice: activation matching has no probe for that "
-    "layer's heads and MLP units",
     # --- the plant of lmckit's own inferred group
     "deepseek_v3/inferred": "the latent attention's spaces (o_proj's units, the latents) "
     "are not undone from the inferred group's own plant; left 0.28",
