@@ -22,8 +22,6 @@ import pytest
 
 KNOWN_MISSES: dict[str, str] = {
     # --- the independent plant (permutations, value and query/key bases)
-    "dinov2": "embeddings.mask_token, which the forward pass reads only with "
-    "bool_masked_pos, is in no space: the plant moves it with the stream; left 0.050",
     "deepseek_v3": "latent attention (slices, copy_): its heads and bases are left out "
     "(q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj not undone); left 0.24",
     "deepseek_v3/orthogonal": "as without rotation: left 0.28",
