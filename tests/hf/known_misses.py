@@ -22,16 +22,10 @@ import pytest
 
 KNOWN_MISSES: dict[str, str] = {
     # --- the independent plant (permutations, value and query/key bases)
-    "modernbert": "'unbind' splits the fused Wqkv unevenly: heads and bases left out; left 0.64",
-    "dinov2": "embeddings.mask_token, which the forward pass reads only with "
-    "bool_masked_pos, is in no space: the plant moves it with the stream; left 0.050",
     "deepseek_v3": "latent attention (slices, copy_): its heads and bases are left out "
     "(q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj not undone); left 0.24",
     "deepseek_v3/orthogonal": "as without rotation: left 0.28",
     # --- what inference finds, against what the architecture has (EXPECTED)
-    "albert/found": "its one layer runs twice: activation matching has no probe for that "
-    "layer's heads and MLP units",
-    "modernbert/found": "'unbind' splits the fused Wqkv unevenly: no heads",
     # --- the plant of lmckit's own inferred group
     "deepseek_v3/inferred": "the latent attention's spaces (o_proj's units, the latents) "
     "are not undone from the inferred group's own plant; left 0.28",

@@ -142,12 +142,13 @@ def collect_cross_statistics(
     """Stream ``inputs`` through both models and accumulate per-space cross statistics.
 
     Each space's probes (module outputs, or inputs with ``Probe.input``) are hooked; a
-    space with several probes (a residual stream) pools the samples of all of them.
-    With ``device``, the passes
-    and the sums run there (on a copy of ``model``); the statistics stay there.
-    With a process group (:mod:`lmckit.runtime._distributed`) each process streams every
-    ``W``-th batch and the sums are added up over processes: every process returns the
-    statistics of all the batches (each process needs at least one).
+    space with several probes (a residual stream) pools the samples of all of them, and
+    a probed module run several times per pass (one layer's weights used by several
+    layers) the samples of every call. With ``device``, the passes and the sums run
+    there (on a copy of ``model``); the statistics stay there. With a process group
+    (:mod:`lmckit.runtime._distributed`) each process streams every ``W``-th batch and
+    the sums are added up over processes: every process returns the statistics of all
+    the batches (each process needs at least one).
     """
     names = list(spec.names if spaces is None else spaces)
     wanted: dict[tuple[str, bool], list[tuple[str, int]]] = {}
@@ -171,14 +172,16 @@ def collect_cross_statistics(
     if missing:
         raise ValueError(f"probe modules not in the model: {missing}")
 
-    captured: dict[tuple[str, bool], Tensor] = {}
+    # every call of a probed module (a layer whose weights serve several layers, as
+    # ALBERT's): the same element must serve all of them, so their samples are pooled
+    captured: dict[tuple[str, bool], list[Tensor]] = {}
 
     def hook(key: tuple[str, bool]):
         def on_output(_module: nn.Module, _inputs: tuple, output: object) -> None:
-            captured[key] = _first_tensor(output)
+            captured.setdefault(key, []).append(_first_tensor(output))
 
         def on_input(_module: nn.Module, args: tuple) -> None:
-            captured[key] = _first_tensor(args)
+            captured.setdefault(key, []).append(_first_tensor(args))
 
         return on_input if key[1] else on_output
 
@@ -203,8 +206,8 @@ def collect_cross_statistics(
                 functional_call(model, params_b, (x,))
                 for key, targets in wanted.items():
                     for space_name, axis in targets:
-                        fa = _features(acts_a[key], axis)
-                        fb = _features(captured[key], axis)
+                        fa = torch.cat([_features(t, axis) for t in acts_a[key]])
+                        fb = torch.cat([_features(t, axis) for t in captured[key]])
                         if space_name not in stats:
                             stats[space_name] = CrossStatistics.zeros(
                                 fa.shape[1], fb.shape[1], device=fa.device
