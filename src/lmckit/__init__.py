@@ -28,7 +28,8 @@ if TYPE_CHECKING:
         infer_spec,
     )
     from lmckit.measure._evaluate import PathResult, evaluate, evaluate_path
-    from lmckit.plan._aligned import Aligned, align
+    from lmckit.plan._align import align
+    from lmckit.plan._aligned import Aligned
     from lmckit.symmetry._params import (
         Params,
         check_compatible,
