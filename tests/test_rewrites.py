@@ -8,7 +8,8 @@ import torch
 from tests.tiny_models import TINY
 from torch import Tensor
 
-from lmckit.forms._rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.forms._widen import embed_in_wider
 from lmckit.models import ZooModel, create_model
 from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import (
