@@ -30,13 +30,8 @@ if TYPE_CHECKING:
     from lmckit.measure._evaluate import PathResult, evaluate, evaluate_path
     from lmckit.plan._align import align
     from lmckit.plan._aligned import Aligned
-    from lmckit.symmetry._params import (
-        Params,
-        check_compatible,
-        interpolate,
-        module_params,
-        weighted_average,
-    )
+    from lmckit.symmetry._average import interpolate, weighted_average
+    from lmckit.symmetry._params import Params, check_compatible, module_params
     from lmckit.symmetry._transform import (
         HeadPermutation,
         Invertible,

@@ -14,7 +14,7 @@ from lmckit.experiments._identifiability._asymmetric import (
     to_plain,
 )
 from lmckit.models import list_models
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.symmetry._transform import apply, random_transform
 from lmckit.training._train import TrainConfig, fit
 

@@ -44,7 +44,8 @@ from lmckit.paths import (
 from lmckit.paths._curves import CurveLike
 from lmckit.paths._ensemble import even_ts
 from lmckit.paths._plane import plane_axes
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import apply
 from lmckit.training._train import TrainConfig
 

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 from lmckit._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from lmckit.symmetry._average import interpolate, weighted_average
     from lmckit.symmetry._params import (
         IncompatibleModelsError,
         Params,
         check_compatible,
-        interpolate,
         module_params,
-        weighted_average,
     )
     from lmckit.symmetry._spaces import (
         CircuitPart,

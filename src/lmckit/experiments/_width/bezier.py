@@ -24,7 +24,8 @@ from lmckit.measure._evaluate import PathResult, evaluate_path
 from lmckit.measure._plot import plot_paths
 from lmckit.measure._table import Column, format_table, percent
 from lmckit.paths._curves import Curve, evaluate_curve, fit_curve
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.training._train import TrainConfig
 
 __all__ = ["BEZIER_CURVE", "BEZIER_TRAIN"]

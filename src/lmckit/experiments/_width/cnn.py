@@ -33,7 +33,7 @@ from lmckit.measure._table import Column, format_table, percent
 from lmckit.merging._calibration import calibrate
 from lmckit.merging._merge import reset_prepare
 from lmckit.models import create_model
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._train import TrainConfig
 
 __all__ = ["CNN_SWEEPS", "VGG_LAYOUT", "CNNSweep"]
