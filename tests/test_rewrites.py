@@ -11,15 +11,9 @@ from torch import Tensor
 from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.forms._widen import embed_in_wider
 from lmckit.models import ZooModel, create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
-from lmckit.symmetry._transform import (
-    Orthogonal,
-    Space,
-    SymmetrySpec,
-    Transform,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import Orthogonal, Space, SymmetrySpec, Transform, apply
 
 VARIANTS = [
     ("gpt2", {}),

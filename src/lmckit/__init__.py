@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from lmckit.plan._align import align
     from lmckit.plan._aligned import Aligned
     from lmckit.symmetry._average import interpolate, weighted_average
+    from lmckit.symmetry._draw import random_transform
     from lmckit.symmetry._params import Params, check_compatible, module_params
     from lmckit.symmetry._transform import (
         HeadPermutation,
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
         Transform,
         Use,
         apply,
-        random_transform,
     )
     from lmckit.training._task import Task, classification, mse
 

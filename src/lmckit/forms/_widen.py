@@ -26,8 +26,9 @@ from lmckit.forms._rewrites import (
 from lmckit.groups import HeadPermutation, Orthogonal
 from lmckit.inference._infer import SymmetryAnalysis
 from lmckit.models._registry import ZooModel
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
-from lmckit.symmetry._transform import Space, SymmetrySpec, Transform, apply, random_transform
+from lmckit.symmetry._transform import Space, SymmetrySpec, Transform, apply
 
 __all__ = ["embed_in_wider"]
 

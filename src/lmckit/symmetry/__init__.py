@@ -14,6 +14,7 @@ from lmckit._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from lmckit.symmetry._average import interpolate, weighted_average
+    from lmckit.symmetry._draw import random_transform
     from lmckit.symmetry._params import (
         IncompatibleModelsError,
         Params,
@@ -29,6 +30,6 @@ if TYPE_CHECKING:
         SymmetrySpec,
         Use,
     )
-    from lmckit.symmetry._transform import Transform, apply, random_transform
+    from lmckit.symmetry._transform import Transform, apply
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -15,16 +15,9 @@ from lmckit.aligners._weight.similarity import fold_single_use_params, space_pro
 from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Float32View, LazyParams, Params
-from lmckit.symmetry._transform import (
-    Permutation,
-    Space,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import Permutation, Space, SymmetrySpec, Transform, Use, apply
 
 GPT2 = {"vocab_size": 17, "n_layer": 2, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {

@@ -46,6 +46,7 @@ from lmckit.aligners._weight.sharding import (
 from lmckit.aligners._weight.similarity import fold_single_use_params, space_similarity
 from lmckit.aligners._weight.start_choice import STARTS, best_start
 from lmckit.data import Dataset
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import (
     Float32View,
     IncompatibleModelsError,
@@ -54,7 +55,7 @@ from lmckit.symmetry._params import (
     layout,
     meta_of,
 )
-from lmckit.symmetry._transform import SymmetrySpec, Transform, random_transform
+from lmckit.symmetry._transform import SymmetrySpec, Transform
 
 __all__ = [
     "GIT_REBASIN",
