@@ -8,9 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners import ActivationMatchingConfig, activation_matching
-from lmckit.aligners._activation import CrossStatistics, collect_cross_statistics
+from lmckit.aligners._cross_statistics import CrossStatistics, collect_cross_statistics
 from lmckit.data import Dataset
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import (
     Invertible,
@@ -21,7 +22,6 @@ from lmckit.symmetry._transform import (
     SymmetrySpec,
     Use,
     apply,
-    random_transform,
 )
 
 

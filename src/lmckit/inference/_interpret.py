@@ -10,6 +10,7 @@ from torch.fx import Node
 from lmckit.inference import _elementwise as _elementwise  # noqa: F401  (registers rules)
 from lmckit.inference import _filling as _filling  # noqa: F401  (registers rules)
 from lmckit.inference import _layers as _layers  # noqa: F401  (registers rules)
+from lmckit.inference import _pooling as _pooling  # noqa: F401  (registers rules)
 from lmckit.inference import _slicing as _slicing  # noqa: F401  (registers rules)
 from lmckit.inference._analysis import Analysis, Value
 from lmckit.inference._graph import is_inplace
