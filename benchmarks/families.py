@@ -18,8 +18,9 @@ does, nothing downloaded), with lmckit's public API and its command line:
   planter folds every norm (``--symmetry orthogonal``).
 
 Run: ``python benchmarks/families.py [--only llama,bert] [--json P|-] [--markdown P]
-[--threads 2]``. ``--markdown`` writes the tables of docs/families.md
-(:mod:`families_table`); about 5-10 minutes for all 48 families on 2 cores.
+[--threads 2] [--from report.json]``. ``--markdown docs/families.md`` replaces the
+tables between the page's markers (:mod:`families_table`); ``--from`` renders a saved
+report without measuring. About 15 minutes for all 48 families on 2 idle cores.
 """
 
 from __future__ import annotations
@@ -188,7 +189,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--only", help="comma-separated families (default: all)")
     parser.add_argument("--json", help="write the measurements as JSON here ('-': stdout)")
-    parser.add_argument("--markdown", help="write docs/families.md's tables here")
+    parser.add_argument(
+        "--markdown", help="write the tables here (in a page: between its table markers)"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--from", dest="source", help="no measuring: a --json report to render")
     args = parser.parse_args(argv)
@@ -202,9 +205,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     if args.markdown:
-        from families_table import markdown
+        from families_table import splice
 
-        Path(args.markdown).write_text(markdown(report))
+        target = Path(args.markdown)
+        target.write_text(splice(target.read_text() if target.exists() else "", report))
 
 
 def _measure_all(names: list[str], threads: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import shlex
 import tempfile
 from pathlib import Path
@@ -101,8 +102,10 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="lmckit-cli-") as tmp:
         root = Path(args.keep or tmp)
+        root.mkdir(parents=True, exist_ok=True)
+        os.chdir(root)  # the commands read as typed there: paths relative to it
         for name in args.families.split(","):
-            demo(name, root / name)
+            demo(name, Path(name))
 
 
 if __name__ == "__main__":

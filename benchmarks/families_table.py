@@ -206,3 +206,17 @@ def markdown(report: dict[str, Any]) -> str:
         if present:
             out += ["", f"### {title}", "", _HEADER, *(_row(r) for r in present)]
     return "\n".join(out) + "\n"
+
+
+BEGIN = "<!-- tables: benchmarks/families.py --markdown docs/families.md -->"
+END = "<!-- end of the tables -->"
+
+
+def splice(page: str, report: dict[str, Any]) -> str:
+    """``page`` with the tables between :data:`BEGIN` and :data:`END` replaced by those of
+    ``report``; the tables alone, between the markers, when ``page`` has none."""
+    tables = f"{BEGIN}\n\n{markdown(report)}\n{END}"
+    start, end = page.find(BEGIN), page.find(END)
+    if start < 0 or end < start:
+        return tables + "\n"
+    return page[:start] + tables + page[end + len(END) :]

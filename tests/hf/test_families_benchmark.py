@@ -54,6 +54,10 @@ def test_the_benchmark_measures_llama(benchmark, tmp_path: Path) -> None:
     line = table.markdown(report).splitlines()[-1]
     assert line.startswith("| Llama | residual, heads, query (HeadPermutation)")
     assert "| R R⊥ U H Q V QK-half | yes: " in line
+    # the page keeps its text around the tables it is given again
+    page = table.splice("intro\n" + table.splice("", report) + "outro\n", report)
+    assert page.startswith("intro\n" + table.BEGIN) and page.endswith(table.END + "\noutro\n")
+    assert page.count("| Llama |") == 1
 
 
 def test_a_family_that_is_not_in_the_zoo_is_refused_in_one_line(benchmark) -> None:
