@@ -93,6 +93,11 @@ NO_ROTATION: dict[str, str] = {
     "resnet": "BatchNorm scales each channel",
     "convnext": "channels-last LayerNorm under a permute",
     "beit": "the layer scales `lambda_1`, `lambda_2` are summed into the stream",
+    "gemma3": "a norm after each block is summed into the stream",
+    "olmo2": "a norm after each block (`x + norm(attn(x))`) is summed into the stream",
+    "modernbert": "the embedding norm's output is summed into the stream",
+    "dinov2": "layer scales summed into the stream, and the classifier's `cat`",
+    "swin": "norms read by the windows' `pad` and by patch merging",
 }
 for _name in ("roberta", "xlm-roberta", "distilbert", "electra", "deberta-v2", "bart"):
     NO_ROTATION[_name] = NO_ROTATION["bert"]
@@ -122,11 +127,9 @@ def _components(row: dict[str, Any]) -> str:
 
 
 def _refusal(reason: str) -> str:
-    """A refusal shortened to its causes: the ops that consume a norm's scale."""
+    """A refusal shortened to its causes (the ops that consume a norm's scale), or ""."""
     ops = re.findall(r"\((\w+)\) consumes the value", reason)
-    if ops:
-        return "norm scales consumed by " + ", ".join(f"`{op}`" for op in dict.fromkeys(ops))
-    return f"`{reason[:140]}`"
+    return "norm scales read by " + ", ".join(f"`{op}`" for op in dict.fromkeys(ops)) if ops else ""
 
 
 def _orthogonal(row: dict[str, Any]) -> str:
@@ -134,7 +137,10 @@ def _orthogonal(row: dict[str, Any]) -> str:
     if "error" in found:
         return f"**error**: `{_cell(found['error'][:140])}`"
     if "reason" in found:
-        return "no: " + (why or _refusal(found["reason"])) + f" ({_refusal(found['reason'])})"
+        causes = _refusal(found["reason"])
+        if why:
+            return f"no: {why}" + (f" ({causes})" if causes else "")
+        return f"no: {causes or _cell(found['reason'][:140])}"
     if not found["admits"]:
         return f"no rotation found: the stream stays {', '.join(found['groups'])}"
     form = f" ({found['form']})" if found["form"] else ""
@@ -142,10 +148,16 @@ def _orthogonal(row: dict[str, Any]) -> str:
 
 
 def _left_out(row: dict[str, Any]) -> str:
-    lines = row["inference"].get("left_out", [])
-    general = dict.fromkeys(re.sub(r"\.\d+(?=[.:' ])", ".N", line) for line in lines)
-    shown = [line if len(line) <= 110 else line[:107] + "..." for line in general]
-    return "; ".join(f"{_cell(line)}" for line in shown) or "-"
+    """The left-out lines, those that differ only in numbers (layers, nodes) once, cut."""
+    counts: dict[str, list[str]] = {}
+    for line in row["inference"].get("left_out", []):
+        counts.setdefault(re.sub(r"'[^']*'|\d+(\.\d+)?", "N", line), []).append(line)
+    shown = []
+    for same in counts.values():
+        line = re.sub(r"\.\d+(?=[.:' ])", ".N", same[0])
+        line = line if len(line) <= 150 else line[:147] + "..."
+        shown.append(f"{_cell(line)}" + (f" (x{len(same)})" if len(same) > 1 else ""))
+    return "; ".join(shown) or "-"
 
 
 def _planted(row: dict[str, Any]) -> str:
@@ -161,7 +173,10 @@ def _left(plant: dict[str, Any]) -> str:
         return f"error: {plant['error'][:100]}"
     if "refused" in plant:
         return f"refused (`{_cell(plant['refused'][:100])}`)"
-    return f"{plant['left']:.0e}" if plant["left"] < 1e-4 else f"{plant['left']:.2f}"
+    left = plant["left"]
+    if left == 0:
+        return "0"
+    return re.sub(r"e-0*", "e-", f"{left:.0e}") if left < 1e-4 else f"{left:.2f}"
 
 
 def _recovered(row: dict[str, Any]) -> str:
