@@ -194,11 +194,18 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--from", dest="source", help="no measuring: a --json report to render")
+    parser.add_argument(
+        "--update",
+        help="a --json report whose rows of the --only families are replaced by new "
+        "measurements (the others kept, the replaced ones recorded)",
+    )
     args = parser.parse_args(argv)
     if args.source:
         report = json.loads(Path(args.source).read_text())
     else:
         report = _measure_all(_families(args.only), args.threads)
+    if args.update:
+        report = _updated(json.loads(Path(args.update).read_text()), report)
     if args.json == "-":
         json.dump(report, sys.stdout, indent=1)
         print()
@@ -225,6 +232,15 @@ def _measure_all(names: list[str], threads: int) -> dict[str, Any]:
     command = " ".join(["python benchmarks/families.py", *sys.argv[1:]])
     return {"date": stamp, "command": command, "threads": threads, "wall_s": wall,
             "families": rows}  # fmt: skip
+
+
+def _updated(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """``old`` with the rows ``new`` measured replaced, and a note of when and how."""
+    fresh = {row["family"]: row for row in new["families"]}
+    rows = [fresh.pop(row["family"], row) for row in old["families"]] + list(fresh.values())
+    note = {"date": new["date"], "command": new["command"], "families": sorted(
+        row["family"] for row in new["families"])}  # fmt: skip
+    return old | {"families": rows, "updates": [*old.get("updates", []), note]}
 
 
 if __name__ == "__main__":

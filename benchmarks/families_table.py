@@ -216,6 +216,9 @@ def markdown(report: dict[str, Any]) -> str:
     wall, threads = report["wall_s"], report["threads"]
     out = [f"Made by `{report['command']}` on {report['date']} "
            f"({len(rows)} families, {wall:.0f} s wall, {threads} threads)."]  # fmt: skip
+    for note in report.get("updates", []):
+        out[0] += (f" Measured again by `{note['command']}` on {note['date']}: "
+                   f"{', '.join(note['families'])}.")  # fmt: skip
     for title, names in sections.items():
         present = [rows[n] for n in names if n in rows]
         if present:
