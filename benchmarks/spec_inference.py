@@ -7,8 +7,8 @@ a ``LlamaForCausalLM`` of TinyLlama's shape (22 layers, width 2048, 32 query hea
 then ``lmckit.inference.analyze_symmetries`` (trace with ``torch.export``, abstract
 interpretation, spaces, and the checks that decide rotary query/key bases, experts and
 gated scales) and ``check_spec`` (random elements of every space, outputs compared in
-float64) on a batch of 2 x 8 tokens. The float64 check holds one float64 copy of the
-parameters besides the model (about 13 GB for the Llama).
+float64 up to 134M parameters, above that in float32 module by module) on a batch of
+2 x 8 tokens.
 
 Run: ``python benchmarks/spec_inference.py [--family gpt2|llama] [--threads 2] [--layers N]``.
 Prints the time of each phase and the spaces found. Target: under 30 s on 2 CPU cores.
@@ -48,8 +48,8 @@ def main() -> None:
     x = torch.randint(0, config.vocab_size, (2, 8), generator=torch.Generator().manual_seed(0))
 
     # what a user runs: inference (with the checks that decide proposals) and the check
-    # of the whole spec, sharing one float64 copy of the parameters; first in the
-    # process (cold), then once more (warm)
+    # of the whole spec (float64 for GPT-2, float32 for the 1.1B Llama: see
+    # lmckit.inference._check); first in the process (cold), then once more (warm)
     times = []
     for _ in range(2):
         start = time.perf_counter()
@@ -63,7 +63,7 @@ def main() -> None:
     layers = config.num_hidden_layers
     print(f"{args.family} {layers} layers, {params / 1e6:.1f}M parameters, {args.threads} threads")
     print(f"spaces: {len(analysis.spec)} {groups}; left out: {len(analysis.left_out)}")
-    print(f"inference and check of the whole spec (float64): {times[0]:.2f} s cold, "
+    print(f"inference and check of the whole spec: {times[0]:.2f} s cold, "
           f"{times[1]:.2f} s warm")  # fmt: skip
     print(f"check error (all spaces at once): {errors['all']:.1e}")
 

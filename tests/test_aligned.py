@@ -20,7 +20,7 @@ from lmckit.aligners import weight_matching
 from lmckit.data import Dataset
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._train import TrainConfig, fit
 
 README = Path(__file__).resolve().parents[1] / "README.md"

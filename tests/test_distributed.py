@@ -30,7 +30,7 @@ from lmckit.aligners import (
     learned_matching,
     weight_matching,
 )
-from lmckit.aligners._activation import collect_cross_statistics
+from lmckit.aligners._cross_statistics import collect_cross_statistics
 from lmckit.data import batches, load_digits
 from lmckit.forms._recipe import spec_of
 from lmckit.forms._rewrites import layernorm_to_rmsnorm

@@ -19,7 +19,8 @@ from lmckit.measure._evaluate import (
     linear_grid,
 )
 from lmckit.models import create_model
-from lmckit.symmetry._params import IncompatibleModelsError, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import IncompatibleModelsError
 
 
 def test_loss_barrier_of_a_bump() -> None:

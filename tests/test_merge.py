@@ -17,7 +17,8 @@ from lmckit.merging._methods import (
     path_prepare,
 )
 from lmckit.models import create_model
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import apply
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._transform import (
     HeadPermutation,
     Invertible,
@@ -23,7 +24,6 @@ from lmckit.symmetry._transform import (
     SymmetrySpec,
     Use,
     apply,
-    random_transform,
 )
 
 G, K, D_HEAD, D_MODEL = 3, 2, 3, 5  # groups, query heads per group, head dim, model width

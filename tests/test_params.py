@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lmckit.symmetry._average import interpolate, weighted_average
 from lmckit.symmetry._params import (
     Float32View,
     IncompatibleModelsError,
     check_compatible,
     check_finite,
-    interpolate,
-    weighted_average,
 )
 
 
@@ -139,7 +138,7 @@ def test_a_point_of_bfloat16_models_is_built_in_the_dtype_asked() -> None:
 def test_a_large_rounded_average_is_summed_in_blocks_with_the_same_result(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    import lmckit.symmetry._params as params
+    import lmckit.symmetry._average as params
 
     gen = torch.Generator().manual_seed(0)
     a, b, c = (torch.randn(301, 70, generator=gen).to(torch.bfloat16) for _ in range(3))

@@ -8,17 +8,12 @@ import torch
 from tests.tiny_models import TINY
 from torch import Tensor
 
-from lmckit.forms._rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
+from lmckit.forms._widen import embed_in_wider
 from lmckit.models import ZooModel, create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
-from lmckit.symmetry._transform import (
-    Orthogonal,
-    Space,
-    SymmetrySpec,
-    Transform,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import Orthogonal, Space, SymmetrySpec, Transform, apply
 
 VARIANTS = [
     ("gpt2", {}),

@@ -9,7 +9,7 @@ from torch import nn
 from lmckit.data import batches, make_gmm
 from lmckit.merging._soups import greedy_soup, uniform_soup
 from lmckit.models import create_model
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._task import Task, classification, mse
 from lmckit.training._train import TrainConfig, fit
 

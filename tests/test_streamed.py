@@ -12,7 +12,7 @@ from torch.func import functional_call
 from lmckit.measure._batched import Batching
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.measure._streamed import LinearPoint, streamed_call
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 
 transformers = pytest.importorskip("transformers")
 

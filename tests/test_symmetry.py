@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.models import create_model
+from lmckit.symmetry._draw import distance_to_identity, random_transform
 from lmckit.symmetry._params import Params, layout
 from lmckit.symmetry._transform import (
     Group,
@@ -26,8 +27,6 @@ from lmckit.symmetry._transform import (
     Transform,
     Use,
     apply,
-    distance_to_identity,
-    random_transform,
 )
 
 

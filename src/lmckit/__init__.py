@@ -28,14 +28,11 @@ if TYPE_CHECKING:
         infer_spec,
     )
     from lmckit.measure._evaluate import PathResult, evaluate, evaluate_path
-    from lmckit.plan._aligned import Aligned, align
-    from lmckit.symmetry._params import (
-        Params,
-        check_compatible,
-        interpolate,
-        module_params,
-        weighted_average,
-    )
+    from lmckit.plan._align import align
+    from lmckit.plan._aligned import Aligned
+    from lmckit.symmetry._average import interpolate, weighted_average
+    from lmckit.symmetry._draw import random_transform
+    from lmckit.symmetry._params import Params, check_compatible, module_params
     from lmckit.symmetry._transform import (
         HeadPermutation,
         Invertible,
@@ -47,7 +44,6 @@ if TYPE_CHECKING:
         Transform,
         Use,
         apply,
-        random_transform,
     )
     from lmckit.training._task import Task, classification, mse
 

@@ -8,9 +8,10 @@ import torch
 from torch import Tensor, nn
 
 from lmckit.aligners import ActivationMatchingConfig, activation_matching
-from lmckit.aligners._activation import CrossStatistics, collect_cross_statistics
+from lmckit.aligners._cross_statistics import CrossStatistics, collect_cross_statistics
 from lmckit.data import Dataset
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import (
     Invertible,
@@ -21,7 +22,6 @@ from lmckit.symmetry._transform import (
     SymmetrySpec,
     Use,
     apply,
-    random_transform,
 )
 
 
@@ -175,3 +175,36 @@ def test_least_squares_spaces_and_bad_configs_are_refused() -> None:
     for bad in ({"statistic": "cosine"}, {"batch_size": 0}, {"batches": 0}):
         with pytest.raises(ValueError):
             ActivationMatchingConfig(**bad)  # type: ignore[arg-type]
+
+
+class SharedBlock(nn.Module):
+    """One block's weights used by two layers (as ALBERT's one layer runs twice)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.out = nn.Linear(6, 8), nn.Linear(8, 3)
+        self.block = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 8), nn.Tanh())
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = torch.tanh(self.inp(x))
+        return self.out(self.block(self.block(h)))
+
+
+def test_a_block_run_twice_is_seen_at_both_calls_and_its_permutation_recovered() -> None:
+    from lmckit.inference import analyze_symmetries
+
+    torch.manual_seed(0)
+    module = SharedBlock()
+    params = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    spec = analyze_symmetries(module, (torch.randn(5, 6),)).spec
+    hidden = next(s for s in spec if any(u.param == "block.0.weight" and u.axis == 0
+                                         for u in s.uses))  # fmt: skip
+    assert hidden.n == 16 and [p.module for p in hidden.probes] == ["block.2"]
+    # block.2 runs twice per pass: the samples of both calls are pooled
+    inputs = _batches((6,), 3, 32, seed=5)
+    stats = collect_cross_statistics(module, spec, params, params, inputs)
+    assert stats[hidden.name].count == 2 * 3 * 32
+    permuted = apply(spec, params, random_transform(spec, 11))
+    assert not torch.equal(permuted["block.0.weight"], params["block.0.weight"])
+    result = activation_matching(spec, params, permuted, model=module, data=inputs)
+    _assert_params_equal(params, apply(spec, permuted, result.transform))

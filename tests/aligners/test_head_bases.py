@@ -16,7 +16,8 @@ from lmckit.aligners._head_bases import (
 )
 from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.models import create_model
-from lmckit.symmetry._transform import Orthogonal, apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import Orthogonal, apply
 
 
 def _model(name: str, seed: int = 0):

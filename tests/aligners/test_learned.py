@@ -15,6 +15,7 @@ from lmckit.data import Dataset, batches
 from lmckit.groups import Scaling
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import (
     Invertible,
@@ -27,7 +28,6 @@ from lmckit.symmetry._transform import (
     Transform,
     Use,
     apply,
-    random_transform,
 )
 
 FAST = LearnedMatchingConfig(steps=60, eval_every=10, patience=3, lr=0.02)

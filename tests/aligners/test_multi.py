@@ -9,7 +9,8 @@ from lmckit.aligners import UniverseConfig, UniverseResult, universe_matching
 from lmckit.data import Dataset, batches
 from lmckit.models import create_model
 from lmckit.paths import evaluate_simplex
-from lmckit.symmetry._transform import Orthogonal, Transform, apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import Orthogonal, Transform, apply
 from lmckit.training._train import TrainConfig, fit
 
 

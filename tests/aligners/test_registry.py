@@ -20,7 +20,8 @@ from lmckit.data import Dataset
 from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 #: quick settings for methods whose defaults are minutes, not seconds
 QUICK = {"learned_matching": LearnedMatchingConfig(steps=10, eval_every=5)}

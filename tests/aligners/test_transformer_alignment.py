@@ -18,15 +18,9 @@ from lmckit.experiments._transformers import char_dataset, compare_transformer_a
 from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import ZooModel, create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
-from lmckit.symmetry._transform import (
-    HeadPermutation,
-    Permutation,
-    SymmetrySpec,
-    Transform,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import HeadPermutation, Permutation, SymmetrySpec, Transform, apply
 from lmckit.training._train import TrainConfig, fit
 
 SHAKESPEARE = Path(__file__).resolve().parents[3] / "shared/data/tinyshakespeare/input.txt"

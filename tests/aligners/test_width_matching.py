@@ -11,6 +11,7 @@ from lmckit.aligners._width import PaddedPermutation, naive_embedding, space_wid
 from lmckit.data import Dataset, batches
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import (
     Orthogonal,
@@ -20,7 +21,6 @@ from lmckit.symmetry._transform import (
     SymmetrySpec,
     Use,
     apply,
-    random_transform,
 )
 from lmckit.training._train import TrainConfig, fit
 

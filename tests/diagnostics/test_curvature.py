@@ -13,7 +13,7 @@ from lmckit.diagnostics._curvature import (
     top_hessian_eigenvalue,
 )
 from lmckit.models import create_model
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 
 
 def _spd(n: int, eigenvalues: list[float], seed: int = 0) -> torch.Tensor:

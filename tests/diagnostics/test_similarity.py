@@ -7,8 +7,9 @@ import torch
 
 from lmckit.diagnostics._similarity import endpoint_cka, linear_cka, path_cka
 from lmckit.models import create_model
-from lmckit.symmetry._params import interpolate
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 
 def _gen(seed: int = 0) -> torch.Generator:

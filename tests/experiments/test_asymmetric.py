@@ -14,8 +14,9 @@ from lmckit.experiments._identifiability._asymmetric import (
     to_plain,
 )
 from lmckit.models import list_models
-from lmckit.symmetry._params import interpolate
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 from lmckit.training._train import TrainConfig, fit
 
 MLP_KWARGS = {"in_features": 12, "hidden": [8, 8], "out_features": 3, "norm": "layer"}

@@ -22,13 +22,7 @@ import pytest
 
 KNOWN_MISSES: dict[str, str] = {
     # --- the independent plant (permutations, value and query/key bases)
-    "modernbert": "'unbind' splits the fused Wqkv unevenly: heads and bases left out; left 0.64",
-    "dinov2": "embeddings.mask_token, which the forward pass reads only with "
-    "bool_masked_pos, is in no space: the plant moves it with the stream; left 0.050",
     # --- what inference finds, against what the architecture has (EXPECTED)
-    "albert/found": "its one layer runs twice: activation matching has no probe for that "
-    "layer's heads and MLP units",
-    "modernbert/found": "'unbind' splits the fused Wqkv unevenly: no heads",
     # --- the plant of lmckit's own inferred group
 }
 

@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from lmckit.cli import main
 from lmckit.forms._recipe import aligned_form
 from lmckit.hf import example_inputs, load_hf, save_hf
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 RMS_NATIVE = ("llama", "mistral")
 

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from lmckit.cli import main
 from lmckit.forms._recipe import aligned_form
 from lmckit.hf import load_hf
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 
 def _run(*args: object) -> tuple[int, str]:

@@ -24,7 +24,8 @@ from lmckit.cli import main
 from lmckit.forms._recipe import aligned_form
 from lmckit.hf import example_inputs, load_hf, save_hf
 from lmckit.inference import analyze_symmetries
-from lmckit.symmetry._transform import SymmetrySpec, apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import SymmetrySpec, apply
 
 _ATTENTION = {"residual", "heads", "value", "qk", "units"}
 _GQA = _ATTENTION | {"query"}

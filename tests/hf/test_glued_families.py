@@ -242,8 +242,8 @@ def _plant_swin_stream(p: Params, gen: torch.Generator) -> Params:
 
 
 def _plant_dinov2_stream(p: Params, gen: torch.Generator) -> Params:
-    """The whole stream permuted: the embeddings (patch projection, class token,
-    positions), every layer's readers, writers, norms and layer scales, the final
+    """The whole stream permuted: the embeddings (patch projection, class and mask
+    tokens, positions), every layer's readers, writers, norms and layer scales, the final
     norm, and both blocks of the classifier's columns (the class token beside the mean of
     the patch tokens: two copies of the stream, moved alike)."""
     p = dict(p)
@@ -252,8 +252,9 @@ def _plant_dinov2_stream(p: Params, gen: torch.Generator) -> Params:
     emb = "dinov2.embeddings."
     for key in ("patch_embeddings.projection.weight", "patch_embeddings.projection.bias"):
         p[emb + key] = p[emb + key][perm]
-    # (the mask token is never read: Dinov2ForImageClassification takes no masked patches)
-    for key in ("cls_token", "position_embeddings"):
+    # the mask token too: Dinov2ForImageClassification passes bool_masked_pos on to its
+    # embeddings, which put the token at the masked patches
+    for key in ("cls_token", "mask_token", "position_embeddings"):
         p[emb + key] = p[emb + key][..., perm]
     for layer in range(2):
         _permute_block(p, f"dinov2.encoder.layer.{layer}.", _DINO_NORMS, perm)
@@ -283,7 +284,8 @@ def _moved_share(module: nn.Module) -> float:
 
 @pytest.mark.parametrize(
     ("build", "share"),
-    # what stays: the classifier's bias (the output), Dinov2's mask token (never read)
+    # what stays: the classifier's bias (the output), Dinov2's mask token (read only at
+    # masked patches, and example_inputs masks none)
     [(_deepseek, 1.0), (_swin, 0.999), (_dinov2, 0.998)],
 )
 def test_nearly_every_parameter_moves(build: Callable[[], nn.Module], share: float) -> None:

@@ -43,3 +43,28 @@ def test_export_traces_every_family(hf_folder, family: str) -> None:
     assert lifted - set(model.params) == set(model.module.all_tied_weights_keys) | set(
         sig.non_persistent_buffers
     )
+
+
+def test_a_mask_token_is_put_on_the_traced_path_by_an_all_false_mask(hf_folder) -> None:
+    from lmckit.forms._recipe import default_inputs
+    from lmckit.inference import analyze_symmetries
+
+    model = load_hf(hf_folder("dinov2"))  # its embeddings read mask_token at masked patches
+    inputs = default_inputs(model.module)
+    assert isinstance(inputs, dict) and set(inputs) == {"pixel_values", "bool_masked_pos"}
+    mask = inputs["bool_masked_pos"]
+    assert mask.dtype == torch.bool and mask.shape == (2, 16) and not mask.any()  # 4x4 patches
+    (plain,) = example_inputs(model)
+    assert torch.equal(inputs["pixel_values"], plain)
+    with torch.no_grad():
+        assert torch.equal(model.module(**inputs).logits, model.module(plain).logits)
+    token = "dinov2.embeddings.mask_token"
+    without = analyze_symmetries(model.module, (plain,))
+    assert f"{token}: read by no traced op on the example inputs, so it is in no space" in (
+        without.left_out
+    )
+    spaces = [s.name for s in analyze_symmetries(model.module, inputs).spec
+              if any(u.param == token for u in s.uses)]  # fmt: skip
+    assert spaces == ["residual"]
+    # a model without a mask token gets no mask
+    assert isinstance(default_inputs(load_hf(hf_folder("vit")).module), tuple)

@@ -6,7 +6,8 @@ from lmckit.aligners import weight_matching
 from lmckit.groups import HeadPermutation, Permutation
 from lmckit.hf import example_inputs, load_hf
 from lmckit.inference import analyze_symmetries
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 #: per family: (query heads, key/value heads, head width); GQA shares key heads
 HEADS = {"gpt2": (2, 2, 16), "bert": (4, 4, 8), "vit": (4, 4, 8), "llama": (4, 2, 8)}

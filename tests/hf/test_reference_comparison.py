@@ -17,7 +17,8 @@ import torch
 from lmckit.data import Dataset
 from lmckit.hf import load_hf, save_hf
 from lmckit.inference import analyze_symmetries
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 ROOT = Path(__file__).resolve().parents[2]
 

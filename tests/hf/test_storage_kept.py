@@ -16,7 +16,7 @@ from tests.tiny_models import auto_load, build_hf_folder
 import lmckit
 from lmckit.cli import main
 from lmckit.hf._layout import INDEX_FILE, stored_layout
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 
 CARD = "---\nlicense: mit\n---\n\n# the source model\n\nTrained on nothing at all.\n"
 

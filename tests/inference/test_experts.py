@@ -15,8 +15,9 @@ import transformers
 from lmckit.aligners import weight_matching
 from lmckit.hf import example_inputs
 from lmckit.inference import analyze_symmetries
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import module_params
-from lmckit.symmetry._transform import Nest, Permutation, apply, random_transform
+from lmckit.symmetry._transform import Nest, Permutation, apply
 
 EXPERTS, UNITS, LAYERS = 4, 24, 2
 

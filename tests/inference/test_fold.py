@@ -11,8 +11,9 @@ from lmckit.forms._recipe import default_inputs
 from lmckit.groups import Orthogonal
 from lmckit.inference import analyze_symmetries, infer_spec
 from lmckit.inference._fold import FoldedParams, fold_norm_scales
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Float32View, module_params, stored_params
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._transform import apply
 
 transformers = pytest.importorskip("transformers")
 

@@ -16,8 +16,9 @@ from lmckit.inference import (
     check_spec,
     infer_spec,
 )
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import module_params
-from lmckit.symmetry._transform import Space, SymmetrySpec, apply, random_transform
+from lmckit.symmetry._transform import Space, SymmetrySpec, apply
 
 
 def _sequential_mlp() -> nn.Module:

@@ -8,14 +8,8 @@ from tests.tiny_models import TINY
 from torch.func import functional_call
 
 from lmckit.models import create_model
-from lmckit.symmetry._transform import (
-    HeadPermutation,
-    Nest,
-    Orthogonal,
-    Permutation,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import HeadPermutation, Nest, Orthogonal, Permutation, apply
 
 
 def _tokens(seed: int = 0) -> torch.Tensor:

@@ -20,16 +20,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from lmckit.models import ModelConfig, ZooModel, build_zoo_model, create_model, list_models
 from lmckit.models._norms import CONV_NORMS, group_norm_groups
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Params
-from lmckit.symmetry._transform import (
-    Permutation,
-    Probe,
-    Space,
-    SymmetrySpec,
-    Transform,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import Permutation, Probe, Space, SymmetrySpec, Transform, apply
 
 BATCH = 5
 

@@ -10,7 +10,7 @@ from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
 from lmckit.paths import Curve, curve_point, evaluate_curve, fit_curve
 from lmckit.paths._curves import linear_init
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._train import TrainConfig, fit
 
 

@@ -11,7 +11,7 @@ from lmckit.data import batches
 from lmckit.measure._evaluate import evaluate
 from lmckit.paths import EnsembleResult, ensemble_metrics
 from lmckit.paths._ensemble import even_ts
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._task import mse
 
 

@@ -12,7 +12,7 @@ from lmckit.data import batches
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.paths import Band, BandConfig, evaluate_curve, fit_band
 from lmckit.paths._band_forces import improved_tangent, nudged_force, redistribute_evenly
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._task import CLASSIFICATION
 from lmckit.training._train import TrainConfig
 

@@ -12,7 +12,7 @@ from lmckit.merging._merge import reset_batchnorm
 from lmckit.models import create_model
 from lmckit.paths import PlaneResult, evaluate_plane, plane_frame
 from lmckit.paths._plane import plane_axes
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._train import TrainConfig, fit
 
 

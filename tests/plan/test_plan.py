@@ -18,7 +18,7 @@ from lmckit.forms._choice import check_heads_request
 from lmckit.models import create_model
 from lmckit.plan import AlignRequest, plan_alignment
 from lmckit.workflow import merge_pair
-from lmckit.workflow._pair import check_simplex_request
+from lmckit.workflow._simplex import check_simplex_request
 
 TINY_GPT2 = dict(vocab_size=17, n_layer=1, n_head=2, n_embd=8, context=8)
 

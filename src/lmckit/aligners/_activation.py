@@ -3,14 +3,13 @@
 For each space, the two models' activations at the space's probes are compared unit
 by unit: the cross-correlation (or cross-covariance) ``C[i, j]`` between unit ``i``
 of the reference model and unit ``j`` of the other is accumulated batch by batch
-from running sums, so activations are never all held in memory. Each space is then
-solved independently by its group's solver (assignment for permutations,
-Procrustes on the cross-covariance for orthogonal maps).
+from running sums (:mod:`lmckit.aligners._cross_statistics`), so activations are never
+all held in memory. Each space is then solved independently by its group's solver
+(assignment for permutations, Procrustes on the cross-covariance for orthogonal maps).
 """
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -18,23 +17,16 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
-from tqdm.auto import tqdm
 
+from lmckit.aligners._cross_statistics import collect_cross_statistics
 from lmckit.aligners._registry import register_aligner
 from lmckit.aligners._result import AlignmentResult, SpaceDiagnostics
 from lmckit.aligners._weight import GIT_REBASIN, WeightMatchingConfig, weight_matching
 from lmckit.data import Dataset, batches
-from lmckit.runtime._distributed import any_rank, is_distributed, shard, sum_over_ranks, world
 from lmckit.symmetry._params import Params, check_compatible, check_finite
 from lmckit.symmetry._transform import Space, SymmetrySpec, Transform
 
-__all__ = [
-    "ActivationMatchingConfig",
-    "CrossStatistics",
-    "activation_matching",
-    "collect_cross_statistics",
-]
+__all__ = ["ActivationMatchingConfig", "activation_matching"]
 
 Statistic = Literal["correlation", "covariance", "natural"]
 _STATISTICS = ("correlation", "covariance", "natural")
@@ -66,179 +58,6 @@ class ActivationMatchingConfig:
             )
         if self.batch_size < 1 or self.batches < 1:
             raise ValueError(f"batch_size and batches must be >= 1 in {self}")
-
-
-@dataclass
-class CrossStatistics:
-    """Running sums for the cross-moments of two sets of ``n``-dim features."""
-
-    count: int
-    sum_a: Tensor  # (m,)
-    sum_b: Tensor  # (n,)
-    sum_aa: Tensor  # (m,) sums of squares
-    sum_bb: Tensor  # (n,)
-    sum_ab: Tensor  # (m, n)
-
-    @classmethod
-    def zeros(cls, m: int, n: int, *, device: torch.device | None = None) -> CrossStatistics:
-        def z(*shape: int) -> Tensor:
-            return torch.zeros(*shape, dtype=torch.float64, device=device)
-
-        return cls(0, z(m), z(n), z(m), z(n), z(m, n))
-
-    def update(self, a: Tensor, b: Tensor) -> None:
-        """Add samples ``a`` (``(N, m)``) and ``b`` (``(N, n)``)."""
-        a = a.double()
-        b = b.double()
-        self.count += a.shape[0]
-        self.sum_a += a.sum(0)
-        self.sum_b += b.sum(0)
-        self.sum_aa += (a * a).sum(0)
-        self.sum_bb += (b * b).sum(0)
-        self.sum_ab += a.T @ b
-
-    def covariance(self) -> Tensor:
-        """``(m, n)`` cross-covariance ``E[ab] - E[a]E[b]``."""
-        if self.count == 0:
-            raise ValueError("no samples were accumulated")
-        mean_a = self.sum_a / self.count
-        mean_b = self.sum_b / self.count
-        return self.sum_ab / self.count - mean_a[:, None] * mean_b[None, :]
-
-    def correlation(self, eps: float = 1e-8) -> Tensor:
-        """``(m, n)`` Pearson cross-correlation."""
-        mean_a = self.sum_a / self.count
-        mean_b = self.sum_b / self.count
-        std_a = (self.sum_aa / self.count - mean_a**2).clamp_min(0).sqrt()
-        std_b = (self.sum_bb / self.count - mean_b**2).clamp_min(0).sqrt()
-        return self.covariance() / (std_a[:, None] * std_b[None, :] + eps)
-
-
-def _features(x: Tensor, axis: int) -> Tensor:
-    """``(samples, features)``: every position other than the feature axis is a sample."""
-    return x.movedim(axis % x.ndim, -1).reshape(-1, x.shape[axis])
-
-
-def _first_tensor(value: object) -> Tensor:
-    """The tensor a hook sees: a module's output or first input (tuples: first tensor)."""
-    if isinstance(value, Tensor):
-        return value.detach()
-    if isinstance(value, tuple | list) and value and isinstance(value[0], Tensor):
-        return value[0].detach()
-    raise TypeError(f"a probe saw a {type(value).__name__}, not a tensor")
-
-
-def collect_cross_statistics(
-    model: nn.Module,
-    spec: SymmetrySpec,
-    params_a: Params,
-    params_b: Params,
-    inputs: Iterable[Tensor],
-    *,
-    spaces: Sequence[str] | None = None,
-    progress: bool = False,
-    device: str | torch.device | None = None,
-) -> dict[str, CrossStatistics]:
-    """Stream ``inputs`` through both models and accumulate per-space cross statistics.
-
-    Each space's probes (module outputs, or inputs with ``Probe.input``) are hooked; a
-    space with several probes (a residual stream) pools the samples of all of them.
-    With ``device``, the passes
-    and the sums run there (on a copy of ``model``); the statistics stay there.
-    With a process group (:mod:`lmckit.runtime._distributed`) each process streams every
-    ``W``-th batch and the sums are added up over processes: every process returns the
-    statistics of all the batches (each process needs at least one).
-    """
-    names = list(spec.names if spaces is None else spaces)
-    wanted: dict[tuple[str, bool], list[tuple[str, int]]] = {}
-    for name in names:
-        space = spec[name]
-        if not space.probes:
-            raise ValueError(f"space {name!r} has no probes: activation matching cannot see it")
-        for probe in space.probes:
-            wanted.setdefault((probe.module, probe.input), []).append((name, probe.axis))
-    # forward passes need built tensors: a model computed when read (folded norm scales,
-    # lmckit.inference._fold) is built once here, not at every batch
-    params_a = params_a if isinstance(params_a, dict) else dict(params_a)
-    params_b = params_b if isinstance(params_b, dict) else dict(params_b)
-    dev = torch.device(device or "cpu")
-    if dev.type != "cpu":
-        model = copy.deepcopy(model).to(dev)
-        params_a = {k: v.to(dev) for k, v in params_a.items()}
-        params_b = {k: v.to(dev) for k, v in params_b.items()}
-    modules = dict(model.named_modules())
-    missing = [m for m, _ in wanted if m not in modules]
-    if missing:
-        raise ValueError(f"probe modules not in the model: {missing}")
-
-    captured: dict[tuple[str, bool], Tensor] = {}
-
-    def hook(key: tuple[str, bool]):
-        def on_output(_module: nn.Module, _inputs: tuple, output: object) -> None:
-            captured[key] = _first_tensor(output)
-
-        def on_input(_module: nn.Module, args: tuple) -> None:
-            captured[key] = _first_tensor(args)
-
-        return on_input if key[1] else on_output
-
-    handles = [
-        modules[m].register_forward_pre_hook(hook((m, True)))
-        if is_input
-        else modules[m].register_forward_hook(hook((m, False)))
-        for m, is_input in wanted
-    ]
-    stats: dict[str, CrossStatistics] = {}
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            local = shard(inputs)
-            for x in tqdm(local, desc="activation statistics", disable=not progress, leave=False):
-                x = x.to(dev)
-                captured.clear()
-                functional_call(model, params_a, (x,))
-                acts_a = dict(captured)
-                captured.clear()
-                functional_call(model, params_b, (x,))
-                for key, targets in wanted.items():
-                    for space_name, axis in targets:
-                        fa = _features(acts_a[key], axis)
-                        fb = _features(captured[key], axis)
-                        if space_name not in stats:
-                            stats[space_name] = CrossStatistics.zeros(
-                                fa.shape[1], fb.shape[1], device=fa.device
-                            )
-                        stats[space_name].update(fa, fb)
-    finally:
-        for h in handles:
-            h.remove()
-        model.train(was_training)
-    if is_distributed():
-        _sum_over_ranks(stats)
-    if not stats:
-        raise ValueError("no input batches were given")
-    return stats
-
-
-def _sum_over_ranks(stats: dict[str, CrossStatistics]) -> None:
-    """Replace each process's sums by the sums over all processes (one collective)."""
-    processes = world()[1]
-    if any_rank(not stats):  # all processes raise together, none waits forever
-        raise ValueError(
-            f"activation statistics over {processes} processes need at least {processes} "
-            "input batches (one per process)"
-        )
-    fields = ("sum_a", "sum_b", "sum_aa", "sum_bb", "sum_ab")
-    parts = []
-    for st in stats.values():
-        parts.append(torch.tensor([float(st.count)], dtype=torch.float64))
-        parts.extend(getattr(st, f) for f in fields)
-    summed = iter(sum_over_ranks(parts))
-    for st in stats.values():
-        st.count = int(round(float(next(summed))))
-        for f in fields:
-            setattr(st, f, next(summed))
 
 
 def _unit_similarity(sim: Tensor, space: Space, *, within: bool = False) -> Tensor:

@@ -40,7 +40,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -227,46 +227,76 @@ def learned_matching(
             loss=loss,
         )  # fmt: skip
 
-    best, best_loss = base, midpoint(base)
-    history = [best_loss]
-    stale = step = 0
     stream = _batch_stream(train_x, train_y, config.batch_size, generator)
     bar = tqdm(total=config.steps, desc="learned matching", disable=not progress, leave=False)
     was_training = model.training
     model.train(descent.batchnorm)
     try:
-        while step < config.steps and stale < config.patience:
-            xb, yb = next(stream)
-            value = descent.step(xb, yb, _draw_lambda(config, generator))
-            if not math.isfinite(value):
-                raise FloatingPointError(f"learned matching diverged at step {step}")
-            step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{value:.4f}", best=f"{best_loss:.4f}")
-            out_of_time = config.max_seconds is not None and any_rank(
-                time.perf_counter() - start > config.max_seconds
-            )
-            if step % config.eval_every == 0 or step == config.steps or out_of_time:
-                candidate = descent.hard_transform()
-                history.append(midpoint(candidate))
-                if history[-1] < best_loss:
-                    best, best_loss, stale = candidate, history[-1], 0
-                else:
-                    stale += 1
-            if out_of_time:
-                break
+        run = _descend(descent, midpoint, base, stream, generator, config, start, bar)
     finally:
         bar.close()
         model.train(was_training)
     return AlignmentResult(
-        transform=best,
-        spaces=_diagnostics(spec, names, params_a, params_b, best),
-        iterations=step,
+        transform=run.best,
+        spaces=_diagnostics(spec, names, params_a, params_b, run.best),
+        iterations=run.steps,
         iteration_unit="steps",
-        converged=stale >= config.patience,
+        converged=run.stale >= config.patience,
         seconds=time.perf_counter() - start,
-        history=history,
+        history=run.history,
     )
+
+
+@dataclass
+class _Run:
+    """Where the descent stands: the best hard transform on validation and its loss,
+    the validation losses so far, steps run, evaluations without improvement."""
+
+    best: Transform
+    best_loss: float
+    history: list[float]
+    steps: int = 0
+    stale: int = 0
+
+    def evaluated(self, candidate: Transform, value: float) -> None:
+        self.history.append(value)
+        if value < self.best_loss:
+            self.best, self.best_loss, self.stale = candidate, value, 0
+        else:
+            self.stale += 1
+
+
+def _descend(
+    descent: Descent,
+    midpoint: Callable[[Transform], float],
+    base: Transform,
+    stream: Iterator[tuple[Tensor, Tensor]],
+    generator: torch.Generator,
+    config: LearnedMatchingConfig,
+    start: float,
+    bar: tqdm,
+) -> _Run:
+    """The steps, each on a batch at a random lambda, the hard transform's validation
+    midpoint watched every ``eval_every`` steps until patience or time runs out."""
+    first = midpoint(base)
+    run = _Run(best=base, best_loss=first, history=[first])
+    while run.steps < config.steps and run.stale < config.patience:
+        xb, yb = next(stream)
+        value = descent.step(xb, yb, _draw_lambda(config, generator))
+        if not math.isfinite(value):
+            raise FloatingPointError(f"learned matching diverged at step {run.steps}")
+        run.steps += 1
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4f}", best=f"{run.best_loss:.4f}")
+        out_of_time = config.max_seconds is not None and any_rank(
+            time.perf_counter() - start > config.max_seconds
+        )
+        if run.steps % config.eval_every == 0 or run.steps == config.steps or out_of_time:
+            candidate = descent.hard_transform()
+            run.evaluated(candidate, midpoint(candidate))
+        if out_of_time:
+            break
+    return run
 
 
 def _start(

@@ -19,7 +19,8 @@ from lmckit.aligners._dense import apply_dense, reader_matrices, straight_throug
 from lmckit.data import Dataset, batches
 from lmckit.merging._merge import has_batchnorm, reset_batchnorm
 from lmckit.runtime._distributed import rank_rows, shard, sum_gradients, sum_over_ranks
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import SymmetrySpec, Transform, apply
 
 if TYPE_CHECKING:  # the config lives with the algorithm, which imports this module

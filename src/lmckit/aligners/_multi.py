@@ -38,7 +38,8 @@ from lmckit.aligners._weight import (
     weight_matching,
 )
 from lmckit.data import Dataset
-from lmckit.symmetry._params import Params, check_compatible, check_finite, weighted_average
+from lmckit.symmetry._average import weighted_average
+from lmckit.symmetry._params import Params, check_compatible, check_finite
 from lmckit.symmetry._transform import SymmetrySpec, Transform, apply
 
 __all__ = ["UniverseConfig", "UniverseResult", "universe_matching"]

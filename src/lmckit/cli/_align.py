@@ -33,7 +33,8 @@ from lmckit.formats._io import load, output_kind_of
 from lmckit.forms._choice import FORMS, FormChoice
 from lmckit.forms._recipe import SYMMETRIES
 from lmckit.plan import AlignPlan, AlignRequest, plan_alignment, write_aligned
-from lmckit.plan._aligned import Aligned, aligned_result
+from lmckit.plan._align import aligned_result
+from lmckit.plan._aligned import Aligned
 from lmckit.plan._request import ALIGN_METHODS, method_info
 from lmckit.plan._write import WrittenFiles
 from lmckit.runtime._distributed import is_distributed

@@ -27,7 +27,7 @@ from lmckit.cli._common import (
 from lmckit.measure._measure import FIXES, EvalSettings, path_table
 from lmckit.paths._simplex import check_simplex_size
 from lmckit.workflow import pair_barrier, simplex_barrier
-from lmckit.workflow._pair import check_simplex_request
+from lmckit.workflow._simplex import check_simplex_request
 
 __all__ = ["command"]
 

@@ -17,9 +17,10 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.aligners._activation import collect_cross_statistics
+from lmckit.aligners._cross_statistics import collect_cross_statistics
 from lmckit.aligners._solvers import solve
-from lmckit.symmetry._params import Params, check_compatible, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params, check_compatible
 from lmckit.symmetry._transform import Permutation, SymmetrySpec
 
 __all__ = [

@@ -44,7 +44,8 @@ from lmckit.paths import (
 from lmckit.paths._curves import CurveLike
 from lmckit.paths._ensemble import even_ts
 from lmckit.paths._plane import plane_axes
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import apply
 from lmckit.training._train import TrainConfig
 
@@ -238,26 +239,30 @@ def landscape(ctx: ExperimentContext) -> ExperimentResult:
             ),
         ),
     }
-    curves: dict[str, dict[str, Any]] = {}
-    for kind in ("bezier", "neb"):
-        box: dict[str, CurveLike] = {}
-
-        def compute(kind: str = kind, box: dict[str, CurveLike] = box) -> dict[str, Any]:
-            out, box["curve"] = _curve_stage(model, a, b, data, setup, kind, ctx.seed)
-            if kind == "bezier":
-                out["plane"] = _plane(
-                    model,
-                    [a, b, box["curve"].controls[0]],
-                    data,
-                    setup,
-                    ["A", "B", "control point"],
-                    box["curve"],
-                )
-            return out
-
-        curves[kind] = run.stage(kind, compute)
+    curves = {
+        kind: run.stage(kind, partial(_curve_and_plane, model, a, b, data, setup, kind, ctx.seed))
+        for kind in ("bezier", "neb")
+    }
     planes["through the Bezier curve"] = curves["bezier"]["plane"]
     return _result(run, ctx, setup, line, aligned, curves, planes)
+
+
+def _curve_and_plane(
+    model: Any,
+    a: Params,
+    b: Params,
+    data: Dataset,
+    setup: LandscapeSetup,
+    kind: str,
+    seed: int,
+) -> dict[str, Any]:
+    """The ``kind`` curve's stage; for the Bezier curve, with the plane through the two
+    models and its control point, the curve drawn on it (Garipov et al.'s figure)."""
+    out, curve = _curve_stage(model, a, b, data, setup, kind, seed)
+    if kind == "bezier":
+        corners = [a, b, curve.controls[0]]
+        out["plane"] = _plane(model, corners, data, setup, ["A", "B", "control point"], curve)
+    return out
 
 
 def _result(

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
         choose_form,
     )
     from lmckit.forms._recipe import SYMMETRIES, aligned_form
-    from lmckit.forms._rewrites import embed_in_wider, heads_to_circuits, layernorm_to_rmsnorm
+    from lmckit.forms._rewrites import heads_to_circuits, layernorm_to_rmsnorm
     from lmckit.forms._steps import AlignForm, Rewrite
+    from lmckit.forms._widen import embed_in_wider
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

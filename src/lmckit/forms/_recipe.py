@@ -73,8 +73,9 @@ def check_symmetry(symmetry: str | None) -> None:
         )
 
 
-def default_inputs(module: nn.Module) -> tuple[Tensor | None, ...]:
-    """Example inputs of a zoo model or a Hugging Face model (from its config).
+def default_inputs(module: nn.Module) -> ExampleInputs:
+    """Example inputs of a zoo model or a Hugging Face model (from its config; with the
+    keyword inputs that put every parameter on the traced path, :mod:`lmckit.hf._masked`).
 
     Raises:
         ValueError: any other module (pass ``example_inputs`` yourself).
@@ -82,9 +83,9 @@ def default_inputs(module: nn.Module) -> tuple[Tensor | None, ...]:
     if isinstance(module, ZooModel):
         return module.example_inputs()
     if getattr(module, "main_input_name", None) is not None:  # a transformers model
-        from lmckit.hf import example_inputs
+        from lmckit.hf._masked import example_call
 
-        return example_inputs(module)
+        return example_call(module)
     raise ValueError(
         f"lmckit cannot make example inputs for a {type(module).__name__}: pass example_inputs"
     )

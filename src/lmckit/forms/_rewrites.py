@@ -7,11 +7,11 @@
   ``eps`` included). ``g`` and ``b`` are folded into each reader ``R x + c``:
   ``R <- R diag(g)``, ``c <- c + R b``. The RMSNorm commutes with every orthogonal map,
   so the new model's residual space is ``Orthogonal``.
-* :func:`embed_in_wider`: a rectangular orthogonal map ``O`` (``m x n``, ``O^T O = I``)
-  embeds an RMSNorm model of residual width ``n`` into one of width ``m`` exactly:
-  head and MLP units are padded with zero units (queries rescaled by
-  ``sqrt(head_dim' / head_dim)`` to undo the wider attention scale), readers of the
-  norms rescaled by ``sqrt(n / m)`` and ``eps`` by ``n / m``.
+* :func:`~lmckit.forms._widen.embed_in_wider` (:mod:`lmckit.forms._widen`): a rectangular
+  orthogonal map ``O`` (``m x n``, ``O^T O = I``) embeds an RMSNorm model of residual
+  width ``n`` into one of width ``m`` exactly: head and MLP units are padded with zero
+  units (queries rescaled by ``sqrt(head_dim' / head_dim)`` to undo the wider attention
+  scale), readers of the norms rescaled by ``sqrt(n / m)`` and ``eps`` by ``n / m``.
 * :func:`heads_to_circuits`: every attention head is replaced by its QK and OV circuit
   (:class:`~lmckit.models._transformer_blocks.CircuitAttention`), "multiplying out" the
   within-head bases. Interpolating two models in this form interpolates their circuits,
@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from lmckit.groups import HeadPermutation, Orthogonal
+from lmckit.groups import HeadPermutation
 from lmckit.inference._fold import Reader, readers_of
 from lmckit.inference._infer import SymmetryAnalysis, analyze_symmetries
 from lmckit.models._registry import ModelConfig, ZooModel, build_zoo_model
@@ -43,19 +43,20 @@ from lmckit.symmetry._transform import (
     CircuitPart,
     Space,
     SymmetrySpec,
-    Transform,
     Use,
-    apply,
-    random_transform,
 )
 
 __all__ = [
     "Rewritable",
     "centred_streams",
-    "embed_in_wider",
-    "heads_to_circuits",
+    "check_rewritten_keys",
     "folded_readers",
+    "heads_to_circuits",
     "layernorm_to_rmsnorm",
+    "norm_readers",
+    "rebuilt",
+    "rewrite_analysis",
+    "shared_weights",
 ]
 
 
@@ -79,7 +80,7 @@ class Rewritable(Protocol):
         ...
 
 
-def _analysis(module: ZooModel) -> SymmetryAnalysis:
+def rewrite_analysis(module: ZooModel) -> SymmetryAnalysis:
     """The module's analysis, its spec cut to the streams, whole heads and units (the
     rewrites change those; bases nested inside heads move with whatever they become)."""
     # the zoo's spec is verified when first inferred; the rewrites read the same graph
@@ -114,7 +115,7 @@ def _tiled(space: Space, shapes: dict[str, tuple[int, ...]]) -> Space:
     return dataclasses.replace(space, uses=tuple(uses))
 
 
-def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
+def rebuilt(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
     config = ModelConfig(module.config.name, {**module.config.kwargs, **changes})
     # the weights are replaced; fork the RNG so building leaves no trace in it
     with torch.random.fork_rng(devices=[]):
@@ -124,7 +125,7 @@ def _rebuild(module: ZooModel, changes: dict[str, Any]) -> ZooModel:
     return new
 
 
-def _check_keys(module: ZooModel, params: Params) -> None:
+def check_rewritten_keys(module: ZooModel, params: Params) -> None:
     want = set(module.state_dict())
     if set(params) != want:
         raise ValueError(
@@ -138,7 +139,7 @@ def _center(x: Tensor, axis: int) -> Tensor:
     return (x64 - x64.mean(dim=axis, keepdim=True)).to(x.dtype)
 
 
-def _norm_readers(
+def norm_readers(
     analysis: SymmetryAnalysis, kind: str, module: ZooModel
 ) -> list[tuple[str, str, list[Reader]]]:
     """``(scale key, shift key, readers)`` of every norm of ``kind`` in ``module``'s graph."""
@@ -168,7 +169,7 @@ def _norm_readers(
     return out
 
 
-def _shared(analysis: SymmetryAnalysis) -> set[str]:
+def shared_weights(analysis: SymmetryAnalysis) -> set[str]:
     """Parameters the graph uses more than once (tied weights)."""
     users: dict[str, int] = {}
     for node in analysis.traced.graph.nodes:
@@ -205,18 +206,18 @@ def folded_readers(
     """``(scale key, shift key, [(reader, its bias key)])`` of every LayerNorm of
     ``module``, under the names :func:`layernorm_to_rmsnorm` gives them in the RMSNorm
     form (a tied reader is its own untied copy): what the rewrite folds where."""
-    analysis = _analysis(module)
+    analysis = rewrite_analysis(module)
     model: Rewritable = module  # type: ignore[assignment]
-    work, shared = model.untied(params), _shared(analysis)
+    work, shared = model.untied(params), shared_weights(analysis)
     return [(scale, shift, _reader_keys(readers, params, work, shared))
-            for scale, shift, readers in _norm_readers(analysis, "layer", module)]  # fmt: skip
+            for scale, shift, readers in norm_readers(analysis, "layer", module)]  # fmt: skip
 
 
 def centred_streams(module: ZooModel) -> tuple[str, ...]:
     """Names of the spaces :func:`layernorm_to_rmsnorm` centres: the streams its
     LayerNorms read (every writer of them is projected onto the zero-mean subspace)."""
-    analysis = _analysis(module)
-    scales = {scale for scale, _, _ in _norm_readers(analysis, "layer", module)}
+    analysis = rewrite_analysis(module)
+    scales = {scale for scale, _, _ in norm_readers(analysis, "layer", module)}
     return tuple(s.name for s in analysis.spec if any(u.param in scales for u in s.uses))
 
 
@@ -233,8 +234,8 @@ def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Pa
         parameters.
     """
     model: Rewritable = module  # type: ignore[assignment]
-    analysis = _analysis(module)
-    norms = _norm_readers(analysis, "layer", module)
+    analysis = rewrite_analysis(module)
+    norms = norm_readers(analysis, "layer", module)
     if not norms:
         raise ValueError("layernorm_to_rmsnorm needs a model whose residual stream has LayerNorms")
     scales = {scale for scale, _, _ in norms}
@@ -244,7 +245,7 @@ def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Pa
         if use.outer != 1 or use.inner != 1:
             raise ValueError(f"cannot center blocked residual writer {use.param!r}")
         work[use.param] = _center(work[use.param], use.axis % work[use.param].ndim)
-    shared = _shared(analysis)
+    shared = shared_weights(analysis)
     for scale, shift, readers in norms:
         gain, bias = work.pop(scale).double(), work.pop(shift).double()
         for reader, bias_key in _reader_keys(readers, params, work, shared):
@@ -254,110 +255,8 @@ def layernorm_to_rmsnorm(module: ZooModel, params: Params) -> tuple[ZooModel, Pa
             b64 = torch.zeros(w64.shape[:-1], dtype=torch.float64) if old is None else old.double()
             work[bias_key] = (b64 + w64 @ bias).to(weight.dtype)
             work[reader.weight] = (w64 * gain).movedim(-1, reader.axis).to(weight.dtype)
-    new = _rebuild(module, model.rms_kwargs())
-    _check_keys(new, work)
-    return new, work
-
-
-def _padding(rows: int, cols: int) -> Tensor:
-    """``[I; 0]``: embeds ``cols`` units as the first of ``rows`` (zero units after)."""
-    return torch.eye(rows, cols)
-
-
-def _head_padding(group: HeadPermutation, head_dim: int) -> Tensor:
-    """Block-diagonal ``[I; 0]`` per head: ``heads * head_dim`` x ``heads * group.head_dim``."""
-    return torch.block_diag(*[_padding(head_dim, group.head_dim)] * group.heads)
-
-
-def _residual(spaces: list[Space], rewrite: str) -> Space:
-    rotations = [s for s in spaces if isinstance(s.group, Orthogonal)]
-    if len(rotations) != 1:
-        raise ValueError(
-            f"{rewrite} needs one orthogonal residual stream (see layernorm_to_rmsnorm)"
-        )
-    return rotations[0]
-
-
-def embed_in_wider(
-    module: ZooModel,
-    params: Params,
-    width: int,
-    *,
-    inner: int | None = None,
-    rotation: Tensor | int = 0,
-) -> tuple[ZooModel, Params]:
-    """Embed an RMSNorm transformer into one of residual width ``width``, exactly.
-
-    Args:
-        module: a model whose residual stream is orthogonal (:class:`Rewritable`).
-        params: its parameters; not modified.
-        width: the new residual width ``m >= n``; a multiple of the number of heads.
-        inner: the new width of the other (MLP) spaces (default: scaled like the
-            residual width).
-        rotation: ``(m, n)`` matrix with orthonormal columns, or a seed for a random one.
-
-    Returns:
-        ``(module', params')``: the wider model (same outputs) and its parameters.
-    """
-    model: Rewritable = module  # type: ignore[assignment]
-    analysis = _analysis(module)
-    spec = analysis.spec
-    residual = _residual(list(spec), "embed_in_wider")
-    n = residual.n
-    heads = [s for s in spec if isinstance(s.group, HeadPermutation)]
-    if any(s.circuits is None for s in heads) or len(heads) == 0:
-        raise ValueError("embed_in_wider needs projected heads: embed before heads_to_circuits")
-    units = [s for s in spec if s is not residual and s not in heads]
-    inner = round(units[0].n * width / n) if inner is None else inner
-    if width < n or any(inner < s.n for s in units):
-        raise ValueError(f"cannot embed width {n} into {width} (MLP {units[0].n} into {inner})")
-    if isinstance(rotation, int):
-        flat = spec.with_groups(**{residual.name: Orthogonal()})
-        drawn = random_transform(flat, rotation, widths={residual.name: width})[residual.name]
-        assert isinstance(drawn, Tensor)
-        embedding = drawn
-    else:
-        embedding = rotation
-    if tuple(embedding.shape) != (width, n):
-        raise ValueError(f"rotation must be ({width}, {n}), got {tuple(embedding.shape)}")
-    if not torch.allclose(
-        embedding.double().T @ embedding.double(), torch.eye(n, dtype=torch.float64), atol=1e-5
-    ):
-        raise ValueError("rotation must have orthonormal columns")
-    elements: dict[str, object] = {residual.name: embedding}
-    scales: dict[str, float] = {}
-    for space in heads:
-        group = space.group
-        assert isinstance(group, HeadPermutation)
-        if width % group.heads:
-            raise ValueError(f"width {width} does not split into {group.heads} heads")
-        head_dim = width // group.heads
-        elements[space.name] = _head_padding(group, head_dim)
-        scales[space.name] = math.sqrt(head_dim / group.head_dim)
-    for space in units:
-        elements[space.name] = _padding(inner, space.n)
-    # every space is mapped by a (rectangular) matrix with orthonormal columns
-    flat = spec.with_groups(**{s.name: Orthogonal() for s in spec})
-    work = apply(flat, params, Transform(flat, elements))
-    for space in heads:
-        circuits, group = space.circuits, space.group
-        assert circuits is not None and isinstance(group, HeadPermutation)
-        # the wider heads' scores are scaled by 1/sqrt(head_dim'): pre-scale the queries
-        for part in (circuits.query, circuits.query_bias):
-            if part is None:
-                continue
-            x = work[part.param].clone()
-            x[part.index(x.shape[0], group.heads)] *= scales[space.name]
-            work[part.param] = x
-    # an RMSNorm of width m sees |O x|^2 / m: its output grows by sqrt(m / n)
-    shared = _shared(analysis)
-    for _, _, readers in _norm_readers(analysis, "rms", module):
-        for reader in readers:
-            if reader.weight in shared:  # rescaling it would rescale its other use too
-                raise ValueError(f"{reader.weight!r} is shared (tied): untie shared weights first")
-            work[reader.weight] = work[reader.weight] * math.sqrt(n / width)
-    new = _rebuild(module, model.widened_kwargs(width, inner))
-    _check_keys(new, work)
+    new = rebuilt(module, model.rms_kwargs())
+    check_rewritten_keys(new, work)
     return new, work
 
 
@@ -397,7 +296,7 @@ def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Param
         ``ov_bias = b_o + W_o b_v`` on the module holding them (see
         :class:`~lmckit.models._transformer_blocks.CircuitAttention`).
     """
-    heads = [s for s in _analysis(module).spec if isinstance(s.group, HeadPermutation)]
+    heads = [s for s in rewrite_analysis(module).spec if isinstance(s.group, HeadPermutation)]
     if not heads or any(s.circuits is None for s in heads):
         raise ValueError(
             f"heads_to_circuits needs projected heads; {module.config.name} "
@@ -436,6 +335,6 @@ def heads_to_circuits(module: ZooModel, params: Params) -> tuple[ZooModel, Param
         owner = _owner(c.query.param, c.output)
         for name, value in new.items():
             work[f"{owner}.{name}"] = value.to(dtype)
-    rewritten = _rebuild(module, {"attention": "circuits"})
-    _check_keys(rewritten, work)
+    rewritten = rebuilt(module, {"attention": "circuits"})
+    check_rewritten_keys(rewritten, work)
     return rewritten, work

@@ -250,7 +250,7 @@ def is_causal_lm(module: nn.Module) -> bool:
     return type(module).__name__ in set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
 
 
-def _pair(value: Any) -> tuple[int, int]:
+def as_pair(value: Any) -> tuple[int, int]:
     if isinstance(value, (list, tuple)):
         return int(value[0]), int(value[-1])
     return int(value), int(value)
@@ -317,7 +317,7 @@ def example_inputs(
     if kind == "pixel_values":
         # a model of several towers (SigLIP, CLIP) keeps its image's sizes in vision_config
         vision = getattr(config, "vision_config", None) or config
-        height, width = _pair(getattr(vision, "image_size", 224))
+        height, width = as_pair(getattr(vision, "image_size", 224))
         channels = int(getattr(vision, "num_channels", 3))
         image = torch.randn(batch, channels, height, width, generator=gen)
         return (image.to(_float_dtype(module)),)

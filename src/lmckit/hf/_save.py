@@ -29,18 +29,12 @@ from torch import Tensor
 
 from lmckit._arguments import check_float_dtype
 from lmckit.formats._loaded import LoadedModel
-from lmckit.hf._build import (
-    build_module,
-    import_transformers,
-    keep_dtypes,
-    make_config,
-    quiet,
-    tied_keys,
-)
+from lmckit.hf._build import build_module, import_transformers, keep_dtypes, quiet
 from lmckit.hf._card import model_card
 from lmckit.hf._direct import direct_plan, write_direct
 from lmckit.hf._files import CONFIG_FILE, HFError, copy_refusal
 from lmckit.hf._layout import reshard, stored_layout
+from lmckit.hf._out_config import check_class_kept, check_ties_written, config_for
 from lmckit.outputs import check_output_dir
 from lmckit.outputs._atomic import atomic_dir, write_json
 from lmckit.outputs._folders import HF_MARKER
@@ -128,43 +122,6 @@ def _check_readable_kinds(like: LoadedModel, params: Mapping[str, Tensor], targe
             )
 
 
-def _check_class_kept(cls: type, config: Any, changes: Mapping[str, Any], target: Path) -> None:
-    """Refuse config changes that make the folder another class than its weights', which
-    :func:`~lmckit.hf.load_hf` would refuse (or build as that other class)."""
-    archs = changes.get("architectures")
-    if "architectures" in changes and (not isinstance(archs, list) or archs[:1] != [cls.__name__]):
-        raise HFError(
-            f"cannot write {target}: config_changes set architectures to {archs!r}, but the "
-            f"weights are a {cls.__name__}'s (a folder keeps its class)"
-        )
-    expected = getattr(cls, "config_class", None)
-    if isinstance(expected, type) and not isinstance(config, expected):
-        raise HFError(
-            f"cannot write {target}: {cls.__name__} takes a {expected.__name__}, but "
-            f"config_changes make it a {type(config).__name__} (model_type "
-            f"{getattr(config, 'model_type', None)!r}); a folder keeps its class"
-        )
-
-
-def _check_ties_written(
-    cls: type,
-    like: LoadedModel,
-    tied: Mapping[str, str],
-    params: Mapping[str, Tensor],
-    target: Path,
-) -> None:
-    """Refuse config changes that untie a weight ``params`` hold only once (under the name
-    it is tied to): the folder would lack it, and :func:`~lmckit.hf.load_hf` would
-    refuse it."""
-    before = tied_keys(cls, make_config(like.format.config, target))
-    for name, source in sorted(before.items()):
-        if name not in tied and name not in params and source in params:
-            raise HFError(
-                f"cannot write {target}: the config changes untie {name} from {source}, but "
-                f"the params hold it only as {source}; give {name} too"
-            )
-
-
 def _checked_params(
     params: Mapping[str, Tensor],
     target: Path,
@@ -235,45 +192,6 @@ def _dtype_name(dtype: torch.dtype | None, dtypes: Mapping[str, torch.dtype]) ->
     return name
 
 
-def _differing_ties(tied: Mapping[str, str], state: Mapping[str, Tensor]) -> list[tuple[str, str]]:
-    return [
-        (target, source)
-        for target, source in sorted(tied.items())
-        if target in state and source in state and not torch.equal(state[target], state[source])
-    ]
-
-
-def _config_for(
-    cls: type,
-    source: Mapping[str, Any],
-    changes: dict[str, Any],
-    state: Mapping[str, Tensor],
-    target: Path,
-) -> tuple[Any, list[list[str]], dict[str, str]]:
-    """The output's config (``source`` with ``changes``), the weight pairs it unties and
-    the ``{target: source}`` weights it still ties.
-
-    Weights tied when loaded that no longer are (an aligned LM head) untie the config,
-    recorded in ``changes``, so that both are written and loaded as they are.
-    """
-    raw = {**source, **changes}
-    config = make_config(raw, target)
-    tied = tied_keys(cls, config)
-    differ = _differing_ties(tied, state)
-    untied: list[list[str]] = []
-    if differ and getattr(config, "tie_word_embeddings", False):
-        changes["tie_word_embeddings"] = False
-        raw["tie_word_embeddings"] = False
-        config = make_config(raw, target)
-        untied = [list(pair) for pair in differ]
-        tied = tied_keys(cls, config)
-        differ = _differing_ties(tied, state)
-    if differ:
-        t, s = differ[0]
-        raise HFError(f"cannot write {target}: {cls.__name__} ties {t} to {s}, but they differ")
-    return config, untied, tied
-
-
 def save_hf(
     path: str | os.PathLike[str],
     like: LoadedModel,
@@ -330,45 +248,25 @@ def save_hf(
     target = check_output_dir(path, kind="hf", inputs=inputs, force=overwrite)
     changes = dict(config_changes or {})
     meta = dict(metadata or {})
-    try:
-        json.dumps({"config_changes": changes, "metadata": meta}, allow_nan=False)
-    except (TypeError, ValueError) as err:
-        raise HFError(
-            f"cannot write {target}: config changes or metadata not JSON: {err}"
-        ) from None
+    _check_json(changes, meta, target)
     layout = stored_layout(source)
     # each weight keeps the dtype the source stores it in, unless dtype= names one for all
     per_tensor = dict(layout.dtypes) if dtype is None else {}
     dtype = dtype or layout.dtype
-    if dtype is not None and not dtype.is_floating_point:
-        raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
-    if not isinstance(params, LazyParams):  # a lazy mapping computes tensors by design
-        for key, value in params.items():
-            _check_entry(key, value, target)
-        _check_readable_kinds(like, params, target)
+    _check_params_given(like, params, dtype, target)
     transformers = import_transformers()
     cls = type(like.module)
-    config, untied, tied = _config_for(cls, like.format.config, changes, params, target)
-    _check_class_kept(cls, config, changes, target)
+    config, untied, tied = config_for(cls, like.format.config, changes, params, target)
+    check_class_kept(cls, config, changes, target)
     if config_changes:  # (a meta module more: only when the caller changes the config)
-        _check_ties_written(cls, like, tied, params, target)
+        check_ties_written(cls, like, tied, params, target)
     # the source's own tensors go straight into its layout, one at a time; anything else
     # is built as a module and saved by transformers
     plan = direct_plan(source, layout, params, changes=changes, untied=untied, tied=tied)
     per_tensor = _tensor_dtypes(per_tensor, untied)
     module: Any = None  # a transformers PreTrainedModel (save_pretrained)
     if plan is None:
-        state, dtype = _stored_state(params, dtype, per_tensor, target)
-        module = build_module(cls, config, state, dtype=dtype, where=target)
-        keep_dtypes(module, state)
-        per_tensor = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
-        built = module.state_dict()
-        for key, value in state.items():
-            # build_module checked names and shapes; this guards against silent re-tying.
-            if key in built and not torch.equal(built[key], value):
-                raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
-        del built, state  # the module's tensors are written, then freed with it
-
+        module, dtype, per_tensor = _built_module(cls, config, params, dtype, per_tensor, target)
     copies, not_copied = _files_to_copy(source)
     source_card = next((f for f in copies if f.name == CARD_FILE), None)
     copies = [f for f in copies if f.name != CARD_FILE]
@@ -385,17 +283,9 @@ def save_hf(
         for file in copies:
             # The source's generation config (and tokenizer files) win over defaults.
             shutil.copyfile(file, tmp / file.name)
-        card = source_card.read_text(errors="replace") if source_card is not None else ""
         stored = _dtype_name(dtype, per_tensor)
-        others = [(str(p), _card_of(Path(p))) for p in sources]
-        name = str(source) if source is not None else "the source"
-        text = model_card(target.name, meta, version=_version(), dtype=stored, source_card=card,
-                          other_cards=others, source_name=name)  # fmt: skip
-        (tmp / CARD_FILE).write_text(text)
-        # safetensors creates its files 0600; give them the config's (umask) permissions
-        mode = (tmp / CONFIG_FILE).stat().st_mode & 0o777
-        for weights in tmp.glob("*.safetensors"):
-            os.chmod(weights, mode)
+        (tmp / CARD_FILE).write_text(_card(target, meta, stored, source, source_card, sources))
+        _match_permissions(tmp)
         provenance = {
             "lmckit_version": _version(),
             "format": "hf",
@@ -409,3 +299,72 @@ def save_hf(
         files = sorted({entry.name for entry in tmp.iterdir()} | {HF_MARKER})
         write_json(tmp / HF_MARKER, {**provenance, "files": files})
     return target
+
+
+def _check_json(changes: Mapping[str, Any], meta: Mapping[str, Any], target: Path) -> None:
+    """Refuse config changes or metadata that ``config.json`` / ``lmckit.json`` cannot hold."""
+    try:
+        json.dumps({"config_changes": changes, "metadata": meta}, allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise HFError(
+            f"cannot write {target}: config changes or metadata not JSON: {err}"
+        ) from None
+
+
+def _check_params_given(
+    like: LoadedModel, params: Mapping[str, Tensor], dtype: torch.dtype | None, target: Path
+) -> None:
+    """Refuse a non-floating ``dtype`` and params that are not named tensors of the kinds
+    the model computes in (a lazy mapping is checked as each tensor is computed)."""
+    if dtype is not None and not dtype.is_floating_point:
+        raise HFError(f"cannot write {target}: dtype must be a floating-point dtype, got {dtype}")
+    if not isinstance(params, LazyParams):  # a lazy mapping computes tensors by design
+        for key, value in params.items():
+            _check_entry(key, value, target)
+        _check_readable_kinds(like, params, target)
+
+
+def _built_module(
+    cls: type,
+    config: Any,
+    params: Mapping[str, Tensor],
+    dtype: torch.dtype | None,
+    per_tensor: Mapping[str, torch.dtype],
+    target: Path,
+) -> tuple[Any, torch.dtype | None, dict[str, torch.dtype]]:
+    """``cls`` built from ``config`` holding ``params`` in their stored dtypes, for
+    ``save_pretrained``; with the main stored dtype and each weight's."""
+    state, dtype = _stored_state(params, dtype, per_tensor, target)
+    module = build_module(cls, config, state, dtype=dtype, where=target)
+    keep_dtypes(module, state)
+    stored = {k: v.dtype for k, v in state.items() if v.is_floating_point()}
+    built = module.state_dict()
+    for key, value in state.items():
+        # build_module checked names and shapes; this guards against silent re-tying.
+        if key in built and not torch.equal(built[key], value):
+            raise HFError(f"cannot write {target}: {cls.__name__} does not keep {key} as given")
+    return module, dtype, stored
+
+
+def _card(
+    target: Path,
+    meta: Mapping[str, Any],
+    stored: str | None,
+    source: Path | None,
+    source_card: Path | None,
+    sources: Sequence[str | os.PathLike[str]],
+) -> str:
+    """The written folder's model card: what was done, above the source's card and the
+    licenses of the other folders the weights derive from."""
+    card = source_card.read_text(errors="replace") if source_card is not None else ""
+    others = [(str(p), _card_of(Path(p))) for p in sources]
+    name = str(source) if source is not None else "the source"
+    return model_card(target.name, meta, version=_version(), dtype=stored, source_card=card,
+                      other_cards=others, source_name=name)  # fmt: skip
+
+
+def _match_permissions(folder: Path) -> None:
+    """safetensors creates its files 0600; give them the config's (umask) permissions."""
+    mode = (folder / CONFIG_FILE).stat().st_mode & 0o777
+    for weights in folder.glob("*.safetensors"):
+        os.chmod(weights, mode)

@@ -124,8 +124,10 @@ def _elementwise(an: Analysis, node: Node, args: tuple[Any, ...], kind: str) -> 
             an.lattice.lower(factors, Level.PERM, f"{what} selects unit by unit")
         axes.append(factors)
         # a parameter scaled by, or shifted by, a number is still that parameter unit by
-        # unit (Gemma's 1 + w): its axis keeps its provenance, so its use is recorded
-        keep = len(full) == 1 and len(tensors) == 1 and kind in ("mul", "add")
+        # unit (Gemma's 1 + w), and so it is by a value broadcast along this axis (DINOv2's
+        # mask token times the mask, one number per token): its axis keeps its
+        # provenance, so its use is recorded
+        keep = len(full) == 1 and kind in ("mul", "add")
         src.append(base.src[j0] if keep else frozenset())
     return Value(axes, src, square, all(t.const for t in tensors))
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from lmckit.inference._analysis import Analysis
-from lmckit.inference._drafts import Inner, SpaceDraft, read_drafts, settle
+from lmckit.inference._drafts import Inner, LooseBasis, SpaceDraft, read_drafts, settle
 from lmckit.inference._heads import head_circuits
 from lmckit.inference._lattice import Level, Var
 from lmckit.inference._nesting import batched_by, head_kinds
@@ -281,6 +281,21 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
         spaces.append(space)
         spaces += _nested_spaces(name, draft, kinds, head)
         candidates += _candidates(an, name, draft)
+    _insert_alike_spaces(drafts, by_unit, kinds, fixed, taken, spaces)
+    _add_loose_candidates(an, loose, by_unit, fixed, candidates)
+    return Emitted(spaces, candidates)
+
+
+def _insert_alike_spaces(
+    drafts: list[SpaceDraft],
+    by_unit: dict[int, str],
+    kinds: Mapping[int, str],
+    fixed: set[str],
+    taken: set[str],
+    spaces: list[Space],
+) -> None:
+    """The bases shared by every unit of a head space, each inserted after its parent's
+    family (inside the heads when their order is fixed, else within them)."""
     for draft in drafts:
         parent = by_unit.get(id(draft.shared_in)) if draft.shared_in is not None else None
         if parent is not None:
@@ -298,6 +313,16 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             else:
                 alike = Space(name, n, group, tuple(uses), within=parent)
             spaces.insert(at + 1, alike)
+
+
+def _add_loose_candidates(
+    an: Analysis,
+    loose: list[LooseBasis],
+    by_unit: dict[int, str],
+    fixed: set[str],
+    candidates: list[Candidate],
+) -> None:
+    """The pinned query/key bases that heads share, proposed like nested ones."""
     for lo in loose:
         parent = by_unit.get(id(lo.heads))
         if parent is not None:
@@ -309,4 +334,3 @@ def emit_spaces(an: Analysis, names: Mapping[str, str] | None = None) -> Emitted
             candidates.append(
                 Candidate(parent, kind, units, lo.var.size, tuple(cuts), True, nested)
             )
-    return Emitted(spaces, candidates)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+from torch.fx import Node
 
 from lmckit.inference._infer import SymmetryAnalysis
 from lmckit.inference._readers import Reader, readers_of
@@ -140,11 +141,7 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Mapping[str, Tensor]) -
     graph_params = dict(analysis.traced.params)
     nodes = {n.name: n for n in analysis.traced.graph.nodes}
     unjudged = analysis.traced.unjudged()
-    users_of: dict[str, int] = {}
-    for ph, key in graph_params.items():  # a tied weight may be lifted more than once
-        # an assertion of a weight's dtype (before a cast) reads nothing of it
-        used = [u for u in nodes[ph].users if "_assert_tensor_metadata" not in str(u.target)]
-        users_of[key] = users_of.get(key, 0) + len(used)
+    users_of = _users_of(graph_params, nodes)
     replaced: dict[str, Tensor] = {}
     factors: dict[str, list[tuple[Tensor, int]]] = {}
     folded: set[str] = set()
@@ -200,6 +197,16 @@ def fold_norm_scales(analysis: SymmetryAnalysis, params: Mapping[str, Tensor]) -
         folded.add(scale)
     out = FoldedParams(params, factors, replaced)
     return FoldedScales(out, frozenset(folded), readers, tuple(skipped), tied)
+
+
+def _users_of(graph_params: Mapping[str, str], nodes: Mapping[str, Node]) -> dict[str, int]:
+    """How many graph nodes read each parameter (over all its placeholders)."""
+    users_of: dict[str, int] = {}
+    for ph, key in graph_params.items():  # a tied weight may be lifted more than once
+        # an assertion of a weight's dtype (before a cast) reads nothing of it
+        used = [u for u in nodes[ph].users if "_assert_tensor_metadata" not in str(u.target)]
+        users_of[key] = users_of.get(key, 0) + len(used)
+    return users_of
 
 
 def _own_keys(readers: list[Reader], aliases: Mapping[str, tuple[str, ...]]) -> dict[str, str]:

@@ -15,6 +15,7 @@ that this walk can name.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from torch.fx import Node
@@ -30,6 +31,9 @@ _PASS = TRANSPARENT | {"expand", "repeat_interleave", "neg", "positive", "type_a
 _SCALE = {"mul", "div"}
 _SUM = {"add", "sub"}
 _SPLITS = {"split", "split_with_sizes", "chunk"}
+#: ops that keep a value's row-major order (a view of a projection's output features)
+_ROW_MAJOR = {"view", "reshape", "_unsafe_view", "contiguous", "clone", "alias", "to",
+              "_to_copy", "dropout", "detach", "unsqueeze", "squeeze", "flatten"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,33 +80,7 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
     if op in ("linear", "addmm"):
         return {_Source(node, 0, 1, sliced)}
     if op == "getitem":
-        parent, index = node.args[0], node.args[1]
-        if not isinstance(parent, Node) or op_name(parent) not in _SPLITS:
-            return set()
-        if not isinstance(index, int):
-            return set()
-        blocks = len(parent.meta["val"])
-        source = parent.args[0]
-        if not isinstance(source, Node):
-            return set()
-        found = _sources(an, source, sliced, depth + 1)
-        # the split cuts the projection's whole output features (GPT-2's c_attn), or,
-        # after a view into heads (GPT-NeoX), each head's features alike
-        width = int(source.meta["val"].shape[-1])
-        sizes = [int(p.shape[-1]) for p in parent.meta["val"]]
-        # blocks of unequal size (multi-head latent attention's [nope | rope] rows of
-        # each head): rows by offsets
-        span = (sum(sizes[:index]), sizes[index]) if len(set(sizes)) > 1 else None
-        blocked = set()
-        for s in found:
-            total = int(s.node.meta["val"].shape[-1])
-            if s.blocks != 1 or s.rows is not None or total % width:
-                continue
-            if span is None:
-                blocked.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
-            else:
-                blocked.add(_Source(s.node, 0, 1, s.sliced, *span, per_head=total != width))
-        return blocked
+        return _entry_sources(an, node, sliced, depth)
     tensors = [a for a in node.args if isinstance(a, Node)]
     if op in _PASS or op in _SPLITS:
         nexts = tensors[:1]
@@ -130,6 +108,65 @@ def _sources(an: Analysis, node: Node, sliced: bool = False, depth: int = 0) -> 
     for arg in nexts:
         out |= _sources(an, arg, sliced, depth + 1)
     return out
+
+
+def _entry_sources(an: Analysis, node: Node, sliced: bool, depth: int) -> set[_Source]:
+    """The projections entry ``node`` of a split, chunk or unbind is a block of."""
+    parent, index = node.args[0], node.args[1]
+    if not isinstance(parent, Node) or op_name(parent) not in _SPLITS | {"unbind"}:
+        return set()
+    if not isinstance(index, int):
+        return set()
+    blocks = len(parent.meta["val"])
+    source = parent.args[0]
+    if not isinstance(source, Node):
+        return set()
+    found = _sources(an, source, sliced, depth + 1)
+    # the split cuts the projection's whole output features (GPT-2's c_attn), or,
+    # after a view into heads (GPT-NeoX), each head's features alike
+    width = int(source.meta["val"].shape[-1])
+    if op_name(parent) == "unbind":
+        # entries of a view of the projection (ModernBERT's (3, heads, head_dim)), read
+        # through no transpose: the unbound axis and those after it are its features
+        width = _unbound_width(parent)
+        found = {s for s in found if s.node is _viewed_projection(source)}
+    sizes = [int(p.shape[-1]) for p in parent.meta["val"]]
+    # blocks of unequal size (multi-head latent attention's [nope | rope] rows of each
+    # head): rows by offsets
+    span = (sum(sizes[:index]), sizes[index]) if len(set(sizes)) > 1 else None
+    blocked = set()
+    for s in found:
+        total = int(s.node.meta["val"].shape[-1])
+        if s.blocks != 1 or s.rows is not None or total % width:
+            continue
+        if span is None or op_name(parent) == "unbind":
+            blocked.add(_Source(s.node, index, blocks, s.sliced, per_head=total != width))
+        else:
+            blocked.add(_Source(s.node, 0, 1, s.sliced, *span, per_head=total != width))
+    return blocked
+
+
+def _unbound_width(unbind: Node) -> int:
+    """The features an ``unbind`` cuts into its entries: the product of the unbound axis
+    and the axes after it (``3 * heads * head_dim`` for a projection viewed as
+    ``(3, heads, head_dim)`` and unbound along the 3)."""
+    shape = unbind.args[0].meta["val"].shape  # type: ignore[union-attr]
+    dim = unbind.args[1] if len(unbind.args) > 1 else unbind.kwargs.get("dim", 0)
+    assert isinstance(dim, int)
+    return math.prod(int(s) for s in shape[dim % len(shape) :])
+
+
+def _viewed_projection(node: Node) -> Node | None:
+    """The projection ``node`` is a row-major view of (reshapes, casts and copies only,
+    no transpose), else None: then trailing axes whose product divides the projection's
+    width are its features' own blocks."""
+    for _ in range(16):
+        if op_name(node) in ("linear", "addmm"):
+            return node
+        if op_name(node) not in _ROW_MAJOR or not isinstance(node.args[0], Node):
+            return None
+        node = node.args[0]
+    return None
 
 
 def _slice_range(node: Node, size: int) -> tuple[int, int, int] | None:

@@ -118,11 +118,7 @@ def analyze_symmetries(
     args, kw = split_inputs(example_inputs, kwargs, module=module)
     traced = traced_once(module, args, kwargs=kw)
     values = module_params(module) if params is None else params
-    constant = frozenset(uniform)
-    for key in sorted(constant):
-        tensor = values.get(key)
-        if tensor is None or not bool((tensor == tensor.flatten()[0]).all()):
-            raise SpecInferenceError(f"uniform parameter {key!r} is missing or not constant")
+    constant = _checked_uniform(values, uniform)
     analysis = interpret(traced, uniform=constant)
     emitted = emit_spaces(analysis, names)
     # a space the graph proposes that clashes with the others is left out, not the spec
@@ -230,3 +226,13 @@ def infer_spec(
         check=check,
         seed=seed,
     ).spec
+
+
+def _checked_uniform(values: Mapping[str, Tensor], uniform: Iterable[str]) -> frozenset[str]:
+    """The keys of ``uniform``, each checked to hold one value throughout in ``values``."""
+    constant = frozenset(uniform)
+    for key in sorted(constant):
+        tensor = values.get(key)
+        if tensor is None or not bool((tensor == tensor.flatten()[0]).all()):
+            raise SpecInferenceError(f"uniform parameter {key!r} is missing or not constant")
+    return constant

@@ -10,6 +10,7 @@ from torch.fx import Node
 from lmckit.inference import _elementwise as _elementwise  # noqa: F401  (registers rules)
 from lmckit.inference import _filling as _filling  # noqa: F401  (registers rules)
 from lmckit.inference import _layers as _layers  # noqa: F401  (registers rules)
+from lmckit.inference import _pooling as _pooling  # noqa: F401  (registers rules)
 from lmckit.inference import _slicing as _slicing  # noqa: F401  (registers rules)
 from lmckit.inference._analysis import Analysis, Value
 from lmckit.inference._graph import is_inplace
@@ -97,7 +98,25 @@ def interpret(traced: TracedGraph, *, uniform: frozenset[str] = frozenset()) -> 
             an.pin(_tensors(an.value(judged)), "reaches the model's output")
         else:  # get_attr (submodules of higher-order ops): handled by their users
             an.values[node.name] = None
+    for key in _unread(traced, live):
+        an.note(f"{key}: read by no traced op on the example inputs, so it is in no space")
     return an
+
+
+def _unread(traced: TracedGraph, live: set[Node]) -> list[str]:
+    """State-dict keys of floating-point parameters (and buffers) that no op reaching an
+    output reads: no rule sees them, so they stay as they are while spaces move what
+    they would meet on other inputs (a mask token read only where patches are masked)."""
+    read, unread = set(), []
+    for node in traced.graph.nodes:
+        key = traced.params.get(node.name) if node.op == "placeholder" else None
+        if key is None:
+            continue
+        if any(user in live for user in node.users):
+            read.add(key)
+        elif getattr(node.meta.get("val"), "is_floating_point", lambda: False)():
+            unread.append(key)
+    return [key for key in dict.fromkeys(unread) if key not in read]
 
 
 def _apply(rule: Any, an: Analysis, node: Node, args: Any, kwargs: dict[str, Any]) -> Any:

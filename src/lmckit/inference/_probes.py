@@ -42,21 +42,58 @@ def _module_input(node: Node, module: str) -> Node | None:
     return source if isinstance(source, Node) else None
 
 
-def probes(an: Analysis, unit: Var, n: int) -> list[Probe]:
-    """Inputs of the modules that read this space (a Linear's or Conv's input)."""
-    probes: dict[str, Probe] = {}
+def _calls(an: Analysis) -> dict[str, set[str]]:
+    """Module path -> the keys of its calls in the graph (``path@1`` for a second call)."""
     calls: dict[str, set[str]] = {}
     for node in an.traced.graph.nodes:
         for key, (path, _cls) in (node.meta.get("nn_module_stack") or {}).items():
             calls.setdefault(str(path), set()).add(str(key))
+    return calls
+
+
+def _call(node: Node) -> str:
+    """The key of the call of the innermost module that ran ``node``."""
+    return str(list((node.meta.get("nn_module_stack") or {"": None}).keys())[-1])
+
+
+class _Seen:
+    """Per module, what each of its calls shows of the space: the probe (one axis for
+    every call) and the calls that show it."""
+
+    def __init__(self, calls: dict[str, set[str]]) -> None:
+        self.calls = calls
+        self.probe: dict[str, Probe | None] = {}
+        self.seen: dict[str, set[str]] = {}
+
+    def note(self, probe: Probe, call: str) -> None:
+        """``call`` of ``probe.module`` shows the space as ``probe`` (its first sight
+        per call counts; another axis at another call: no probe)."""
+        seen = self.seen.setdefault(probe.module, set())
+        if call in seen:
+            return
+        first = self.probe.setdefault(probe.module, probe)
+        self.probe[probe.module] = first if first == probe else None
+        seen.add(call)
+
+    def valid(self, module: str) -> bool:
+        """Whether every call of ``module`` shows the space alike: a module run at several
+        places (one layer's weights used by several layers) is a probe only then, and
+        activation matching pools the samples of its calls."""
+        found = self.probe.get(module)
+        return found is not None and self.seen[module] == self.calls.get(module)
+
+
+def probes(an: Analysis, unit: Var, n: int) -> list[Probe]:
+    """Inputs of the modules that read this space (a Linear's or Conv's input)."""
+    seen = _Seen(_calls(an))
     for node in an.traced.graph.nodes:
         if node.op != "call_function" or op_name(node) not in _READERS:
             continue
         if not _reads_a_weight(an, node):
             continue
         module = module_path(node)
-        if not module or len(calls.get(module, ())) != 1:
-            continue  # the root, or a module run at several places (it sees several spaces)
+        if not module:
+            continue  # the root
         source = _module_input(node, module)
         value = an.values.get(source.name) if source is not None else None
         if not isinstance(value, Value) or not value.axes:
@@ -70,31 +107,36 @@ def probes(an: Analysis, unit: Var, n: int) -> list[Probe]:
         # (variables nested in the unit's blocks may follow it: they move within blocks)
         if not live or leaves[0] is not unit or math.prod(v.size for v in leaves) % n:
             continue
-        probes.setdefault(module, Probe(module, axis - value.ndim, input=True))
-    return list(probes.values()) or _output_probes(an, unit, n, calls)
+        seen.note(Probe(module, axis - value.ndim, input=True), _call(node))
+    found = [p for m, p in seen.probe.items() if p is not None and seen.valid(m)]
+    return found or _output_probes(an, unit, n, seen.calls)
 
 
 def _output_probes(an: Analysis, unit: Var, n: int, calls: dict[str, set[str]]) -> list[Probe]:
-    """Outputs of modules (run once) that carry exactly this space on one axis."""
-    probes: dict[str, Probe] = {}
+    """Outputs of modules that carry exactly this space on one axis: per node, the
+    innermost module it leaves that carries it so at every call."""
+    seen = _Seen(calls)
+    candidates: list[list[Probe]] = []
     for node in an.traced.graph.nodes:
         value = an.values.get(node.name)
         if node.op != "call_function" or not isinstance(value, Value):
             continue
         stack = node.meta.get("nn_module_stack") or {}
         exits = [
-            str(path)
+            (str(path), str(key))
             for key, (path, _cls) in stack.items()
-            if path
-            and len(calls.get(str(path), ())) == 1
-            and any(key not in (u.meta.get("nn_module_stack") or {}) for u in node.users)
+            if path and any(key not in (u.meta.get("nn_module_stack") or {}) for u in node.users)
         ]
-        if not exits:
-            continue
         for axis in range(value.ndim):
             leaves = an.lattice.leaves(value.axes[axis])
-            if not leaves or leaves[0] is not unit:
-                continue
-            if math.prod(v.size for v in leaves) == n:
-                probes.setdefault(exits[-1], Probe(exits[-1], axis - value.ndim))
-    return list(probes.values())
+            if exits and leaves and leaves[0] is unit and math.prod(v.size for v in leaves) == n:
+                here = [Probe(path, axis - value.ndim) for path, _ in exits[::-1]]
+                for probe, (_, call) in zip(here, exits[::-1], strict=True):
+                    seen.note(probe, call)
+                candidates.append(here)
+    found: dict[str, Probe] = {}
+    for here in candidates:
+        first = next((p for p in here if seen.valid(p.module)), None)
+        if first is not None:
+            found.setdefault(first.module, first)
+    return list(found.values())

@@ -4,10 +4,11 @@ A slice, a selected index or an indexed gather along a pinned axis (tokens, posi
 batch) is harmless; along a feature axis it would need to know which units survive, so
 the axis is pinned and the reason reported -- except that a block of one feature
 variable (a slice by offsets, a constant list of consecutive indices, the chunks of a
-split) becomes a variable of its own: a fused query/key/value projection's blocks each
-get their own basis. Concatenation joins streams along a pinned axis (a class token
-before the patches) and unifies every other axis. Equal chunks of an axis that is not
-one variable share one unit variable, so the chunks move together.
+split, the entries of an unbind after a view) becomes a variable of its own: a fused
+query/key/value projection's blocks each get their own basis. Concatenation joins
+streams along a pinned axis (a class token before the patches) and unifies every other
+axis. Equal chunks of an axis that is not one variable share one unit variable, so the
+chunks move together.
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def _product_block(an: Analysis, x: Value, dim: int, start: int, length: int) ->
     if origin is None:
         return None
     whole = an.lattice.find(origin)
-    count = len(whole.factored or whole.parts or []) - 1
+    # the factors of the whole, however the reshape nested them ((3, heads * head_dim)
+    # then (heads, head_dim): three factors)
+    count = len(whole.factored or an.lattice.leaves(whole.parts or [])) - 1
     if count < 1 or dim + count >= x.ndim:
         return None
     following = [an.lattice.leaves(a) for a in x.axes[dim + 1 : dim + 1 + count]]
@@ -341,6 +344,22 @@ def _blocks(an: Analysis, x: Value, dim: int, sizes: Sequence[int]) -> list[Valu
     return out
 
 
+def _unbound_blocks(an: Analysis, x: Value, dim: int) -> list[Value] | None:
+    """Every entry of the leading factor of a product viewed just before, each a block of
+    that product with a head dimension of its own (ModernBERT's fused projection viewed as
+    ``(3, heads, head_dim)`` and unbound into query, key and value): the direct sum of
+    equal blocks, as :func:`_select` takes one of them; None when ``dim`` is not such a
+    factor."""
+    keep = [i for i in range(x.ndim) if i != dim]
+    out = []
+    for index in range(axis_size(x, dim)):
+        block = _product_block(an, x, dim, index, 1)
+        if block is None:
+            return None
+        out.append(Value([list(block.axes[i]) for i in keep], [block.src[i] for i in keep]))
+    return out
+
+
 @register(*_ops("split", "split_with_sizes", "chunk", "unbind", "unsafe_split", "tensor_split"))
 def _split(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     x: Value = args[0]
@@ -359,6 +378,10 @@ def _split(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) 
                 piece.axes[dim] = [an.lattice.fresh(s[dim], Level.FREE, "split")]
             pieces.append(piece)
         return pieces
+    if unbind and not x.const:
+        entries = _unbound_blocks(an, x, dim)
+        if entries is not None:
+            return entries
     blocks = None if unbind or x.const else _blocks(an, x, dim, sizes)
     if blocks is not None:
         return blocks

@@ -25,7 +25,8 @@ from lmckit.measure._batched import Batching, point_sums
 from lmckit.measure._batchfit import fitting_batches
 from lmckit.measure._record import JsonRecord
 from lmckit.measure._streamed import LinearPoint
-from lmckit.symmetry._params import Params, as_module, as_params, check_compatible, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params, as_module, as_params, check_compatible
 from lmckit.training._task import CLASSIFICATION, Task
 
 __all__ = [

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from lmckit.symmetry._params import LazyParams, average_tensor
+from lmckit.symmetry._average import average_tensor
+from lmckit.symmetry._params import LazyParams
 from lmckit.symmetry._params import dtype_of as read_dtype
 
 __all__ = ["STREAM_BYTES", "LinearPoint", "streamed_call"]

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from lmckit.measure._evaluate import Metrics, PathResult, linear_grid
-from lmckit.symmetry._params import Params, check_compatible, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params, check_compatible
 
 __all__ = [
     "CalibrationResult",

@@ -17,7 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from lmckit.symmetry._params import Params, check_compatible, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params, check_compatible
 
 __all__ = [
     "ChannelStats",

@@ -28,7 +28,8 @@ from torch import nn
 from lmckit._errors import Param, ParameterError
 from lmckit._registry import Registry, check_needs, summary
 from lmckit.merging._merge import Inputs, has_batchnorm, repair_prepare, reset_prepare
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 
 __all__ = [
     "MergeInfo",

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from lmckit.measure._evaluate import Metrics, evaluate
-from lmckit.symmetry._params import Params, weighted_average
+from lmckit.symmetry._average import weighted_average
+from lmckit.symmetry._params import Params
 from lmckit.training._task import CLASSIFICATION, Task
 
 __all__ = ["GreedySoup", "greedy_soup", "uniform_soup"]

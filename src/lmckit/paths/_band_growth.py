@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from lmckit.measure._batched import point_sums
 from lmckit.paths._flat import FlatPacking
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.training._task import Task
 
 __all__ = ["BandState", "insert_pivots", "segment_scores"]

@@ -55,7 +55,8 @@ from lmckit.paths._band_forces import nudged_force, redistribute_evenly
 from lmckit.paths._band_growth import BandState, insert_pivots
 from lmckit.paths._flat import FlatPacking
 from lmckit.runtime._distributed import any_rank, sum_over_ranks, world
-from lmckit.symmetry._params import Params, check_compatible, check_finite, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params, check_compatible, check_finite
 from lmckit.training._task import CLASSIFICATION, Task
 from lmckit.training._train import TrainConfig, TrainData, lr_factor, make_optimizer
 

@@ -27,7 +27,8 @@ from torch import Tensor, nn
 
 from lmckit.measure._batched import Batching, point_sums
 from lmckit.measure._record import JsonRecord
-from lmckit.symmetry._params import Params, check_compatible, weighted_average
+from lmckit.symmetry._average import weighted_average
+from lmckit.symmetry._params import Params, check_compatible
 from lmckit.training._task import CLASSIFICATION, Task
 
 __all__ = [

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 from lmckit._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from lmckit.symmetry._average import interpolate, weighted_average
+    from lmckit.symmetry._draw import random_transform
     from lmckit.symmetry._params import (
         IncompatibleModelsError,
         Params,
         check_compatible,
-        interpolate,
         module_params,
-        weighted_average,
     )
     from lmckit.symmetry._spaces import (
         CircuitPart,
@@ -30,6 +30,6 @@ if TYPE_CHECKING:
         SymmetrySpec,
         Use,
     )
-    from lmckit.symmetry._transform import Transform, apply, random_transform
+    from lmckit.symmetry._transform import Transform, apply
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, __file__)

@@ -41,7 +41,6 @@ from lmckit.groups import (
 )
 from lmckit.groups._padded_permutation import PaddedPermutationElement
 from lmckit.groups._semi_permutation import SemiPermutationElement
-from lmckit.runtime._seeds import generator
 from lmckit.symmetry._params import LazyParams, Params, as_params, layout, meta_of, stored_dtype
 from lmckit.symmetry._spaces import (
     CircuitPart,
@@ -80,7 +79,6 @@ __all__ = [
     "as_spec",
     "as_transform",
     "check_transform",
-    "random_transform",
 ]
 
 
@@ -379,44 +377,3 @@ class MovedParams(LazyParams):
 
     def meta(self, key: str) -> Tensor:
         return meta_of(self.source, key).to(self.dtype_of(key))
-
-
-def random_transform(
-    spec: SymmetrySpec,
-    seed: int | torch.Generator,
-    *,
-    widths: Mapping[str, int] | None = None,
-) -> Transform:
-    """Draw a random element of every space.
-
-    Args:
-        spec: the spec.
-        seed: an integer seed in ``[0, 2**64 - 1]`` or a ``torch.Generator``.
-        widths: for rectangular groups, target sizes ``m`` per space (default ``n``).
-
-    Raises:
-        TypeError / ValueError: a spec or seed of the wrong kind or range, named.
-    """
-    spec = as_spec(spec)
-    gen = generator(seed)
-    widths = dict(widths or {})
-    elements = {}
-    for space in spec:
-        m = widths.pop(space.name, None)
-        elements[space.name] = space.group.random(space.n, gen, m=m)
-    if widths:
-        raise KeyError(f"widths name unknown spaces {sorted(widths)}")
-    return Transform(spec, elements)
-
-
-def distance_to_identity(spec: SymmetrySpec, transform: Transform) -> dict[str, float]:
-    """Per space: Frobenius distance of the element's matrix to the identity, over ``sqrt(n)``."""
-    out = {}
-    for space in spec:
-        mat = space.group.matrix(transform[space.name])
-        if mat.shape[0] != mat.shape[1]:
-            out[space.name] = float("nan")
-            continue
-        eye = torch.eye(mat.shape[0], dtype=mat.dtype)
-        out[space.name] = float(torch.linalg.norm(mat - eye) / math.sqrt(mat.shape[0]))
-    return out

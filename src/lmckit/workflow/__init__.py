@@ -19,7 +19,8 @@ from lmckit._lazy import lazy_exports
 if TYPE_CHECKING:
     from lmckit.workflow._curves import fit_pair_curve, load_curve
     from lmckit.workflow._landscape import curve_ensemble, pair_landscape
-    from lmckit.workflow._pair import merge_pair, pair_barrier, simplex_barrier
+    from lmckit.workflow._pair import merge_pair, pair_barrier
+    from lmckit.workflow._simplex import simplex_barrier
     from lmckit.workflow._soup import make_soup
     from lmckit.workflow._symmetries import describe_symmetries
     from lmckit.workflow._train import train_model

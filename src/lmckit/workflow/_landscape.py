@@ -19,7 +19,8 @@ from lmckit.measure._evaluate import Metrics
 from lmckit.measure._measure import EvalSettings, resolve_fix
 from lmckit.paths._ensemble import EnsembleResult, ensemble_metrics, even_ts
 from lmckit.paths._plane import PlaneResult, evaluate_plane, plane_axes, plane_frame
-from lmckit.symmetry._params import IncompatibleModelsError, Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import IncompatibleModelsError, Params
 from lmckit.workflow._curves import LoadedCurve, point_prepare
 from lmckit.workflow._pair import PathForm, path_form
 

@@ -10,16 +10,8 @@ from lmckit.aligners._weight.anchored import anchor_stages, anchored_start
 from lmckit.forms._recipe import aligned_form
 from lmckit.groups import Orthogonal, Permutation
 from lmckit.models import create_model
-from lmckit.symmetry._transform import (
-    Nest,
-    Part,
-    Space,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import Nest, Part, Space, SymmetrySpec, Transform, Use, apply
 
 
 def _ndims(params: dict) -> dict[str, int]:

@@ -17,8 +17,9 @@ from lmckit.aligners._weight.circuits import (
 )
 from lmckit.aligners._weight.objective import space_objective, space_objectives
 from lmckit.forms._recipe import AlignForm, aligned_form
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import module_params
-from lmckit.symmetry._transform import Space, random_transform
+from lmckit.symmetry._transform import Space
 
 HEADS, KV_HEADS, HIDDEN = 6, 2, 24
 

@@ -11,7 +11,8 @@ from lmckit.aligners import WeightMatchingConfig, weight_matching
 from lmckit.aligners._weight.incremental import SimilarityCache
 from lmckit.aligners._weight.schedule import independent, sweep_steps
 from lmckit.models import create_model
-from lmckit.symmetry._transform import apply, random_transform
+from lmckit.symmetry._draw import random_transform
+from lmckit.symmetry._transform import apply
 
 
 def _gpt2():

@@ -20,16 +20,9 @@ from lmckit.groups import (
 )
 from lmckit.measure._evaluate import evaluate_path
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import IncompatibleModelsError, Params
-from lmckit.symmetry._transform import (
-    Orthogonal,
-    Space,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import Orthogonal, Space, SymmetrySpec, Transform, Use, apply
 
 TINY: dict[str, tuple[str, dict[str, Any], tuple[int, ...]]] = {
     "mlp-none": ("mlp", {"in_features": 12, "hidden": [16, 16, 16], "out_features": 3}, (12,)),

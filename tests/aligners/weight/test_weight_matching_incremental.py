@@ -10,21 +10,15 @@ import pytest
 import torch
 
 from lmckit.aligners import WeightMatchingConfig, weight_matching
+from lmckit.aligners._weight.folding import fold_single_use_params
 from lmckit.aligners._weight.incremental import SimilarityCache
-from lmckit.aligners._weight.similarity import fold_single_use_params, space_problem
+from lmckit.aligners._weight.similarity import space_problem
 from lmckit.forms._rewrites import layernorm_to_rmsnorm
 from lmckit.groups import Orthogonal
 from lmckit.models import create_model
+from lmckit.symmetry._draw import random_transform
 from lmckit.symmetry._params import Float32View, LazyParams, Params
-from lmckit.symmetry._transform import (
-    Permutation,
-    Space,
-    SymmetrySpec,
-    Transform,
-    Use,
-    apply,
-    random_transform,
-)
+from lmckit.symmetry._transform import Permutation, Space, SymmetrySpec, Transform, Use, apply
 
 GPT2 = {"vocab_size": 17, "n_layer": 2, "n_head": 4, "n_embd": 16, "n_inner": 24, "context": 8}
 MODELS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -281,14 +275,14 @@ class _RowsOnly(LazyParams):
 
 
 def test_a_large_single_use_matrix_is_folded_a_block_of_rows_at_a_time(monkeypatch) -> None:
-    from lmckit.aligners._weight import similarity as similarity
+    from lmckit.aligners._weight import folding
 
     gen = torch.Generator().manual_seed(0)
     a = {"w": torch.randn(100, 6, generator=gen).to(torch.bfloat16), "b": torch.randn(6)}
     b = {"w": torch.randn(100, 6, generator=gen).to(torch.bfloat16), "b": torch.randn(6)}
     uses = (Use("w", 1, "read"), Use("b", 0, "write"))
     spec = SymmetrySpec((Space("s", 6, Orthogonal(), uses),))
-    monkeypatch.setattr(similarity, "FOLD_BLOCK_BYTES", 4 * 6 * 7)  # blocks of 7 rows
+    monkeypatch.setattr(folding, "FOLD_BLOCK_BYTES", 4 * 6 * 7)  # blocks of 7 rows
     ref, other = Float32View(_RowsOnly(a)), Float32View(_RowsOnly(b))
     fold_single_use_params(spec, ref, other)
     expected = a["w"].double().T @ b["w"].double()

@@ -145,3 +145,37 @@ def test_complex_rotary_pins_the_pairs_and_leaves_the_heads_alone() -> None:
     assert heads.level > Level.FREE and pairs.level == entries.level == Level.FREE
     assert not any("not understood" in note for note in an.notes)
     assert level(an, value_of(an, "view_as_real").axes[-1]) == Level.FREE
+
+
+class MaskToken(nn.Module):
+    """A learned token put where a mask marks positions (DINOv2's embeddings): the stream
+    times ``1 - mask`` plus the token times the mask, the mask one number per position."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.token = nn.Parameter(torch.randn(4))
+        self.embed, self.head = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> Tensor:
+        h = self.embed(x)
+        if mask is not None:
+            m = mask.unsqueeze(-1).type_as(h)
+            h = h * (1 - m) + self.token * m
+        return self.head(torch.relu(h))
+
+
+def test_a_parameter_scaled_by_a_value_broadcast_along_its_axis_is_still_that_parameter() -> None:
+    mask = torch.tensor([[True, False, False], [False, False, True]])
+    an = interpreted(MaskToken(), torch.randn(2, 3, 3), mask)
+    assert param_axis(an, "token", 0) is param_axis(an, "embed.weight", 0)
+    assert an.roles[("token", 0)] == {"write"}  # written into the stream, as a bias is
+    (space,) = spaces(seeded(MaskToken()), torch.randn(2, 3, 3), mask)
+    assert ("token", 0) in {(u.param, u.axis) for u in space.uses}
+
+
+def test_a_parameter_no_traced_op_reads_is_reported_not_moved() -> None:
+    an = interpreted(MaskToken(), torch.randn(2, 3, 3))  # no mask: the token is never read
+    assert "token: read by no traced op on the example inputs, so it is in no space" in an.notes
+    (space,) = spaces(seeded(MaskToken()), torch.randn(2, 3, 3))
+    assert "token" not in {u.param for u in space.uses}
+    assert not any("embed.weight" in note for note in an.notes)

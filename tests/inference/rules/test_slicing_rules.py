@@ -4,11 +4,15 @@ and along tokens, picked features, rows of a parameter looked up by index."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+import torch.nn.functional as F
 from tests.inference.rules.graphs import (
     Level,
     blocks,
     interpreted,
+    leaves,
+    node,
     param_axis,
     same,
     seeded,
@@ -197,3 +201,52 @@ def test_blocks_behind_a_pinned_factor_are_pinned_not_half_moved() -> None:
     analysis = analyze_symmetries(seeded(BlocksAfterPinnedHeads()), torch.randn(4, 6))
     assert not [line for line in analysis.left_out if "changes the outputs" in line]
     assert "b" not in analysis.spec.names
+
+
+class UnboundQKV(nn.Module):
+    """A fused projection viewed as (3, heads, head_dim) and unbound into query, key and
+    value (ModernBERT), or as (heads, 3, head_dim), each head's three blocks side by side;
+    each entry read by a scaled-dot-product attention's heads."""
+
+    def __init__(self, heads_first: bool = False, heads: int = 2, dim: int = 3) -> None:
+        super().__init__()
+        self.heads_first, self.heads, self.dim = heads_first, heads, dim
+        self.qkv, self.o = nn.Linear(4, 3 * heads * dim), nn.Linear(heads * dim, 4)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        if self.heads_first:
+            q, k, v = self.qkv(x).view(b, t, self.heads, 3, self.dim).unbind(dim=3)
+        else:
+            q, k, v = self.qkv(x).view(b, t, 3, self.heads, self.dim).unbind(dim=-3)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                             v.transpose(1, 2))  # fmt: skip
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
+@pytest.mark.parametrize("heads_first", [False, True])
+def test_unbound_entries_of_a_fused_projection_are_blocks_each_with_its_heads(
+    heads_first: bool,
+) -> None:
+    an = interpreted(UnboundQKV(heads_first), torch.randn(2, 3, 4))
+    unbound = an.values[node(an, "unbind").name]
+    q, k, v = (leaves(an, [*part.axes[2], *part.axes[3]]) for part in unbound)
+    assert q[0].heads and q[0] is k[0] is v[0]  # one head permutation moves all three
+    assert q[1] is k[1] and v[1] is not q[1]  # queries and keys share a basis, values not
+    assert not any("unevenly" in note for note in an.notes)
+    spec = spaces(seeded(UnboundQKV(heads_first)), torch.randn(2, 3, 4))
+    (parent,) = [s for s in spec if s.name.startswith("heads") and s.nest is None]
+    assert parent.group.units(parent.n) == 2
+    kinds = sorted({s.nest.kind for s in spec.nested_in(parent.name) if s.nest is not None})
+    assert kinds == ["qk", "value"]
+    # the head circuits name each entry's rows: blocks of the whole, or inside each head
+    assert parent.circuits is not None
+    parts = (parent.circuits.query, parent.circuits.key, parent.circuits.value)
+    assert [(p.param, p.block, p.blocks, p.per_head) for p in parts] == [
+        ("qkv.weight", i, 3, heads_first) for i in range(3)
+    ]
+    rows = torch.arange(18)
+    if heads_first:  # head h's rows 9h..9h+8: its query, key and value rows
+        assert rows[parts[1].index(18, 2)].tolist() == [3, 4, 5, 12, 13, 14]
+    else:
+        assert rows[parts[1].index(18, 2)].tolist() == list(range(6, 12))

@@ -26,7 +26,8 @@ from lmckit.aligners._result import AlignmentResult
 from lmckit.data import Dataset, batches
 from lmckit.measure._evaluate import evaluate
 from lmckit.merging._merge import reset_batchnorm
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 
 __all__ = ["STARTS", "StartChoice", "best_start", "midpoint_loss"]
 

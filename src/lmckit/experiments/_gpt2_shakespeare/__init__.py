@@ -1,7 +1,7 @@
 """GPT-2 on Tiny Shakespeare (BPE): the paper's full barrier table in one run.
 
-The experiment (:mod:`.experiment`), its stages (:mod:`.stages`) and its config with the
-paper's and the reference code's numbers (:mod:`.config`).
+The experiment (:mod:`.experiment`), its stages (:mod:`.stages`, :mod:`.simplex`) and its
+config with the paper's and the reference code's numbers (:mod:`.config`).
 """
 
 from lmckit.experiments._gpt2_shakespeare.config import (

@@ -59,12 +59,8 @@ from lmckit.experiments._gpt2_shakespeare.config import (
     paper_config,
     quick_config,
 )
-from lmckit.experiments._gpt2_shakespeare.stages import (
-    Bench,
-    pair_stages,
-    simplex_stages,
-    width_stages,
-)
+from lmckit.experiments._gpt2_shakespeare.simplex import simplex_stages
+from lmckit.experiments._gpt2_shakespeare.stages import Bench, pair_stages, width_stages
 from lmckit.experiments._registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments._runner import Runner
 from lmckit.measure._evaluate import PathResult
@@ -147,16 +143,7 @@ def _gpt2(
 def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) -> ExperimentResult:
     """The whole pipeline for ``config`` (see the module docstring)."""
     run = Runner(ctx, config, label="quick" if ctx.quick else "paper")
-    data = shakespeare_tokens(
-        ctx.data("tinyshakespeare") / "input.txt",
-        ctx.data("gpt2_tokenizer"),
-        block=config.context,
-        tokens=config.tokens,
-    )
-    ctx.log(
-        f"data: {len(data.x_train)}/{len(data.split('val')[0])}/{len(data.x_test)} blocks of "
-        f"{config.context}, vocabulary {data.num_classes}; device {run.device}"
-    )
+    data = _tokens(ctx, config, run)
     arch: dict[str, Any] = {
         "vocab_size": data.num_classes,
         "n_layer": config.n_layer,
@@ -189,7 +176,29 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
 
     width = f"{config.wide_embd} vs {config.n_embd}"
     rows = [_row(name, e, name.replace("512 vs 256", width)) for name, e in entries.items()]
-    figures = [
+    notes = f"models: {json.dumps(run.model_metadata())}"
+    return run.result(format_table(rows, COLUMNS), rows, _figures(ctx, entries), notes)
+
+
+def _tokens(ctx: ExperimentContext, config: GPT2ShakespeareConfig, run: Runner) -> Dataset:
+    """Tiny Shakespeare in blocks of the config's context, its sizes logged."""
+    data = shakespeare_tokens(
+        ctx.data("tinyshakespeare") / "input.txt",
+        ctx.data("gpt2_tokenizer"),
+        block=config.context,
+        tokens=config.tokens,
+    )
+    ctx.log(
+        f"data: {len(data.x_train)}/{len(data.split('val')[0])}/{len(data.x_test)} blocks of "
+        f"{config.context}, vocabulary {data.num_classes}; device {run.device}"
+    )
+    return data
+
+
+def _figures(ctx: ExperimentContext, entries: dict[str, dict[str, Any]]) -> list[Path]:
+    """The test loss along the linear paths of the figure's rows, and over the simplex."""
+    s = ctx.seed
+    return [
         plot_paths(
             {k: PathResult.from_dict(entries[k]["path"]) for k in PATH_FIGURE_ROWS if k in entries},
             ctx.out_dir / "gpt2_shakespeare_paths.png",
@@ -208,8 +217,6 @@ def run_gpt2_shakespeare(ctx: ExperimentContext, config: GPT2ShakespeareConfig) 
             overwrite=True,
         ),
     ]
-    notes = f"models: {json.dumps(run.model_metadata())}"
-    return run.result(format_table(rows, COLUMNS), rows, figures, notes)
 
 
 @register_experiment("gpt2-shakespeare", paper=PAPER)

@@ -17,26 +17,24 @@ from torch import Tensor
 from lmckit.aligners import (
     ActivationMatchingConfig,
     AlignmentResult,
-    UniverseConfig,
     WeightMatchingConfig,
     activation_matching,
     head_bases_matching,
     learned_matching,
-    universe_matching,
     weight_matching,
 )
 from lmckit.data import Dataset
 from lmckit.experiments._gpt2_shakespeare.config import GPT2ShakespeareConfig
 from lmckit.experiments._recipe import transformer_form
 from lmckit.experiments._runner import Runner
-from lmckit.forms._rewrites import embed_in_wider
+from lmckit.forms._widen import embed_in_wider
 from lmckit.measure._evaluate import PathResult
 from lmckit.models import ZooModel
 from lmckit.paths import SimplexResult
 from lmckit.symmetry._params import Params
 from lmckit.symmetry._transform import Permutation, SymmetrySpec, apply
 
-__all__ = ["Bench", "pair_stages", "simplex_stages", "width_stages"]
+__all__ = ["Bench", "masks_for", "pair_stages", "width_stages"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class Bench:
         )
 
 
-def _masks_for(params: Params, masks: dict[str, Tensor]) -> dict[str, Tensor]:
+def masks_for(params: Params, masks: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v for k, v in masks.items() if k in params}
 
 
@@ -104,8 +102,8 @@ def _wm_entry(
         pb,
         config or bench.config.weight,
         seed=bench.run.ctx.seed,
-        row_masks=_masks_for(pa, bench.masks),
-        row_weights=None if weights is None else _masks_for(pa, weights),
+        row_masks=masks_for(pa, bench.masks),
+        row_weights=None if weights is None else masks_for(pa, weights),
     )
     moved = apply(spec, pb, res.transform)
     if head_bases:
@@ -138,7 +136,7 @@ def _learn(
         seed=run.ctx.seed,
         device=run.device,
         progress=run.ctx.progress,
-        row_masks=_masks_for(pa, bench.masks),
+        row_masks=masks_for(pa, bench.masks),
     )
     return res, apply(spec, pb, res.transform)
 
@@ -280,34 +278,11 @@ def width_stages(
 ) -> dict[str, dict[str, Any]]:
     """The narrow model (``a``) embedded into the wide one's shape, then aligned to it
     (with ``learned``, also by learned matching)."""
-    run, cfg, data = bench.run, bench.config, bench.data
+    run, cfg = bench.run, bench.config
     rms, rms_a = transformer_form(ln, a)
     wide_rms, rms_wide = transformer_form(wide_ln, wide)
-    # the first n columns of the identity: an exact embedding; alignment finds the rotation
-    emb_module, emb = embed_in_wider(
-        rms,
-        rms_a,
-        cfg.wide_embd,
-        inner=cfg.wide_inner,
-        rotation=torch.eye(cfg.wide_embd, cfg.n_embd),
-    )
-    if emb_module.config.kwargs != wide_rms.config.kwargs:
-        raise ValueError(
-            "the embedded narrow model and the wide model differ in architecture: "
-            f"{emb_module.config.kwargs} vs {wide_rms.config.kwargs}"
-        )
-    x = data.x_test[: min(4, len(data.x_test))]
-    emb_module.eval()  # dropout off: the check compares functions
-    rms.eval()
-    with torch.no_grad():
-        exact = float(
-            (
-                torch.func.functional_call(emb_module, emb, (x,))
-                - torch.func.functional_call(rms, rms_a, (x,))
-            )
-            .abs()
-            .max()
-        )
+    emb_module, emb = _embedded(cfg, rms, rms_a, wide_rms)
+    exact = _embedding_error(emb_module, emb, rms, rms_a, bench.data.x_test)
     spec = wide_rms.symmetry_spec()
     out: dict[str, dict[str, Any]] = {}
     out["width 512 vs 256: vanilla (embedded)"] = run.stage(
@@ -346,67 +321,40 @@ def width_stages(
     return out
 
 
-def simplex_stages(bench: Bench, ln: ZooModel, models: list[Params]) -> dict[str, dict[str, Any]]:
-    """Three models over their simplex (RMSNorm forms): unaligned vs universe matching."""
-    run = bench.run
-    rms_models = []
-    rms = ln
-    for p in models:
-        rms, q = transformer_form(ln, p)
-        rms_models.append(q)
-    spec = rms.symmetry_spec()
-
-    def unaligned() -> dict[str, Any]:
-        return {"simplex": bench.simplex(rms, rms_models).to_dict()}
-
-    def universe_in(
-        spec: SymmetrySpec, models: list[Params], weights: dict[str, Tensor] | None = None
-    ) -> tuple[dict, list[Params]]:
-        res = universe_matching(
-            spec,
-            models[0],
-            models[1],
-            UniverseConfig(max_iter=bench.config.universe_sweeps, inner=bench.config.weight),
-            others=models[2:],
-            seed=run.ctx.seed,
-            row_masks=_masks_for(models[0], bench.masks),
-            row_weights=None if weights is None else _masks_for(models[0], weights),
+def _embedded(
+    cfg: GPT2ShakespeareConfig, rms: ZooModel, rms_a: Params, wide_rms: ZooModel
+) -> tuple[ZooModel, Params]:
+    """The narrow model embedded exactly into the wide one's shape (the first columns of
+    the identity: alignment finds the rotation); refused if the architectures differ."""
+    emb_module, emb = embed_in_wider(
+        rms,
+        rms_a,
+        cfg.wide_embd,
+        inner=cfg.wide_inner,
+        rotation=torch.eye(cfg.wide_embd, cfg.n_embd),
+    )
+    if emb_module.config.kwargs != wide_rms.config.kwargs:
+        raise ValueError(
+            "the embedded narrow model and the wide model differ in architecture: "
+            f"{emb_module.config.kwargs} vs {wide_rms.config.kwargs}"
         )
-        timing = {"align_seconds": res.seconds, "sweeps": res.iterations}
-        return timing | {"converged": res.converged}, res.aligned(spec, models)
+    return emb_module, emb
 
-    def universe() -> dict[str, Any]:
-        timing, aligned = universe_in(spec, rms_models)
-        # every model's head bases aligned to the first model's (outside the spec)
-        first = aligned[0]
-        based = [first] + [head_bases_matching(spec, first, p).apply(p) for p in aligned[1:]]
-        return {
-            "simplex": bench.simplex(rms, aligned).to_dict(),
-            "head_bases_simplex": bench.simplex(rms, based).to_dict(),
-            **timing,
-        }
 
-    def universe_circuits() -> dict[str, Any]:
-        circuits, circ_models = rms, []
-        for p in rms_models:
-            circuits, q = transformer_form(rms, p, circuits=True)
-            circ_models.append(q)
-        spec = circuits.symmetry_spec()
-        timing, aligned = universe_in(spec, circ_models, bench.weights)
-        return {"simplex": bench.simplex(circuits, aligned).to_dict(), **timing}
-
-    out = {
-        "3 models: unaligned": run.stage("simplex-unaligned", unaligned),
-        "3 models: universe matching": run.stage("simplex-universe", universe),
-        "3 models: universe matching, circuit form": run.stage(
-            "simplex-universe-circuits-freq", universe_circuits
-        ),
-    }
-    entry = out["3 models: universe matching"]
-    if "head_bases_simplex" in entry:  # absent from older caches
-        out["3 models: universe matching + head bases"] = {
-            "simplex": entry["head_bases_simplex"],
-            "align_seconds": entry["align_seconds"],
-            "stage_seconds": entry["stage_seconds"],
-        }
-    return out
+def _embedding_error(
+    emb_module: ZooModel, emb: Params, rms: ZooModel, rms_a: Params, x_test: Tensor
+) -> float:
+    """The largest logit difference between the embedded and the narrow model on a few
+    test sequences (an exact embedding: rounding only)."""
+    x = x_test[: min(4, len(x_test))]
+    emb_module.eval()  # dropout off: the check compares functions
+    rms.eval()
+    with torch.no_grad():
+        return float(
+            (
+                torch.func.functional_call(emb_module, emb, (x,))
+                - torch.func.functional_call(rms, rms_a, (x,))
+            )
+            .abs()
+            .max()
+        )

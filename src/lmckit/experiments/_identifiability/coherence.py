@@ -130,7 +130,7 @@ AMBIENT, WIDTH = 32, 16
 def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
     """Teacher relu(z1 + z2) on c-copy embeddings: midpoint barrier vs coherence 1/c."""
     quick = ctx.quick
-    ambient, width = AMBIENT, WIDTH
+    width = WIDTH
     copies_list = (1, 16) if quick else (1, 2, 4, 8, 16)
     outer = 1 if quick else 2
     pairs = 1 if quick else 3
@@ -153,45 +153,66 @@ def coherence_experiment(ctx: ExperimentContext) -> ExperimentResult:
     rows = []
     for family in FAMILIES:
         for copies in copies_list:
-            barriers, end_losses, measured, chords = [], [], [], []
-            for o in range(outer):
-                frame = torch.Generator().manual_seed(1000 * (ctx.seed + 1) + o)
-                emb = coherence_embedding(copies, ambient, family, generator=frame)
-                data = RegressionData(
-                    f"teacher-{family}-c{copies}-o{o}",
-                    z_train @ emb.T,
-                    _teacher(z_train),
-                    z_test @ emb.T,
-                    _teacher(z_test),
-                )
-                measured.append(coherence(input_subspace(data.x_train, explained=0.999)))
-                for p in range(pairs):
-                    seeds = (10_000 * o + 2 * p + ctx.seed, 10_000 * o + 2 * p + 1 + ctx.seed)
-                    student, pa, pb = _student_pair(run, family, copies, o, seeds, data, config)
-                    test = partial(_whole, *data.split("test"))
-                    path = evaluate_path(student, pa, pb, test, ts=[0.0, 0.5, 1.0], task=mse())
-                    ends = (path.loss[0] + path.loss[-1]) / 2
-                    barriers.append(path.midpoint_loss - ends)
-                    end_losses.append(ends)
-                    layer = student.hidden_layer()
-                    chords.append(chord_deviation(layer, pa, pb, data.x_test, ts=(0.5,))[0])
-            bt = torch.tensor(barriers)
-            rows.append(
-                {
-                    "family": family,
-                    "copies": copies,
-                    "coherence": 1 / copies,
-                    "measured_coherence": sum(measured) / len(measured),
-                    "midpoint_barrier_mean": float(bt.mean()),
-                    "midpoint_barrier_std": float(bt.std()) if len(barriers) > 1 else 0.0,
-                    "endpoint_mse": sum(end_losses) / len(end_losses),
-                    "chord_deviation_mid": sum(chords) / len(chords),
-                    "pairs": len(barriers),
-                }
-            )
-            ctx.log(f"coherence: {family} c={copies}: barrier {float(bt.mean()):.4f}")
+            rows.append(_row(run, family, copies, (z_train, z_test), outer, pairs, config))
     figure = _coherence_figure(run, rows)
     return run.result(format_table(rows, COLUMNS), rows, [figure])
+
+
+def _teacher_data(
+    family: str, copies: int, o: int, seed: int, latents: tuple[Tensor, Tensor]
+) -> RegressionData:
+    """The teacher's data on the ``o``-th embedding of ``family`` with ``copies`` copies."""
+    z_train, z_test = latents
+    frame = torch.Generator().manual_seed(1000 * (seed + 1) + o)
+    emb = coherence_embedding(copies, AMBIENT, family, generator=frame)
+    return RegressionData(
+        f"teacher-{family}-c{copies}-o{o}",
+        z_train @ emb.T,
+        _teacher(z_train),
+        z_test @ emb.T,
+        _teacher(z_test),
+    )
+
+
+def _row(
+    run: Runner,
+    family: str,
+    copies: int,
+    latents: tuple[Tensor, Tensor],
+    outer: int,
+    pairs: int,
+    config: TrainConfig,
+) -> dict[str, Any]:
+    """One table row: student pairs on ``outer`` embeddings of one family and coherence,
+    their midpoint barriers, endpoint losses, chord deviations and measured coherence."""
+    seed = run.ctx.seed
+    barriers, end_losses, measured, chords = [], [], [], []
+    for o in range(outer):
+        data = _teacher_data(family, copies, o, seed, latents)
+        measured.append(coherence(input_subspace(data.x_train, explained=0.999)))
+        for p in range(pairs):
+            seeds = (10_000 * o + 2 * p + seed, 10_000 * o + 2 * p + 1 + seed)
+            student, pa, pb = _student_pair(run, family, copies, o, seeds, data, config)
+            test = partial(_whole, *data.split("test"))
+            path = evaluate_path(student, pa, pb, test, ts=[0.0, 0.5, 1.0], task=mse())
+            ends = (path.loss[0] + path.loss[-1]) / 2
+            barriers.append(path.midpoint_loss - ends)
+            end_losses.append(ends)
+            layer = student.hidden_layer()
+            chords.append(chord_deviation(layer, pa, pb, data.x_test, ts=(0.5,))[0])
+    bt = torch.tensor(barriers)
+    run.ctx.log(f"coherence: {family} c={copies}: barrier {float(bt.mean()):.4f}")
+    return {
+        "family": family,
+        "copies": copies,
+        "coherence": 1 / copies,
+        "measured_coherence": sum(measured) / len(measured),
+        "midpoint_barrier_mean": float(bt.mean()),
+        "midpoint_barrier_std": float(bt.std()) if len(barriers) > 1 else 0.0,
+        "endpoint_mse": sum(end_losses) / len(end_losses),
+        "chord_deviation_mid": sum(chords) / len(chords),
+        "pairs": len(barriers),
+    }
 
 
 def _student_pair(

@@ -8,8 +8,11 @@ eigenvalue are measured at the ends and midpoints of the line and the Bezier cur
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 
-from lmckit.data import batches
+from torch import Tensor, nn
+
+from lmckit.data import Dataset, batches
 from lmckit.diagnostics._curvature import path_top_eigenvalues
 from lmckit.diagnostics._similarity import path_cka
 from lmckit.experiments._datasets import mnist_subset
@@ -20,8 +23,9 @@ from lmckit.experiments._width.mlp import FULL, QUICK
 from lmckit.measure._evaluate import PathResult, evaluate_path
 from lmckit.measure._plot import plot_paths
 from lmckit.measure._table import Column, format_table, percent
-from lmckit.paths._curves import evaluate_curve, fit_curve
-from lmckit.symmetry._params import Params, interpolate
+from lmckit.paths._curves import Curve, evaluate_curve, fit_curve
+from lmckit.symmetry._average import interpolate
+from lmckit.symmetry._params import Params
 from lmckit.training._train import TrainConfig
 
 __all__ = ["BEZIER_CURVE", "BEZIER_TRAIN"]
@@ -55,6 +59,29 @@ def bezier(ctx: ExperimentContext) -> ExperimentResult:
     def test_batches():
         return batches(x, y, 500)
 
+    paths, curves, seconds = _fitted_paths(ctx, model, a, b, data, curve_cfg, test_batches, points)
+    diag = _diagnostics(model, a, b, curves["bezier"], data, quick)
+    rows = _rows(paths, seconds, diag)
+    title = f"MLP 784-{width}x{DEPTH}-10, unaligned endpoints, test split"
+    lines = [format_table(rows, COLUMNS, title=title), ""]
+    lines += [_diagnostics_line(name, d) for name, d in diag.items()]
+    where = ctx.out_dir / "bezier_vs_linear.png"  # lmckit's own experiment folder
+    figure = plot_paths(paths, where, title="linear vs curved", overwrite=True)
+    return run.result("\n".join(lines), rows, [figure], f"width {width}")
+
+
+def _fitted_paths(
+    ctx: ExperimentContext,
+    model: nn.Module,
+    a: Params,
+    b: Params,
+    data: Dataset,
+    curve_cfg: TrainConfig,
+    test_batches: Callable[[], Iterable[tuple[Tensor, Tensor]]],
+    points: int,
+) -> tuple[dict[str, PathResult], dict[str, Curve], dict[str, float]]:
+    """The line and the trained Bezier and chain paths from ``a`` to ``b``, evaluated on
+    the test split; with the fitted curves and the seconds each took to train."""
     paths: dict[str, PathResult] = {
         "linear": evaluate_path(model, a, b, test_batches, points=points, meta={"path": "linear"})
     }
@@ -68,7 +95,14 @@ def bezier(ctx: ExperimentContext) -> ExperimentResult:
         )
         seconds[kind] = round(time.perf_counter() - start, 1)
         paths[kind] = evaluate_curve(model, curves[kind], test_batches, points=points)
-    # diagnostics on the midpoint and ends of the line and the Bezier curve
+    return paths, curves, seconds
+
+
+def _diagnostics(
+    model: nn.Module, a: Params, b: Params, bezier: Curve, data: Dataset, quick: bool
+) -> dict[str, dict]:
+    """Midpoint CKA to A and the top Hessian eigenvalue at the ends and midpoint of the
+    line and the Bezier curve."""
     probe = data.x_test[: 200 if quick else 1000]
     hess_data = [(data.x_train[:256], data.y_train[:256])]
     ts = [0.0, 0.5, 1.0]
@@ -78,14 +112,21 @@ def bezier(ctx: ExperimentContext) -> ExperimentResult:
         return interpolate(a, b, t)
 
     diag = {}
-    for name, point in (("linear", line), ("bezier", curves["bezier"].point)):
+    for name, point in (("linear", line), ("bezier", bezier.point)):
         cka = path_cka(model, point, probe, sites, ts)
         eig = path_top_eigenvalues(model, point, hess_data, ts, iters=20 if quick else 50)
         diag[name] = {
             "mid_cka_to_a": {s: cka.to_a[s][1] for s in sites},
             "top_eigenvalue": dict(zip(("t=0", "t=0.5", "t=1"), eig, strict=True)),
         }
-    rows = [
+    return diag
+
+
+def _rows(
+    paths: dict[str, PathResult], seconds: dict[str, float], diag: dict[str, dict]
+) -> list[dict]:
+    """One result row per path: its barriers, its ratio to the line's, fit time, diagnostics."""
+    return [
         {
             "path": name,
             "barrier_loss": r.barrier_loss,
@@ -99,15 +140,12 @@ def bezier(ctx: ExperimentContext) -> ExperimentResult:
         }
         for name, r in paths.items()
     ]
-    title = f"MLP 784-{width}x{DEPTH}-10, unaligned endpoints, test split"
-    lines = [format_table(rows, COLUMNS, title=title), ""]
-    for name, d in diag.items():
-        lines.append(
-            f"{name}: midpoint CKA to A "
-            + ", ".join(f"{s} {v:.3f}" for s, v in d["mid_cka_to_a"].items())
-            + "; top Hessian eigenvalue "
-            + ", ".join(f"{k} {v:.2f}" for k, v in d["top_eigenvalue"].items())
-        )
-    where = ctx.out_dir / "bezier_vs_linear.png"  # lmckit's own experiment folder
-    figure = plot_paths(paths, where, title="linear vs curved", overwrite=True)
-    return run.result("\n".join(lines), rows, [figure], f"width {width}")
+
+
+def _diagnostics_line(name: str, d: dict) -> str:
+    return (
+        f"{name}: midpoint CKA to A "
+        + ", ".join(f"{s} {v:.3f}" for s, v in d["mid_cka_to_a"].items())
+        + "; top Hessian eigenvalue "
+        + ", ".join(f"{k} {v:.2f}" for k, v in d["top_eigenvalue"].items())
+    )

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from lmckit.data import Dataset
 from lmckit.experiments._datasets import mnist_subset
 from lmckit.experiments._registry import ExperimentContext, ExperimentResult, register_experiment
 from lmckit.experiments._runner import Runner
@@ -22,6 +24,7 @@ from lmckit.experiments._width.common import (
     CALIBRATION_FRACTION,
     PAPER,
     WEIGHT_DECAYS,
+    Batches,
     naive_and_matched,
     split_test,
     sweep,
@@ -30,7 +33,7 @@ from lmckit.measure._table import Column, format_table, percent
 from lmckit.merging._calibration import calibrate
 from lmckit.merging._merge import reset_prepare
 from lmckit.models import create_model
-from lmckit.symmetry._params import interpolate
+from lmckit.symmetry._average import interpolate
 from lmckit.training._train import TrainConfig
 
 __all__ = ["CNN_SWEEPS", "VGG_LAYOUT", "CNNSweep"]
@@ -143,45 +146,7 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
         return list(stat_x.split(_STAT_BATCH))
 
     def measure(wd: float, mult: float) -> dict[str, Any]:
-        start = time.perf_counter()
-        config = dataclasses.replace(setup.train, weight_decay=wd)
-        model, a, b = run.train_pair(
-            f"{setup.model}-x{mult:g}-wd{wd:g}",
-            lambda seed: create_model(setup.model, seed=seed, **setup.model_kwargs(mult)),
-            data,
-            config,
-        )
-        train_seconds = time.perf_counter() - start
-        # BatchNorm reset at every point: averaging two networks' weights shrinks the
-        # variance of their features, so the stored running statistics no longer fit
-        measured, paths, matching = naive_and_matched(
-            model,
-            a,
-            b,
-            fit,
-            held,
-            points=setup.points,
-            seed=ctx.seed,
-            prepare=reset_prepare(model, stat_inputs),
-            meta={"fix": "reset_bn"},
-        )
-        # the naive midpoint once more with the endpoints' averaged running statistics
-        stale = calibrate(model, interpolate(a, b, 0.5), fit(), held()).after
-        naive, wm = paths["naive"], paths["weight_matching"]
-        return {
-            "model": setup.model,
-            "weight_decay": wd,
-            "multiplier": mult,
-            "channels": _width_label(model),
-            "parameters": sum(v.numel() for k, v in a.items() if "running" not in k),
-            **measured,
-            "naive_mid_acc": naive.midpoint_acc,
-            "naive_mid_acc_no_reset": stale.acc,
-            "wm_mid_acc": wm.midpoint_acc,
-            "wm_sweeps": matching.iterations,
-            "train_seconds": round(train_seconds, 1),
-            "seconds": round(time.perf_counter() - start, 1),
-        }
+        return _measure_pair(run, setup, data, (fit, held), stat_inputs, wd, mult)
 
     rows, figures = sweep(
         run,
@@ -193,7 +158,65 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
             f"{setup.model} x{mult:g}, weight decay {wd:g} (BatchNorm reset, calibrated)",
         ),
     )
-    notes = (
+    return run.result(format_table(rows, COLUMNS), rows, figures, _notes(setup))
+
+
+def _measure_pair(
+    run: Runner,
+    setup: CNNSweep,
+    data: Dataset,
+    split: tuple[Batches, Batches],
+    stat_inputs: Callable[[], list[torch.Tensor]],
+    wd: float,
+    mult: float,
+) -> dict[str, Any]:
+    """One sweep row: a pair trained at width ``mult`` and weight decay ``wd``, its naive
+    and weight-matched paths (BatchNorm reset at each point) and the naive midpoint
+    with stale running statistics."""
+    start = time.perf_counter()
+    config = dataclasses.replace(setup.train, weight_decay=wd)
+    model, a, b = run.train_pair(
+        f"{setup.model}-x{mult:g}-wd{wd:g}",
+        lambda seed: create_model(setup.model, seed=seed, **setup.model_kwargs(mult)),
+        data,
+        config,
+    )
+    train_seconds = time.perf_counter() - start
+    fit, held = split
+    # BatchNorm reset at every point: averaging two networks' weights shrinks the
+    # variance of their features, so the stored running statistics no longer fit
+    measured, paths, matching = naive_and_matched(
+        model,
+        a,
+        b,
+        fit,
+        held,
+        points=setup.points,
+        seed=run.ctx.seed,
+        prepare=reset_prepare(model, stat_inputs),
+        meta={"fix": "reset_bn"},
+    )
+    # the naive midpoint once more with the endpoints' averaged running statistics
+    stale = calibrate(model, interpolate(a, b, 0.5), fit(), held()).after
+    naive, wm = paths["naive"], paths["weight_matching"]
+    return {
+        "model": setup.model,
+        "weight_decay": wd,
+        "multiplier": mult,
+        "channels": _width_label(model),
+        "parameters": sum(v.numel() for k, v in a.items() if "running" not in k),
+        **measured,
+        "naive_mid_acc": naive.midpoint_acc,
+        "naive_mid_acc_no_reset": stale.acc,
+        "wm_mid_acc": wm.midpoint_acc,
+        "wm_sweeps": matching.iterations,
+        "train_seconds": round(train_seconds, 1),
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def _notes(setup: CNNSweep) -> str:
+    return (
         f"{setup.model} (norm=batch) on {setup.train_size} MNIST training images, SGD lr "
         f"{setup.train.lr}, {setup.train.epochs} epochs; barriers over {setup.points} points, "
         f"BatchNorm reset on {setup.stat_size} training images at each point, each point "
@@ -201,7 +224,6 @@ def _cnn_width_sweep(ctx: ExperimentContext, name: str) -> ExperimentResult:
         "on the rest; 'mid' = naive midpoint accuracy, 'no reset' = the same midpoint with "
         "the endpoints' averaged running statistics"
     )
-    return run.result(format_table(rows, COLUMNS), rows, figures, notes)
 
 
 @register_experiment("width-sweep-vgg", paper=PAPER)
