@@ -20,6 +20,7 @@ import torch
 from torch.fx import Node
 
 from lmckit.inference._analysis import Analysis, Value
+from lmckit.inference._deinterleave import deinterleaved
 from lmckit.inference._graph import op_name
 from lmckit.inference._lattice import Level, Var
 from lmckit.inference._rules import _ops, axis_size, copy_value, out_shapes, register
@@ -205,67 +206,6 @@ def _reassembled(an: Analysis, parts: Sequence[Value], dim: int) -> Var | None:
     return None
 
 
-#: ops through which a part of an interleaved rotary embedding reaches its slices
-_COMBINING = ("mul", "sub", "add", "neg", "div")
-
-
-def _strided_slices(an: Analysis, node: Node, dim: int) -> set[tuple[Node, int, int]] | None:
-    """The strided slices ``(source, start, step)`` along ``dim`` that ``node`` is made
-    of by sums and products with constants (``x[..., 0::2] * cos - x[..., 1::2] * sin``),
-    else None."""
-    if op_name(node) == "slice":
-        given = [*node.args[1:5], None, None, None, None][:4]
-        axis, start, _, step = (a if isinstance(a, int) else None for a in given)
-        source, ndim = node.args[0], len(out_shapes(node))
-        if not isinstance(source, Node) or step is None or step < 2:
-            return None
-        return {(source, start or 0, step)} if (axis or 0) % ndim == dim else None
-    if op_name(node) not in _COMBINING:
-        return None
-    found: set[tuple[Node, int, int]] = set()
-    for arg in node.args:
-        value = an.values.get(arg.name) if isinstance(arg, Node) else None
-        if not isinstance(arg, Node) or not isinstance(value, Value) or value.const:
-            continue
-        inner = _strided_slices(an, arg, dim)
-        if inner is None:
-            return None
-        found |= inner
-    return found or None
-
-
-def _deinterleaved(an: Analysis, node: Node, dim: int) -> Value | None:
-    """``x`` itself when ``node`` glues, along ``dim``, parts made by sums and products
-    with constants of the strided slices ``x[..., k::step]`` that together take every
-    entry of ``x`` once (an interleaved rotary embedding written on the even and odd
-    dims, DeepSeek's: ``cat([x0 cos - x1 sin, x1 cos + x0 sin])``). Its features are
-    ``x``'s, re-ordered plane by plane: the slices already pinned them, so which maps of
-    them keep the function is left to the check (the rotary query/key basis)."""
-    parts = node.args[0]
-    slices: set[tuple[Node, int, int]] = set()
-    for part in parts if isinstance(parts, list | tuple) else []:
-        found = _strided_slices(an, part, dim) if isinstance(part, Node) else None
-        if found is None:
-            return None
-        slices |= found
-    sources = {source for source, _, _ in slices}
-    steps = {step for _, _, step in slices}
-    if len(sources) != 1 or len(steps) != 1:
-        return None
-    (source,), (step,) = sources, steps
-    x = an.values.get(source.name)
-    if not isinstance(x, Value) or out_shapes(source) != out_shapes(node):
-        return None
-    if sorted(start for _, start, _ in slices) != list(range(step)):
-        return None
-    for cut in (u for u in source.users if op_name(u) == "slice"):
-        # understood: the planes of a rotary embedding, whose basis the check decides
-        reason = f"slice {cut.name!r} cuts a feature axis"
-        if reason in an.notes:
-            an.notes.remove(reason)
-    return copy_value(x, keep_src=False)
-
-
 @register(aten.cat)
 def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) -> Any:
     dim = (args[1] if len(args) > 1 else kw.get("dim", 0)) % len(out_shapes(node))
@@ -274,14 +214,14 @@ def _cat(an: Analysis, node: Node, args: tuple[Any, ...], kw: dict[str, Any]) ->
     shape = out_shapes(node)
     if len(parts) == 1:
         return copy_value(parts[0], keep_src=False)
-    strided = _deinterleaved(an, node, dim)
+    strided = deinterleaved(an, node, dim)
     if strided is not None:
         return strided
     # a part de-interleaved above holds its features re-ordered: glued back, the parts
     # are not their variable in its order
     glued = node.args[0] if isinstance(node.args[0], list | tuple) else []
     reordered = any(
-        isinstance(p, Node) and op_name(p) == "cat" and _deinterleaved(an, p, dim) is not None
+        isinstance(p, Node) and op_name(p) == "cat" and deinterleaved(an, p, dim) is not None
         for p in glued
     )
     whole = _reassembled(an, parts, dim) if len(parts) > 1 and not reordered else None
