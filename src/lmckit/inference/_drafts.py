@@ -13,7 +13,7 @@ will be (:class:`SpaceDraft`); :mod:`lmckit.inference._emit` names them and give
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from lmckit.inference._analysis import Analysis, Role
@@ -207,12 +207,8 @@ def read_drafts(
             compare = key not in traced.statistics
             for view in _views(an, var, i):
                 leaves = view.leaves
-                for at, leaf in enumerate(leaves):  # every use of a pinned query/key basis
-                    if kinds.get(id(leaf)) == "qk" and leaf.level == Level.FREE:
-                        outer = math.prod(v.size for v in leaves[:at])
-                        after = math.prod(v.size for v in leaves[at + 1 :])
-                        use = Use(key, i, role, outer, after, compare, view.parts)
-                        loose.setdefault(id(leaf), LooseBasis(leaf)).uses.append(use)
+                whole = Use(key, i, role, 1, 1, compare, view.parts)
+                _note_free_qk_uses(loose, kinds, leaves, whole)
                 live = _live_leaves(an, view.leaves)
                 if not live:
                     continue
@@ -256,6 +252,19 @@ def read_drafts(
                     places.append(replace(here, middle=middle, after=after, piece=piece))
     shared = [lo for lo in loose.values() if lo.heads is not None]
     return sorted(drafts.values(), key=lambda d: d.order), shared
+
+
+def _note_free_qk_uses(
+    loose: dict[int, LooseBasis], kinds: Mapping[int, str], leaves: Sequence[Var], use: Use
+) -> None:
+    """Record in ``loose`` each use of a free query/key basis among ``leaves``: ``use``
+    with its outer and inner sizes set for that leaf's place."""
+    for at, leaf in enumerate(leaves):
+        if kinds.get(id(leaf)) == "qk" and leaf.level == Level.FREE:
+            outer = math.prod(v.size for v in leaves[:at])
+            after = math.prod(v.size for v in leaves[at + 1 :])
+            placed = replace(use, outer=outer, inner=after)
+            loose.setdefault(id(leaf), LooseBasis(leaf)).uses.append(placed)
 
 
 def _pinned_qk(kinds: Mapping[int, str], var: Var, live: list[Var]) -> bool:
