@@ -10,7 +10,8 @@ does, nothing downloaded), with lmckit's public API and its command line:
   spaces' groups and the form, e.g. norm scales folded) or the one-line refusal;
 - **left out**: the lines ``lmckit symmetries`` prints under "left out";
 - **time** of ``analyze_symmetries`` (trace, inference, the check by random elements),
-  the least of three runs;
+  the least of three runs, each from a cold start (the kept traces forgotten first), on
+  the inputs the command line uses;
 - **planted**: the independent planter of ``tests/hf/oracle`` (not lmckit's spec) plants
   an element of the architecture's symmetries into a copy (the steps of
   ``tests/hf/test_families_oracle.py``), ``lmckit align A B --method weight`` writes A
@@ -56,8 +57,10 @@ from tests.tiny_models import ALL_FAMILIES, auto_load, build_hf_folder  # noqa: 
 
 from lmckit.cli import main as lmckit_main  # noqa: E402
 from lmckit.forms import aligned_form  # noqa: E402
-from lmckit.hf import example_inputs, load_hf  # noqa: E402
+from lmckit.forms._recipe import default_inputs  # noqa: E402
+from lmckit.hf import load_hf  # noqa: E402
 from lmckit.inference import analyze_symmetries  # noqa: E402
+from lmckit.inference._traced_once import clear_traces  # noqa: E402
 
 transformers.utils.logging.disable_progress_bar()
 transformers.utils.logging.set_verbosity_error()
@@ -79,11 +82,13 @@ def _moved_share(spec: Any, params: dict[str, torch.Tensor]) -> float:
 
 
 def measure_inference(folder: Path, runs: int = 3) -> dict[str, Any]:
-    """Components, share moved, left-out lines and the least time of ``runs`` analyses."""
+    """Components, share moved, left-out lines and the least time of ``runs`` analyses,
+    on the example inputs the command line uses, each run tracing again."""
     model = load_hf(folder)
-    x = example_inputs(model)
+    x = default_inputs(model.module)
     times, analysis = [], None
     for _ in range(runs):
+        clear_traces()  # a kept trace would make the second run a cache hit
         start = time.perf_counter()
         analysis = analyze_symmetries(model.module, x)
         times.append(time.perf_counter() - start)
