@@ -16,8 +16,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "src" / "lmckit"
+import lmckit
+
+#: the package measured: the one Python imports (this checkout's, installed editable)
+SOURCE = Path(lmckit.__file__).resolve().parent
+ROOT = SOURCE.parents[1]
 
 #: The longest function body allowed, in lines after the docstring.
 MAX_BODY = 60
