@@ -32,6 +32,7 @@ from lmckit.groups._base import (
     check_tensor,
     contract_units,
 )
+from lmckit.groups._rotary import plane_pairs
 
 __all__ = ["PlaneSigns"]
 
@@ -61,11 +62,7 @@ class PlaneSigns(MatrixGroup):
     @cached_property
     def _pairs(self) -> Tensor:
         """``(rotary / 2, 2)``: the two dimensions of each plane."""
-        half = self.rotary // 2
-        first = torch.arange(half)
-        if self.interleaved:
-            return torch.stack([2 * first, 2 * first + 1], dim=1)
-        return torch.stack([first, first + half], dim=1)
+        return plane_pairs(self.rotary, interleaved=self.interleaved)
 
     def _check(self, n: int) -> None:
         if n < self.rotary:

@@ -32,7 +32,17 @@ from lmckit.groups._base import (
     contract_units,
 )
 
-__all__ = ["RotaryPlanes"]
+__all__ = ["RotaryPlanes", "plane_pairs"]
+
+
+def plane_pairs(rotary: int, *, interleaved: bool) -> Tensor:
+    """``(rotary / 2, 2)``: the two dimensions of each rotary plane, ``(i, i + rotary / 2)``
+    (rotate-half) or ``(2i, 2i + 1)`` (interleaved)."""
+    half = rotary // 2
+    first = torch.arange(half)
+    if interleaved:
+        return torch.stack([2 * first, 2 * first + 1], dim=1)
+    return torch.stack([first, first + half], dim=1)
 
 
 @dataclass(frozen=True)
@@ -60,11 +70,7 @@ class RotaryPlanes(MatrixGroup):
     @cached_property
     def _pairs(self) -> Tensor:
         """``(rotary / 2, 2)``: the two dimensions of each plane."""
-        half = self.rotary // 2
-        first = torch.arange(half)
-        if self.interleaved:
-            return torch.stack([2 * first, 2 * first + 1], dim=1)
-        return torch.stack([first, first + half], dim=1)
+        return plane_pairs(self.rotary, interleaved=self.interleaved)
 
     def _check(self, n: int) -> None:
         if n < self.rotary:
